@@ -1,0 +1,788 @@
+"""The embedded default: AWS (moto, HTTPS), Slurm (munge, MariaDB, slurmdbd, slurmctld, slurmd) and sshd.
+
+Every daemon runs in the foreground, started by this script with its pid written to a file under the
+state directory with its start time; `down` stops only those processes, never any found by name. All state (keys, certificates, configs, databases, logs) lives under one directory
+(default: `<repo>/.stack`, override with PCFLOW_STACK_DIR), so `clean` undoes everything.
+
+Usage: stack.py up | down | status [--json] | clean
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import getpass
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[2]
+STATE = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")).resolve()
+CLUSTER_NAME = "pcflow-local"
+REGION = "us-east-1"
+READY_TIMEOUT_S = 90
+STOP_TIMEOUT_S = 20
+PORT_NAMES = ("moto", "sshd", "slurmctld", "slurmd", "slurmdbd", "mariadb")
+SYSTEM_BINARIES = {
+    "munged": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "slurmdbd": "slurmdbd",
+    "sshd": "openssh-server",
+    "mariadbd": "mariadb-server",
+    "ssh-keygen": "openssh-client",
+}
+
+
+class StackError(RuntimeError):
+    """A stack step failed; the message says which and what to look at."""
+
+
+# --------------------------------------------------------------------------------------------
+# Layout: every path and port, derived from the state directory
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+    ports: dict[str, int]
+    user: str
+    host: str
+
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.path("slurm", "etc", "slurm.conf")
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.path("munge", "munge.socket")
+
+    @property
+    def mariadb_socket(self) -> Path:
+        return self.path("mariadb", "mariadb.sock")
+
+    @property
+    def ca_bundle(self) -> Path:
+        return self.path("tls", "ca.pem")
+
+    @property
+    def client_key(self) -> Path:
+        return self.path("ssh", "id_ed25519")
+
+    @property
+    def host_key(self) -> Path:
+        return self.path("ssh", "ssh_host_ed25519_key")
+
+    @property
+    def env_file(self) -> Path:
+        return self.path("env")
+
+    @property
+    def aws_endpoint(self) -> str:
+        return f"https://127.0.0.1:{self.ports['moto']}"
+
+    def slurm_env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_layout(create: bool) -> Layout:
+    """Ports are chosen once, when the state is created, and kept so configs stay stable."""
+    ports_file = STATE / "ports.json"
+    if ports_file.exists():
+        ports = json.loads(ports_file.read_text())
+    elif create:
+        STATE.mkdir(parents=True, exist_ok=True)
+        ports = {name: free_port() for name in PORT_NAMES}
+        ports_file.write_text(json.dumps(ports, indent=2))
+    else:
+        ports = {}
+    return Layout(root=STATE, ports=ports, user=getpass.getuser(), host=socket.gethostname().split(".")[0])
+
+
+# --------------------------------------------------------------------------------------------
+# Preparing state: keys, certificates and configs, each made only when missing or changed
+# --------------------------------------------------------------------------------------------
+
+
+def write_if_changed(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    path.chmod(mode)
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, check: bool = True, timeout: float = 60):
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise StackError(f"{shlex.join(argv)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def ensure_tls(lay: Layout) -> None:
+    """A private CA and a server certificate for 127.0.0.1/localhost; clients trust the CA only."""
+    if lay.path("tls", "server.pem").exists():
+        return
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    import ipaddress
+
+    now = dt.datetime.now(dt.timezone.utc)
+    tls = lay.path("tls")
+    tls.mkdir(parents=True, exist_ok=True)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("pcflow local stack CA"))
+        .issuer_name(name("pcflow local stack CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    san = [x509.DNSName("localhost"), x509.DNSName("*.localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name("localhost"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=825))
+        .add_extension(x509.SubjectAlternativeName(san), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    no_enc = serialization.NoEncryption()
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    (tls / "ca.pem").write_bytes(ca.public_bytes(pem))
+    server_key = tls / "server.key"
+    server_key.write_bytes(key.private_bytes(pem, pkcs8, no_enc))
+    server_key.chmod(0o600)
+    (tls / "server.pem").write_bytes(cert.public_bytes(pem))
+
+
+def ensure_ssh(lay: Layout) -> None:
+    ssh = lay.path("ssh")
+    ssh.mkdir(parents=True, exist_ok=True)
+    ssh.chmod(0o700)
+    for key, comment in ((lay.host_key, "pcflow-local-host"), (lay.client_key, "pcflow-local-client")):
+        if not key.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)])
+    write_if_changed(ssh / "authorized_keys", lay.client_key.with_suffix(".pub").read_text(), 0o600)
+    host_pub = " ".join(lay.host_key.with_suffix(".pub").read_text().split()[:2])
+    write_if_changed(ssh / "known_hosts", f"[127.0.0.1]:{lay.ports['sshd']} {host_pub}\n", 0o600)
+    write_if_changed(
+        ssh / "sshd_config",
+        "\n".join(
+            [
+                f"Port {lay.ports['sshd']}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {lay.host_key}",
+                "PidFile none",
+                f"AuthorizedKeysFile {ssh / 'authorized_keys'}",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin prohibit-password",
+                "UsePAM no",
+                # The state directory may sit in a group-writable checkout; the key file itself is 0600.
+                "StrictModes no",
+                "PrintMotd no",
+                f"SetEnv SLURM_CONF={lay.slurm_conf}",
+                "Subsystem sftp internal-sftp",
+                "MaxStartups 100:30:200",
+                "MaxSessions 100",
+                "",
+            ]
+        ),
+    )
+
+
+def ensure_munge(lay: Layout) -> None:
+    d = lay.path("munge")
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
+    key = d / "munge.key"
+    if not key.exists():
+        key.write_bytes(secrets.token_bytes(1024))
+    key.chmod(0o600)
+
+
+def ensure_mariadb(lay: Layout) -> None:
+    d = lay.path("mariadb")
+    if (d / "data" / "mysql").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    run(
+        [
+            "mariadb-install-db",
+            "--no-defaults",
+            f"--datadir={d / 'data'}",
+            f"--user={lay.user}",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
+        ],
+        timeout=180,
+    )
+
+
+def db_password(lay: Layout) -> str:
+    f = lay.path("mariadb", "slurm.password")
+    if not f.exists():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(secrets.token_urlsafe(24))
+        f.chmod(0o600)
+    return f.read_text().strip()
+
+
+def slurm_cpus() -> int:
+    """Declared CPUs: the host's, or PCFLOW_SLURM_CPUS (may exceed them, so small jobs can run side by side)."""
+    return int(os.environ.get("PCFLOW_SLURM_CPUS") or max(os.cpu_count() or 1, 4))
+
+
+def real_memory_mb() -> int:
+    out = run(["slurmd", "-C"]).stdout
+    for field in out.split():
+        if field.startswith("RealMemory="):
+            return max(int(field.split("=", 1)[1]) - 512, 1024)
+    return 4096
+
+
+def ensure_slurm(lay: Layout) -> None:
+    s = lay.path("slurm")
+    for sub in ("etc", "state", "spool", "log", "run"):
+        (s / sub).mkdir(parents=True, exist_ok=True)
+    auth = f"AuthType=auth/munge\nAuthInfo=socket={lay.munge_socket}\n"
+    write_if_changed(
+        lay.slurm_conf,
+        f"""# Generated by include/local/stack.py for this host; edits are overwritten.
+ClusterName={CLUSTER_NAME}
+SlurmctldHost={lay.host}(127.0.0.1)
+SlurmctldPort={lay.ports['slurmctld']}
+SlurmdPort={lay.ports['slurmd']}
+SlurmUser={lay.user}
+SlurmdUser={lay.user}
+{auth}CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
+StateSaveLocation={s / 'state'}
+SlurmdSpoolDir={s / 'spool'}
+SlurmctldPidFile={s / 'run' / 'slurmctld.pid'}
+SlurmdPidFile={s / 'run' / 'slurmd.pid'}
+SlurmctldLogFile={s / 'log' / 'slurmctld.log'}
+SlurmdLogFile={s / 'log' / 'slurmd.log'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+SchedulerType=sched/backfill
+ReturnToService=2
+SlurmdParameters=config_overrides
+MinJobAge=300
+KillWait=5
+InactiveLimit=0
+JobRequeue=1
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={lay.ports['slurmdbd']}
+AccountingStoragePass={lay.munge_socket}
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=5
+JobCompType=jobcomp/none
+NodeName={lay.host} NodeAddr=127.0.0.1 CPUs={slurm_cpus()} RealMemory={real_memory_mb()} State=UNKNOWN
+PartitionName=compute Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""",
+    )
+    write_if_changed(
+        s / "etc" / "slurmdbd.conf",
+        f"""# Generated by include/local/stack.py; holds the database password, so mode 0600.
+{auth}CommunicationParameters=NoInAddrAny
+DbdAddr=127.0.0.1
+DbdHost={lay.host}
+DbdPort={lay.ports['slurmdbd']}
+SlurmUser={lay.user}
+PidFile={s / 'run' / 'slurmdbd.pid'}
+LogFile={s / 'log' / 'slurmdbd.log'}
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={lay.ports['mariadb']}
+StorageUser=slurm
+StoragePass={db_password(lay)}
+StorageLoc=slurm_acct_db
+""",
+        0o600,
+    )
+
+
+def ssh_connection(lay: Layout) -> dict:
+    host_pub = " ".join(lay.host_key.with_suffix(".pub").read_text().split()[:2])
+    return {
+        "conn_type": "ssh",
+        "host": "127.0.0.1",
+        "port": lay.ports["sshd"],
+        "login": lay.user,
+        "extra": {
+            "key_file": str(lay.client_key),
+            "host_key": host_pub,
+            "no_host_key_check": False,
+            "look_for_keys": False,
+            "shared_root": str(lay.path("shared")),
+        },
+    }
+
+
+def aws_connection(lay: Layout) -> dict:
+    return {
+        "conn_type": "aws",
+        "login": "testing",
+        "password": "testing",
+        "extra": {"endpoint_url": lay.aws_endpoint, "region_name": REGION, "verify": str(lay.ca_bundle)},
+    }
+
+
+def stack_env(lay: Layout) -> dict[str, str]:
+    return {
+        "PCFLOW_STACK_DIR": str(lay.root),
+        "AWS_ENDPOINT_URL": lay.aws_endpoint,
+        "AWS_CA_BUNDLE": str(lay.ca_bundle),
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_connection(lay), separators=(",", ":")),
+        "AIRFLOW_CONN_SLURM_DEFAULT": json.dumps(ssh_connection(lay), separators=(",", ":")),
+        "SLURM_CONF": str(lay.slurm_conf),
+    }
+
+
+def ensure_env_file(lay: Layout) -> None:
+    """Shell- and Python-readable KEY='value' lines (`set -a; . .stack/env`)."""
+    lines = [f"{k}={shlex.quote(v)}" for k, v in stack_env(lay).items()]
+    write_if_changed(lay.env_file, "# Generated by include/local/stack.py\n" + "\n".join(lines) + "\n", 0o600)
+
+
+def prepare(lay: Layout) -> None:
+    missing = [f"{b} ({pkg})" for b, pkg in SYSTEM_BINARIES.items() if not find_binary(b)]
+    if missing:
+        raise StackError(
+            "missing system programs: " + ", ".join(missing) + ". Run `make system-deps` as root on "
+            "Debian/Ubuntu, install them with your package manager, or use docker-compose (--profile local)."
+        )
+    for sub in ("pids", "logs", "shared"):
+        lay.path(sub).mkdir(parents=True, exist_ok=True)
+    ensure_tls(lay)
+    ensure_ssh(lay)
+    ensure_munge(lay)
+    ensure_mariadb(lay)
+    ensure_slurm(lay)
+    ensure_env_file(lay)
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation directory
+
+
+def find_binary(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (str(p) for p in (Path("/usr/sbin") / name, Path("/sbin") / name) if p.exists()), None
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Services: how each starts in the foreground and how we know it is ready
+# --------------------------------------------------------------------------------------------
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def munge_ready(lay: Layout) -> bool:
+    if not lay.munge_socket.exists():
+        return False
+    cred = run(["munge", "-n", f"--socket={lay.munge_socket}"], check=False)
+    if cred.returncode != 0:
+        return False
+    check = subprocess.run(
+        ["unmunge", f"--socket={lay.munge_socket}"], input=cred.stdout, capture_output=True, text=True
+    )
+    return check.returncode == 0
+
+
+def mariadb_ready(lay: Layout) -> bool:
+    return lay.mariadb_socket.exists() and port_open(lay.ports["mariadb"])
+
+
+def mariadb_setup(lay: Layout) -> None:
+    """The slurmdbd database user; idempotent, so it runs on every start."""
+    pw = db_password(lay)
+    sql = (
+        f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}';"
+        f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}';"
+        "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
+    )
+    run(["mariadb", "--no-defaults", f"--socket={lay.mariadb_socket}", "-u", lay.user, "-e", sql])
+
+
+def slurmctld_ready(lay: Layout) -> bool:
+    out = run(["scontrol", "ping"], env=lay.slurm_env(), check=False, timeout=15).stdout
+    return "UP" in out
+
+
+def node_state(lay: Layout) -> str:
+    out = run(["sinfo", "-h", "-N", "-o", "%T"], env=lay.slurm_env(), check=False, timeout=15)
+    return out.stdout.strip().lower() if out.returncode == 0 else ""
+
+
+def slurmd_ready(lay: Layout) -> bool:
+    state = node_state(lay)
+    if "drain" in state or state.startswith("down"):
+        run(["scontrol", "update", f"nodename={lay.host}", "state=resume"], env=lay.slurm_env(), check=False)
+        return False
+    return state.rstrip("*") in {"idle", "mixed", "allocated", "completing"}
+
+
+def sshd_ready(lay: Layout) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", lay.ports["sshd"]), timeout=2) as s:
+            return s.recv(64).startswith(b"SSH-2.0")
+    except OSError:
+        return False
+
+
+def moto_ready(lay: Layout) -> bool:
+    ctx = ssl.create_default_context(cafile=str(lay.ca_bundle))
+    try:
+        with socket.create_connection(("127.0.0.1", lay.ports["moto"]), timeout=2) as raw:
+            with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                s.sendall(b"GET /moto-api/ HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                return s.recv(16).startswith(b"HTTP/")
+    except (OSError, ssl.SSLError):
+        return False
+
+
+def register_cluster(lay: Layout) -> None:
+    env = lay.slurm_env()
+    listed = run(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], env=env, check=False).stdout
+    if CLUSTER_NAME not in listed.split():
+        run(["sacctmgr", "-i", "add", "cluster", CLUSTER_NAME], env=env)
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    argv: Callable[[Layout], list[str]]
+    ready: Callable[[Layout], bool]
+    after_start: Callable[[Layout], None] | None = None
+    env: Callable[[Layout], dict[str, str]] | None = None
+
+    def endpoint(self, lay: Layout) -> str:
+        port = lay.ports.get(self.name)
+        if self.name == "moto":
+            return lay.aws_endpoint
+        if self.name == "munge":
+            return str(lay.munge_socket)
+        return f"127.0.0.1:{port}" if port else ""
+
+
+SERVICES: list[Service] = [
+    Service(
+        "munge",
+        lambda lay: [
+            find_binary("munged"),
+            "--foreground",
+            "--force",
+            f"--socket={lay.munge_socket}",
+            f"--key-file={lay.path('munge', 'munge.key')}",
+            f"--pid-file={lay.path('munge', 'munged.pid')}",
+            f"--log-file={lay.path('munge', 'munged.log')}",
+            f"--seed-file={lay.path('munge', 'munged.seed')}",
+        ],
+        munge_ready,
+    ),
+    Service(
+        "mariadb",
+        lambda lay: [
+            find_binary("mariadbd"),
+            "--no-defaults",
+            f"--datadir={lay.path('mariadb', 'data')}",
+            f"--socket={lay.mariadb_socket}",
+            f"--port={lay.ports['mariadb']}",
+            "--bind-address=127.0.0.1",
+            f"--pid-file={lay.path('mariadb', 'mariadbd.pid')}",
+            f"--user={lay.user}",
+            "--skip-name-resolve",
+            "--skip-log-bin",
+            "--innodb-buffer-pool-size=128M",
+            "--innodb-lock-wait-timeout=900",
+            "--innodb-log-file-size=48M",
+        ],
+        mariadb_ready,
+        after_start=mariadb_setup,
+    ),
+    Service(
+        "slurmdbd",
+        lambda lay: [find_binary("slurmdbd"), "-D"],
+        lambda lay: port_open(lay.ports["slurmdbd"]),
+        after_start=register_cluster,
+        env=Layout.slurm_env,
+    ),
+    Service(
+        "slurmctld",
+        lambda lay: [find_binary("slurmctld"), "-D", "-f", str(lay.slurm_conf)],
+        slurmctld_ready,
+        env=Layout.slurm_env,
+    ),
+    Service(
+        "slurmd",
+        lambda lay: [find_binary("slurmd"), "-D", "-f", str(lay.slurm_conf)],
+        slurmd_ready,
+        env=Layout.slurm_env,
+    ),
+    Service(
+        "sshd",
+        lambda lay: [find_binary("sshd"), "-D", "-e", "-f", str(lay.path("ssh", "sshd_config"))],
+        sshd_ready,
+    ),
+    Service(
+        "moto",
+        lambda lay: [
+            str(Path(sys.executable).with_name("moto_server")),
+            "-H",
+            "127.0.0.1",
+            "-p",
+            str(lay.ports["moto"]),
+            "-c",
+            str(lay.path("tls", "server.pem")),
+            "-k",
+            str(lay.path("tls", "server.key")),
+        ],
+        moto_ready,
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Process bookkeeping: pid files and a check that a pid still runs what we started
+# --------------------------------------------------------------------------------------------
+
+
+def pid_file(lay: Layout, svc: Service) -> Path:
+    return lay.path("pids", f"{svc.name}.pid")
+
+
+def start_time(pid: int) -> int | None:
+    """The kernel's start time of a pid (clock ticks since boot): with the pid, a process's identity."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def running_pid(lay: Layout, svc: Service) -> int | None:
+    """The recorded pid, if that very process is still alive (a reused pid has another start time)."""
+    f = pid_file(lay, svc)
+    if not f.exists():
+        return None
+    record = json.loads(f.read_text())
+    if start_time(record["pid"]) == record.get("start_time") and alive(record["pid"]):
+        return record["pid"]
+    return None
+
+
+def alive(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has exited; only its parent's wait is missing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start(lay: Layout, svc: Service) -> str:
+    if running_pid(lay, svc) and svc.ready(lay):
+        return "already up"
+    stop(lay, svc)  # a half-dead previous instance: clear it before starting afresh
+    argv = svc.argv(lay)
+    log = lay.path("logs", f"{svc.name}.log")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=svc.env(lay) if svc.env else None,
+            start_new_session=True,
+            cwd=lay.root,
+        )
+    record = {"pid": proc.pid, "start_time": start_time(proc.pid), "argv": argv}
+    pid_file(lay, svc).write_text(json.dumps(record))
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(f"{svc.name} exited with {proc.returncode}; last log lines ({log}):\n{log_tail(log)}")
+        if svc.ready(lay):
+            if svc.after_start:
+                svc.after_start(lay)
+            return f"started (pid {proc.pid})"
+        time.sleep(0.3)
+    raise StackError(f"{svc.name} not ready after {READY_TIMEOUT_S}s; last log lines ({log}):\n{log_tail(log)}")
+
+
+def stop(lay: Layout, svc: Service) -> str:
+    pid = running_pid(lay, svc)
+    pid_file(lay, svc).unlink(missing_ok=True)
+    if pid is None:
+        return "not running"
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "not running"
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline and alive(pid):
+        time.sleep(0.2)
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        return f"killed (pid {pid})"
+    return f"stopped (pid {pid})"
+
+
+def cancel_jobs(lay: Layout) -> None:
+    """Jobs' slurmstepd processes outlive slurmd: cancel them so `down` leaves nothing running."""
+    svc = next(s for s in SERVICES if s.name == "slurmctld")
+    if not running_pid(lay, svc):
+        return
+    env = lay.slurm_env()
+    ids = run(["squeue", "-h", "-o", "%A"], env=env, check=False).stdout.split()
+    if not ids:
+        return
+    run(["scancel", *ids], env=env, check=False)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline and run(["squeue", "-h", "-o", "%A"], env=env, check=False).stdout.split():
+        time.sleep(0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_up() -> int:
+    lay = load_layout(create=True)
+    prepare(lay)
+    for svc in SERVICES:
+        print(f"{svc.name:10s} {start(lay, svc)}", flush=True)
+    print(f"stack up; environment in {lay.env_file}")
+    return 0
+
+
+def cmd_down() -> int:
+    lay = load_layout(create=False)
+    if not lay.ports:
+        print("stack down (no state)")
+        return 0
+    cancel_jobs(lay)
+    for svc in reversed(SERVICES):
+        print(f"{svc.name:10s} {stop(lay, svc)}", flush=True)
+    print("stack down")
+    return 0
+
+
+def status(lay: Layout) -> dict[str, dict]:
+    result = {}
+    for svc in SERVICES:
+        pid = running_pid(lay, svc) if lay.ports else None
+        result[svc.name] = {
+            "running": pid is not None,
+            "ready": bool(pid) and svc.ready(lay),
+            "pid": pid,
+            "endpoint": svc.endpoint(lay) if lay.ports else "",
+        }
+    return result
+
+
+def cmd_status(as_json: bool) -> int:
+    lay = load_layout(create=False)
+    st = status(lay)
+    if as_json:
+        print(json.dumps(st, indent=2))
+        return 0
+    for name, s in st.items():
+        word = "up" if s["ready"] else ("starting/unhealthy" if s["running"] else "down")
+        print(f"{name:10s} {word:20s} {'pid ' + str(s['pid']) if s['pid'] else '':12s} {s['endpoint']}")
+    ups = sum(s["ready"] for s in st.values())
+    print(f"{ups}/{len(st)} services up; state in {lay.root}")
+    return 0
+
+
+def cmd_clean() -> int:
+    cmd_down()
+    if STATE.exists():
+        shutil.rmtree(STATE)
+    print(f"removed {STATE}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["up", "down", "status", "clean"])
+    parser.add_argument("--json", action="store_true", help="status as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            return cmd_up()
+        if args.command == "down":
+            return cmd_down()
+        if args.command == "status":
+            return cmd_status(args.json)
+        return cmd_clean()
+    except StackError as exc:
+        print(f"stack {args.command} failed: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
