@@ -1,0 +1,59 @@
+# pcflow: the two commands a newcomer needs are `make demo` and `make test`; the rest are their parts.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+UV_VERSION := 0.13.9
+STACK := $(PY) include/local/stack.py
+# Airflow's home (SQLite metadata, logs) lives with the rest of the generated local state.
+export AIRFLOW_HOME ?= $(CURDIR)/.stack/airflow
+PYTEST_ARGS ?=
+
+.PHONY: help setup system-deps venv lock lint test demo stack-up stack-down stack-status stack-clean clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+setup: system-deps venv  ## install system packages (when missing) and the Python environment
+
+system-deps:  ## Slurm, munge, MariaDB, sshd from the OS packages, when missing
+	@bash include/local/install-system-packages.sh
+
+venv: $(VENV)/.installed  ## the Python 3.11 environment, exactly as constraints.txt pins it
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "pcflow needs Python 3.11 ($(PYTHON) not found); set PYTHON=/path/to/python3.11" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements-dev.txt -c constraints.txt
+	@touch $@
+
+lock: $(VENV)/.installed  ## re-resolve constraints.txt from PyPI after changing a requirements file
+	$(VENV)/bin/uv pip compile requirements-dev.txt --python-version 3.11 --no-header --no-annotate -o constraints.txt
+
+lint: venv  ## ruff, including Airflow 3's import rules (AIR)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check --preview --select AIR dags plugins
+
+stack-up: setup  ## start the local stack (moto, Slurm, sshd); a no-op when it is up
+	$(STACK) up
+
+stack-down:  ## stop what stack-up started, and nothing else
+	@if [ -x $(PY) ]; then $(STACK) down; else echo "stack down (no environment)"; fi
+
+stack-status:  ## what is up, with pids and endpoints
+	@if [ -x $(PY) ]; then $(STACK) status; else echo "stack not set up"; fi
+
+stack-clean: stack-down  ## stop the stack and delete its state (keys, databases, logs)
+	@if [ -x $(PY) ]; then $(STACK) clean; fi
+
+test: setup lint  ## from nothing to a passing test suite (the tests start the stack they need)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: stack-up  ## run the pipeline on the embedded default
+	set -a && . .stack/env && set +a && $(PY) include/local/demo.py
+
+clean: stack-clean  ## remove the environment and all generated state
+	rm -rf $(VENV) .pytest_cache .ruff_cache tests/artifacts
