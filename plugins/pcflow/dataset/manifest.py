@@ -1,0 +1,119 @@
+"""The manifest: the one object that says "this partition is complete", written last.
+
+Layout of a loaded partition::
+
+    s3://<bucket>/<prefix>/<partition>/<files or shards...>
+    s3://<bucket>/<prefix>/<partition>/manifest.json          <- commit point, replaced only after a good load
+    s3://<bucket>/<prefix>/<partition>/_pcflow/journal.json    <- what an unfinished load already uploaded
+
+Readers (the training payload, FSx users) take the object list from the manifest, never from a listing,
+so a half-loaded partition is invisible. The manifest records size, sha256 and ETag of every object, so
+a re-run decides what to skip from one GET and one LIST, without reading any remote object.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+FORMAT = "pcflow.dataset/1"
+MANIFEST_NAME = "manifest.json"
+JOURNAL_KEY = "_pcflow/journal.json"
+
+
+def partition_root(prefix: str, partition: str) -> str:
+    """`datasets/digits` + `2026-11-29` -> `datasets/digits/2026-11-29/` (the key prefix of one partition)."""
+    parts = [p for p in (prefix.strip("/"), partition.strip("/")) if p]
+    if not partition.strip("/"):
+        raise ValueError("partition must not be empty")
+    return "/".join(parts) + "/"
+
+
+@functools.cache
+def code_version() -> str:
+    """A digest of the dataset package's sources: which loader wrote a manifest, without needing git."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"pcflow-dataset-{h.hexdigest()[:12]}"
+
+
+def content_hash(objects: Iterable[Mapping[str, Any]]) -> str:
+    """sha256 over (key, sha256) of every object: two loads with equal hashes hold the same bytes."""
+    h = hashlib.sha256()
+    for obj in sorted(objects, key=lambda o: o["key"]):
+        h.update(f"{obj['key']}\0{obj['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def build_manifest(
+    *,
+    mode: str,
+    bucket: str,
+    root: str,
+    partition: str,
+    source_uri: str,
+    objects: list[dict[str, Any]],
+    run: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    objects = sorted(objects, key=lambda o: o["key"])
+    return {
+        "format": FORMAT,
+        "mode": mode,
+        "bucket": bucket,
+        "root": root,
+        "uri": f"s3://{bucket}/{root}",
+        "partition": partition,
+        "source": source_uri,
+        "code_version": code_version(),
+        "run": run,
+        "created_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "object_count": len(objects),
+        "bytes": sum(o["size"] for o in objects),
+        "samples": sum(o.get("samples", 1) for o in objects),
+        "content_hash": content_hash(objects),
+        **(extra or {}),
+        "objects": objects,
+    }
+
+
+def read_json_object(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """The JSON document at `key`, or None when there is none (a first load, or a clean partition)."""
+    try:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as err:
+        if err.response["Error"]["Code"] in ("NoSuchKey", "404"):
+            return None
+        raise
+    return json.loads(body)
+
+
+def read_manifest(client: Any, bucket: str, root: str) -> dict[str, Any] | None:
+    """The partition's committed manifest; one written by another format is treated as absent."""
+    doc = read_json_object(client, bucket, root + MANIFEST_NAME)
+    return doc if doc and doc.get("format") == FORMAT else None
+
+
+def summary(manifest: Mapping[str, Any], **counters: int) -> dict[str, Any]:
+    """What the operator pushes to XCom: small and JSON-able (never the object list of a big dataset)."""
+    return {
+        "manifest_uri": f"s3://{manifest['bucket']}/{manifest['root']}{MANIFEST_NAME}",
+        "uri": manifest["uri"],
+        "bucket": manifest["bucket"],
+        "root": manifest["root"],
+        "partition": manifest["partition"],
+        "mode": manifest["mode"],
+        "content_hash": manifest["content_hash"],
+        "object_count": manifest["object_count"],
+        "bytes": manifest["bytes"],
+        "samples": manifest["samples"],
+        **counters,
+    }

@@ -1,0 +1,148 @@
+"""Where a dataset comes from: a local directory or an S3 prefix, listed once, read file by file.
+
+Both kinds answer the same three questions (what files, how big, what are their bytes) so the sync and
+shard loaders never care where the data lives. Listing is sorted, so everything derived from it (shard
+membership, manifest order) is deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from botocore.exceptions import ClientError
+
+from pcflow.dataset.errors import SourceChangedError, SourceError
+
+#: Names never loaded: editor and OS droppings, and pcflow's own bookkeeping when the source is a partition.
+IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "manifest.json"})
+IGNORED_DIRS = frozenset({"_pcflow", ".git", "__pycache__"})
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of the source; `version` is what proves it unchanged (mtime_ns locally, ETag on S3)."""
+
+    rel: str
+    size: int
+    version: str
+
+
+class Source(Protocol):
+    uri: str
+
+    def list(self) -> list[SourceFile]: ...
+
+    def open(self, item: SourceFile) -> IO[bytes]: ...
+
+    def check_unchanged(self, item: SourceFile) -> None: ...
+
+
+class LocalDirectorySource:
+    """A directory on the worker; symlinks are followed, so a dangling one is an unreadable file."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root).expanduser()
+        self.uri = str(self.root)
+
+    def list(self) -> list[SourceFile]:
+        if not self.root.is_dir():
+            raise SourceError(f"dataset source {self.uri!r} is not a directory on this worker: check the path")
+        items = []
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS and not d.startswith("."))
+            for name in filenames:
+                if name in IGNORED_NAMES or name.startswith("."):
+                    continue
+                path = Path(dirpath, name)
+                try:
+                    st = path.stat()
+                except OSError as err:
+                    raise SourceError(f"cannot read {path}: {err.strerror}; fix or remove it and run again") from err
+                items.append(SourceFile(path.relative_to(self.root).as_posix(), st.st_size, str(st.st_mtime_ns)))
+        if not items:
+            raise SourceError(f"dataset source {self.uri!r} holds no files: nothing to load")
+        return sorted(items, key=lambda f: f.rel)
+
+    def path(self, item: SourceFile) -> Path:
+        return self.root / item.rel
+
+    def open(self, item: SourceFile) -> IO[bytes]:
+        try:
+            return self.path(item).open("rb")
+        except OSError as err:
+            raise SourceError(f"cannot read {self.path(item)}: {err.strerror}; fix or remove it and run again") from err
+
+    def check_unchanged(self, item: SourceFile) -> None:
+        try:
+            st = self.path(item).stat()
+        except OSError as err:
+            raise SourceChangedError(f"{self.path(item)} disappeared during the load; run again") from err
+        if (st.st_size, str(st.st_mtime_ns)) != (item.size, item.version):
+            raise SourceChangedError(
+                f"{self.path(item)} changed during the load (size/mtime differ from when it was listed): "
+                "stop whatever writes the source, then run again"
+            )
+
+
+class S3PrefixSource:
+    """Objects under `s3://bucket/prefix/`; reads are pinned to the listed ETag (If-Match), so an object
+    overwritten mid-load fails the load instead of mixing versions."""
+
+    def __init__(self, client: Any, uri: str):
+        self.client = client
+        self.uri = uri
+        self.bucket, self.prefix = split_s3_uri(uri)
+
+    def list(self) -> list[SourceFile]:
+        items = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for obj in page.get("Contents", []):
+                    rel = obj["Key"][len(self.prefix) :]
+                    parts = rel.split("/")
+                    if not rel or rel.endswith("/") or parts[-1] in IGNORED_NAMES or IGNORED_DIRS & set(parts):
+                        continue
+                    items.append(SourceFile(rel, obj["Size"], obj["ETag"]))
+        except ClientError as err:
+            raise SourceError(f"cannot list dataset source {self.uri}: {err}") from err
+        if not items:
+            raise SourceError(f"dataset source {self.uri} holds no objects: nothing to load")
+        return sorted(items, key=lambda f: f.rel)
+
+    def open(self, item: SourceFile) -> IO[bytes]:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self.prefix + item.rel, IfMatch=item.version)
+        except ClientError as err:
+            if err.response["Error"]["Code"] in ("PreconditionFailed", "412"):
+                raise SourceChangedError(f"{self.uri}{item.rel} was overwritten during the load; run again") from err
+            raise SourceError(f"cannot read {self.uri}{item.rel}: {err}") from err
+        return resp["Body"]
+
+    def check_unchanged(self, item: SourceFile) -> None:
+        """Nothing to do: If-Match on every read already proves the bytes are the listed version."""
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/a/b` -> (`bucket`, `a/b/`): prefixes always end with a slash, so `a/b` never matches `a/bc`."""
+    if not uri.startswith("s3://") or len(uri) <= 5:
+        raise SourceError(f"not an S3 URI: {uri!r} (expected s3://bucket/prefix)")
+    bucket, _, prefix = uri[5:].partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def open_source(uri: str | os.PathLike[str], s3_client: Any) -> Source:
+    """The source a user names: `s3://...` is an S3 prefix, anything else a local directory."""
+    text = os.fspath(uri)
+    if not text:
+        raise SourceError("no dataset source given: pass a local directory or an s3:// prefix")
+    return S3PrefixSource(s3_client, text) if text.startswith("s3://") else LocalDirectorySource(text)
+
+
+def iter_chunks(stream: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+    while chunk := stream.read(size):
+        yield chunk

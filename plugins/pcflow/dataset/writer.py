@@ -1,0 +1,302 @@
+"""Writing one partition: skip what is already there, upload the rest in parallel, commit the manifest last.
+
+Shared by the sync and the shard loader. What "already there" means is decided from the previous good
+manifest plus the journal of an unfinished load, each entry confirmed by one LIST of the partition
+(same size, same ETag), so neither a re-run nor a resume reads a remote object back.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO, Any
+
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+from s3transfer.manager import TransferManager
+
+from pcflow.dataset.errors import DestinationError
+from pcflow.dataset.manifest import FORMAT, JOURNAL_KEY, MANIFEST_NAME, read_json_object, read_manifest
+
+log = logging.getLogger(__name__)
+
+MiB = 2**20
+#: Objects below this go up in one PutObject (one request, checksum verified by S3); above, multipart.
+DEFAULT_TRANSFER = TransferConfig(
+    multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB, max_concurrency=10, use_threads=True
+)
+DENIED = {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"}
+
+
+def sha256_b64(hex_digest: str) -> str:
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
+def bucket_region(client: Any, bucket: str) -> str:
+    """The bucket's region as S3 reports it (an empty LocationConstraint means us-east-1)."""
+    try:
+        location = client.get_bucket_location(Bucket=bucket).get("LocationConstraint")
+    except ClientError as err:
+        code = err.response["Error"]["Code"]
+        if code in ("NoSuchBucket", "404"):
+            raise DestinationError(
+                f"bucket {bucket!r} does not exist: create it (or let the storage stage create it) first"
+            ) from err
+        if code in DENIED:
+            raise DestinationError(
+                f"the credentials in use may not read bucket {bucket!r} ({code}): grant s3:GetBucketLocation, "
+                "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on it"
+            ) from err
+        raise
+    return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, location)
+
+
+def check_destination(client: Any, bucket: str) -> None:
+    """Refuse a bucket in another region before anything is uploaded (S3 would redirect every request)."""
+    region = bucket_region(client, bucket)
+    if region != client.meta.region_name:
+        raise DestinationError(
+            f"bucket {bucket!r} is in {region}, but the S3 client is configured for {client.meta.region_name}: "
+            f"set region_name={region!r} on the operator (or the connection), or use a bucket in "
+            f"{client.meta.region_name}"
+        )
+
+
+class PartitionWriter:
+    """Uploads the objects of one partition; thread-safe; `commit()` publishes, `close()` always runs."""
+
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        root: str,
+        *,
+        tags: Mapping[str, str] | None = None,
+        workers: int = 16,
+        transfer_config: TransferConfig = DEFAULT_TRANSFER,
+        journal_interval_s: float = 30.0,
+    ):
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.client, self.bucket, self.root = client, bucket, root
+        self.tagging = urllib.parse.urlencode(dict(tags or {}))
+        self.workers = workers
+        self.transfer_config = transfer_config
+        self.journal_interval_s = journal_interval_s
+        self.previous: dict[str, Any] | None = None
+        self.known: dict[str, dict[str, Any]] = {}
+        self.remote: dict[str, tuple[int, str]] = {}
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.uploaded = self.skipped = 0
+        self._lock = threading.Lock()
+        self._journal_dirty = False
+        self._last_journal = time.monotonic()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pcflow-upload")
+        self._slots = threading.BoundedSemaphore(2 * workers)  # bounds memory held by queued work
+        self._futures: list[Future] = []
+        self._error: BaseException | None = None
+        self._transfer: TransferManager | None = None
+
+    # -- what is already there ------------------------------------------------------------------------
+    def load_state(self) -> None:
+        """Previous manifest + journal entries that the remote listing confirms (same size and ETag)."""
+        check_destination(self.client, self.bucket)
+        self.previous = read_manifest(self.client, self.bucket, self.root)
+        journal = read_json_object(self.client, self.bucket, self.root + JOURNAL_KEY) or {}
+        self.remote = self._list_remote()
+        candidates = [*(self.previous or {}).get("objects", []), *journal.get("objects", [])]
+        for entry in candidates:
+            if self.remote.get(entry["key"]) == (entry["size"], entry.get("etag")):
+                self.known[entry["key"]] = entry
+        log.info(
+            "partition s3://%s/%s: %s, %d journaled, %d objects confirmed by listing",
+            self.bucket,
+            self.root,
+            "has a manifest" if self.previous else "no manifest yet",
+            len(journal.get("objects", [])),
+            len(self.known),
+        )
+
+    def _list_remote(self) -> dict[str, tuple[int, str]]:
+        found = {}
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.root):
+                for obj in page.get("Contents", []):
+                    found[obj["Key"][len(self.root) :]] = (obj["Size"], obj["ETag"])
+        except ClientError as err:
+            raise self._explain(err, "list") from err
+        return found
+
+    def current(self, key: str, *, size: int, **identity: str) -> dict[str, Any] | None:
+        """The recorded entry for `key` when it matches `identity` (sha256, or the source's version)."""
+        entry = self.known.get(key)
+        if entry and entry["size"] == size and all(entry.get(k) == v for k, v in identity.items()):
+            return entry
+        return None
+
+    # -- uploads ----------------------------------------------------------------------------------------
+    def put_bytes(self, key: str, data: bytes, sha256: str, **extra: Any) -> dict[str, Any]:
+        """One PutObject; S3 verifies the body against the sha256 we computed from the same bytes."""
+        try:
+            resp = self.client.put_object(
+                Bucket=self.bucket,
+                Key=self.root + key,
+                Body=data,
+                ChecksumSHA256=sha256_b64(sha256),
+                Tagging=self.tagging,
+            )
+        except ClientError as err:
+            raise self._explain(err, "write", key) from err
+        return {"key": key, "size": len(data), "sha256": sha256, "etag": resp["ETag"], **extra}
+
+    def put_stream(self, key: str, fileobj: str | IO[bytes], size: int, sha256: str | None, **extra: Any):
+        """A large object through s3transfer (multipart, parts in parallel); `fileobj` may be a path.
+
+        Returns the entry; when sha256 is None the caller passes a HashingReader and fills it in after.
+        """
+        future = self._transfer_manager().upload(
+            fileobj, self.bucket, self.root + key, extra_args={"Tagging": self.tagging}
+        )
+        try:
+            future.result()
+            etag = self.client.head_object(Bucket=self.bucket, Key=self.root + key)["ETag"]
+        except ClientError as err:
+            raise self._explain(err, "write", key) from err
+        return {"key": key, "size": size, "sha256": sha256, "etag": etag, **extra}
+
+    def _transfer_manager(self) -> TransferManager:
+        with self._lock:
+            if self._transfer is None:
+                self._transfer = TransferManager(self.client, self.transfer_config)
+            return self._transfer
+
+    def _explain(self, err: ClientError, action: str, key: str = "") -> Exception:
+        code = err.response["Error"]["Code"]
+        if code in DENIED:
+            return DestinationError(
+                f"the credentials in use may not {action} s3://{self.bucket}/{self.root}{key} ({code}): grant "
+                "s3:ListBucket, s3:GetObject, s3:PutObject, s3:PutObjectTagging and s3:DeleteObject on the "
+                "dataset prefix; the previous manifest is unchanged"
+            )
+        return err
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def record(self, entry: dict[str, Any], *, uploaded: bool) -> None:
+        with self._lock:
+            self.entries[entry["key"]] = entry
+            if uploaded:
+                self.uploaded += 1
+                self._journal_dirty = True
+            else:
+                self.skipped += 1
+            due = self._journal_dirty and time.monotonic() - self._last_journal >= self.journal_interval_s
+        if due:
+            self.flush_journal()
+
+    def flush_journal(self) -> None:
+        """Remember what this load uploaded, so a resume after a crash skips it (cheap: one PUT)."""
+        with self._lock:
+            if not self._journal_dirty:
+                return
+            body = json.dumps({"format": FORMAT, "objects": list(self.entries.values())}).encode()
+            self._journal_dirty = False
+            self._last_journal = time.monotonic()
+        self.client.put_object(Bucket=self.bucket, Key=self.root + JOURNAL_KEY, Body=body, Tagging=self.tagging)
+
+    # -- the pool ---------------------------------------------------------------------------------------
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn(*args)` on the pool; blocks while 2 x workers tasks are queued; fails fast."""
+        self.raise_if_failed()
+        self._slots.acquire()
+        future = self._pool.submit(fn, *args)
+        future.add_done_callback(self._done)
+        self._futures.append(future)
+
+    def _done(self, future: Future) -> None:
+        self._slots.release()
+        if future.exception() is not None and self._error is None:
+            self._error = future.exception()
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def drain(self) -> None:
+        for future in self._futures:
+            future.exception()  # wait without raising: every in-flight upload is finished and recorded
+        self._futures.clear()
+        self.raise_if_failed()
+
+    # -- publish --------------------------------------------------------------------------------------
+    def commit(self, manifest: dict[str, Any], *, prune: bool) -> bool:
+        """Write manifest.json (after every object is in), drop the journal, optionally delete stale keys.
+
+        Returns False when the manifest already committed holds the same content: nothing is written.
+        """
+        self.drain()
+        with self._lock:
+            self._journal_dirty = False  # the manifest supersedes the journal from here on
+        unchanged = bool(self.previous) and self.previous.get("content_hash") == manifest["content_hash"]
+        if not unchanged:
+            body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=self.root + MANIFEST_NAME,
+                    Body=body,
+                    ContentType="application/json",
+                    ChecksumSHA256=sha256_b64(hashlib.sha256(body).hexdigest()),
+                    Tagging=self.tagging,
+                )
+            except ClientError as err:
+                raise self._explain(err, "write", MANIFEST_NAME) from err
+        if JOURNAL_KEY in self.remote or self.uploaded:
+            self.client.delete_object(Bucket=self.bucket, Key=self.root + JOURNAL_KEY)
+        if prune:
+            self.prune({o["key"] for o in manifest["objects"]})
+        return not unchanged
+
+    def prune(self, keep: set[str]) -> int:
+        """Delete objects of the partition the committed manifest does not list (older shards, removed files)."""
+        stale = [k for k in self._list_remote() if k not in keep and k not in (MANIFEST_NAME, JOURNAL_KEY)]
+        for start in range(0, len(stale), 1000):
+            batch = [{"Key": self.root + k} for k in stale[start : start + 1000]]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+        if stale:
+            log.info("pruned %d objects no longer in the manifest of s3://%s/%s", len(stale), self.bucket, self.root)
+        return len(stale)
+
+    def close(self) -> None:
+        """Always called: waits for in-flight work, keeps the journal of what got uploaded, frees threads."""
+        try:
+            for future in self._futures:
+                future.exception()
+            if self.entries:
+                self.flush_journal()
+        finally:
+            self._pool.shutdown(wait=True)
+            if self._transfer is not None:
+                self._transfer.shutdown()
+
+
+class HashingReader:
+    """A read-only stream that computes the sha256 of exactly what was read through it, in order."""
+
+    def __init__(self, raw: IO[bytes]):
+        self.raw, self.hash, self.size = raw, hashlib.sha256(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.hash.update(data)
+        self.size += len(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self.hash.hexdigest()
