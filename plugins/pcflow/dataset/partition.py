@@ -1,0 +1,39 @@
+"""Which partition a run loads: its logical date when scheduled, an explicit one when triggered by hand.
+
+Nightly runs train on the data of their date and backfills re-read old dates, so the logical date is
+the natural key; a manual run has no meaningful date and must say which partition it wants.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
+DATE_FORMAT = "%Y-%m-%d"
+
+
+def validate_partition(partition: str) -> str:
+    """A single S3 key segment: letters, digits, `. _ = -`; no slashes, no `..`."""
+    if not isinstance(partition, str) or not PARTITION_RE.match(partition) or ".." in partition:
+        raise ValueError(
+            f"invalid partition {partition!r}: use one path segment of letters, digits, '.', '_', '=' or '-' "
+            "(for example '2026-11-29' or 'v3')"
+        )
+    return partition
+
+
+def resolve_partition(context: Mapping[str, Any], explicit: str | None = None) -> str:
+    """Explicit partition if given; else the logical date (`YYYY-MM-DD`) of a scheduled or backfill run."""
+    if explicit:
+        return validate_partition(explicit)
+    dag_run = context.get("dag_run")
+    run_type = str(getattr(dag_run, "run_type", "") or "").lower()
+    logical_date = context.get("logical_date")
+    if run_type.endswith("manual") or logical_date is None:
+        raise ValueError(
+            "this run was triggered by hand (or has no logical date): pass partition='...' "
+            "(for example in the trigger form), so it is clear which data partition to load"
+        )
+    return validate_partition(logical_date.strftime(DATE_FORMAT))
