@@ -1,0 +1,528 @@
+"""The network stage: one VPC per stack, found by tags before anything is created.
+
+Layout: a public subnet (head node; compute too unless a NAT gateway is asked for), an internet
+gateway, route tables, an S3 gateway endpoint (dataset traffic skips NAT and its per-GB charge), and
+two security groups: `head` (SSH from the configured CIDRs only) and `cluster` (all traffic between
+members). With `nat_gateway=True`, compute gets private subnets routed through a NAT gateway.
+
+An existing VPC can be adopted by id: pcflow then only adds its tagged security groups there, and
+the teardown (which deletes by tag) leaves the VPC and its subnets alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+from botocore.exceptions import ClientError
+
+from pcflow.aws.base import PcflowAwsOperator
+from pcflow.aws.clients import error_code, validate_region, wait_logged
+from pcflow.aws.tags import find_one, tag_equals, tag_specifications
+from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, teardown
+from pcflow.naming import TAG_STACK, Component, digest, resource_name, standard_tags, validate_stack_name
+
+log = logging.getLogger(__name__)
+
+ANYWHERE = ("0.0.0.0/0", "::/0")
+
+
+class NetworkMismatch(RuntimeError):
+    """A resource with this stack's identity exists but differs from the spec: pcflow will not change it."""
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """What the network stage ensures. Validated on construction, before any AWS call."""
+
+    stack: str
+    region: str
+    vpc_cidr: str = "10.42.0.0/16"
+    public_subnet_cidr: str = "10.42.0.0/20"
+    private_subnet_cidrs: tuple[str, ...] = ("10.42.128.0/18",)
+    availability_zone: str | None = None
+    nat_gateway: bool = False
+    s3_endpoint: bool = True
+    ssh_ingress_cidrs: tuple[str, ...] = ()
+    allow_ssh_from_anywhere: bool = False
+    # Adoption: an existing VPC and subnets, by id. pcflow never deletes them.
+    vpc_id: str | None = None
+    public_subnet_id: str | None = None
+    private_subnet_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate_stack_name(self.stack)
+        validate_region(self.region)
+        for name in ("private_subnet_cidrs", "ssh_ingress_cidrs", "private_subnet_ids"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ValueError(f"{name} must be a list, not the string {value!r}")
+            object.__setattr__(self, name, tuple(value))
+        ssh = [_cidr(c, "ssh_ingress_cidrs") for c in self.ssh_ingress_cidrs]
+        if any(str(c) in ANYWHERE for c in ssh) and not self.allow_ssh_from_anywhere:
+            raise ValueError(
+                "ssh_ingress_cidrs contains 0.0.0.0/0 (SSH open to the internet); give your office/VPN CIDR "
+                "instead, or set allow_ssh_from_anywhere=True if you really mean it"
+            )
+        if self.adopted:
+            if not self.public_subnet_id:
+                raise ValueError("adopting vpc_id needs public_subnet_id (the head node's subnet) as well")
+            return
+        if self.public_subnet_id or self.private_subnet_ids:
+            raise ValueError("subnet ids can only be given together with vpc_id (adopting an existing VPC)")
+        self._validate_layout()
+
+    def _validate_layout(self) -> None:
+        """Subnets are valid CIDRs inside the VPC's range and do not overlap each other."""
+        vpc = _cidr(self.vpc_cidr, "vpc_cidr")
+        if not 16 <= vpc.prefixlen <= 28:
+            raise ValueError(f"vpc_cidr {self.vpc_cidr} must have a prefix between /16 and /28 (AWS limit)")
+        subnets = {"public_subnet_cidr": _cidr(self.public_subnet_cidr, "public_subnet_cidr")}
+        if self.nat_gateway:
+            if not self.private_subnet_cidrs:
+                raise ValueError("nat_gateway=True needs at least one private_subnet_cidrs entry for compute")
+            for i, c in enumerate(self.private_subnet_cidrs):
+                subnets[f"private_subnet_cidrs[{i}]"] = _cidr(c, "private_subnet_cidrs")
+        for name, net in subnets.items():
+            if net.version != vpc.version or not net.subnet_of(vpc):
+                raise ValueError(f"{name} {net} is not inside vpc_cidr {vpc}; choose a range within it")
+        names = list(subnets)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                if subnets[a].overlaps(subnets[b]):
+                    raise ValueError(f"CIDR overlap: {a} {subnets[a]} overlaps {b} {subnets[b]}")
+
+    @property
+    def adopted(self) -> bool:
+        return self.vpc_id is not None
+
+    @classmethod
+    def from_mapping(cls, stack: str, region: str, values: Mapping[str, Any] | None) -> NetworkSpec:
+        """From the `network` section of a training spec / DAG params; unknown keys are refused."""
+        values = dict(values or {})
+        allowed = {f.name for f in fields(cls)} - {"stack", "region"}
+        unknown = sorted(set(values) - allowed)
+        if unknown:
+            raise ValueError(f"unknown network setting(s) {unknown}; allowed: {sorted(allowed)}")
+        return cls(stack=stack, region=region, **values)
+
+
+def _cidr(value: str, what: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(value, strict=True)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"invalid CIDR {value!r} in {what}: {error}") from None
+
+
+@dataclass(frozen=True)
+class NetworkIds:
+    """The stage's output (XCom): everything the cluster config needs."""
+
+    vpc_id: str
+    head_subnet_id: str
+    compute_subnet_ids: tuple[str, ...]
+    head_security_group_id: str
+    cluster_security_group_id: str
+    availability_zone: str
+    adopted: bool = False
+    internet_gateway_id: str | None = None
+    route_table_ids: tuple[str, ...] = ()
+    s3_endpoint_id: str | None = None
+    nat_gateway_id: str | None = None
+    private_subnet_ids: tuple[str, ...] = field(default=())
+
+    def to_xcom(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+class _Ensurer:
+    """One ensure run: the spec, the tags and a client; each step looks up by Name tag, then creates."""
+
+    def __init__(self, ec2: Any, spec: NetworkSpec, tags: Mapping[str, str], waiter_delay: int):
+        self.ec2 = ec2
+        self.spec = spec
+        self.tags = dict(tags)
+        self.waiter_delay = waiter_delay
+
+    def name(self, role: str) -> str:
+        return resource_name(self.spec.stack, Component.NETWORK, role)
+
+    def tags_for(self, role: str) -> dict[str, str]:
+        return {**self.tags, "Name": self.name(role)}
+
+    def identity(self, role: str) -> list[dict[str, Any]]:
+        return [tag_equals(TAG_STACK, self.spec.stack), tag_equals("Name", self.name(role))]
+
+    def token(self, role: str) -> str:
+        """Deterministic ClientToken: the same on every Airflow retry, unlike botocore's uuid4."""
+        return f"pcflow-{digest(self.spec.stack, 'network', role, length=40)}"
+
+    # --- steps ---
+
+    def availability_zone(self) -> str:
+        zones = self.ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
+        names = sorted(z["ZoneName"] for z in zones["AvailabilityZones"])
+        if self.spec.availability_zone is None:
+            return names[0]
+        if self.spec.availability_zone not in names:
+            raise ValueError(
+                f"availability zone {self.spec.availability_zone!r} is not available in {self.spec.region}; "
+                f"choose one of {names}"
+            )
+        return self.spec.availability_zone
+
+    def vpc(self) -> str:
+        found = find_one(self.ec2.describe_vpcs, "Vpcs", what="VPC", id_key="VpcId", Filters=self.identity("vpc"))
+        if found:
+            if found["CidrBlock"] != self.spec.vpc_cidr:
+                raise NetworkMismatch(
+                    f"VPC {found['VpcId']} of stack {self.spec.stack} has CIDR {found['CidrBlock']}, the spec asks "
+                    f"for {self.spec.vpc_cidr}; tear the stack's network down first or use another stack name"
+                )
+            vpc_id = found["VpcId"]
+            log.info("adopting VPC %s (%s)", vpc_id, found["CidrBlock"])
+        else:
+            vpc_id = self.ec2.create_vpc(
+                CidrBlock=self.spec.vpc_cidr, TagSpecifications=tag_specifications("vpc", self.tags_for("vpc"))
+            )["Vpc"]["VpcId"]
+            log.info("created VPC %s (%s)", vpc_id, self.spec.vpc_cidr)
+        wait_logged(
+            self.ec2, "vpc_available", {"VpcIds": [vpc_id]}, what=f"VPC {vpc_id}",
+            status_args=["Vpcs[0].State"], delay=self.waiter_delay,
+        )  # fmt: skip
+        # ParallelCluster needs DNS hostnames; each attribute must be set in its own call.
+        self.ec2.modify_vpc_attribute(VpcId=vpc_id, EnableDnsSupport={"Value": True})
+        self.ec2.modify_vpc_attribute(VpcId=vpc_id, EnableDnsHostnames={"Value": True})
+        return vpc_id
+
+    def internet_gateway(self, vpc_id: str) -> str:
+        found = find_one(
+            self.ec2.describe_internet_gateways, "InternetGateways", what="internet gateway",
+            id_key="InternetGatewayId", Filters=self.identity("igw"),
+        )  # fmt: skip
+        if found:
+            igw_id = found["InternetGatewayId"]
+            attached = [a["VpcId"] for a in found.get("Attachments", [])]
+        else:
+            igw_id = self.ec2.create_internet_gateway(
+                TagSpecifications=tag_specifications("internet-gateway", self.tags_for("igw"))
+            )["InternetGateway"]["InternetGatewayId"]
+            attached = []
+            log.info("created internet gateway %s", igw_id)
+        if attached and attached != [vpc_id]:
+            raise NetworkMismatch(f"internet gateway {igw_id} is attached to {attached}, not to {vpc_id}")
+        if not attached:
+            self.ec2.attach_internet_gateway(InternetGatewayId=igw_id, VpcId=vpc_id)
+        return igw_id
+
+    def subnet(self, vpc_id: str, role: str, cidr: str, zone: str, *, public: bool) -> str:
+        found = find_one(
+            self.ec2.describe_subnets, "Subnets", what="subnet", id_key="SubnetId", Filters=self.identity(role)
+        )
+        if found:
+            if found["CidrBlock"] != cidr or found["VpcId"] != vpc_id:
+                raise NetworkMismatch(
+                    f"subnet {found['SubnetId']} ({role}) is {found['CidrBlock']} in {found['VpcId']}, the spec asks "
+                    f"for {cidr} in {vpc_id}; tear the stack's network down first"
+                )
+            subnet_id = found["SubnetId"]
+        else:
+            subnet_id = self.ec2.create_subnet(
+                VpcId=vpc_id, CidrBlock=cidr, AvailabilityZone=zone,
+                TagSpecifications=tag_specifications("subnet", self.tags_for(role)),
+            )["Subnet"]["SubnetId"]  # fmt: skip
+            log.info("created subnet %s (%s, %s)", subnet_id, role, cidr)
+        if public:
+            self.ec2.modify_subnet_attribute(SubnetId=subnet_id, MapPublicIpOnLaunch={"Value": True})
+        return subnet_id
+
+    def route_table(self, vpc_id: str, role: str, subnet_ids: Sequence[str], default_route: Mapping[str, str]) -> str:
+        found = find_one(
+            self.ec2.describe_route_tables, "RouteTables", what="route table", id_key="RouteTableId",
+            Filters=self.identity(role),
+        )  # fmt: skip
+        if found is None:
+            found = self.ec2.create_route_table(
+                VpcId=vpc_id, ClientToken=self.token(role),
+                TagSpecifications=tag_specifications("route-table", self.tags_for(role)),
+            )["RouteTable"]  # fmt: skip
+            log.info("created route table %s (%s)", found["RouteTableId"], role)
+        rt_id = found["RouteTableId"]
+        current = next((r for r in found.get("Routes", []) if r.get("DestinationCidrBlock") == "0.0.0.0/0"), None)
+        ((target_key, target_id),) = default_route.items()
+        if current is None:
+            self.ec2.create_route(RouteTableId=rt_id, DestinationCidrBlock="0.0.0.0/0", **{target_key: target_id})
+        elif current.get(target_key) != target_id:
+            self.ec2.replace_route(RouteTableId=rt_id, DestinationCidrBlock="0.0.0.0/0", **{target_key: target_id})
+        associated = {a.get("SubnetId") for a in found.get("Associations", [])}
+        for subnet_id in subnet_ids:
+            if subnet_id not in associated:
+                self.ec2.associate_route_table(RouteTableId=rt_id, SubnetId=subnet_id)
+        return rt_id
+
+    def nat_gateway(self, public_subnet_id: str) -> str:
+        addr = self.ec2.describe_addresses(Filters=self.identity("nat-eip")).get("Addresses", [])
+        if len(addr) > 1:
+            raise NetworkMismatch(f"{len(addr)} elastic IPs carry the NAT identity of stack {self.spec.stack}")
+        allocation_id = addr[0]["AllocationId"] if addr else self.ec2.allocate_address(
+            Domain="vpc", TagSpecifications=tag_specifications("elastic-ip", self.tags_for("nat-eip"))
+        )["AllocationId"]  # fmt: skip
+        filters = [*self.identity("nat"), {"Name": "state", "Values": ["pending", "available"]}]
+        found = find_one(self.ec2.describe_nat_gateways, "NatGateways", what="NAT gateway", id_key="NatGatewayId",
+                         Filter=filters)  # fmt: skip
+        nat_id = found["NatGatewayId"] if found else self.ec2.create_nat_gateway(
+            SubnetId=public_subnet_id, AllocationId=allocation_id, ClientToken=self.token("nat"),
+            TagSpecifications=tag_specifications("natgateway", self.tags_for("nat")),
+        )["NatGateway"]["NatGatewayId"]  # fmt: skip
+        wait_logged(
+            self.ec2, "nat_gateway_available", {"NatGatewayIds": [nat_id]}, what=f"NAT gateway {nat_id}",
+            status_args=["NatGateways[0].State"], delay=self.waiter_delay,
+        )  # fmt: skip
+        return nat_id
+
+    def s3_endpoint(self, vpc_id: str, route_table_ids: Sequence[str]) -> str:
+        filters = [*self.identity("s3-endpoint"), {"Name": "vpc-endpoint-state", "Values": ["pending", "available"]}]
+        found = find_one(self.ec2.describe_vpc_endpoints, "VpcEndpoints", what="VPC endpoint", id_key="VpcEndpointId",
+                         Filters=filters)  # fmt: skip
+        if found is None:
+            return self.ec2.create_vpc_endpoint(
+                VpcId=vpc_id, ServiceName=f"com.amazonaws.{self.spec.region}.s3", VpcEndpointType="Gateway",
+                RouteTableIds=list(route_table_ids), ClientToken=self.token("s3-endpoint"),
+                TagSpecifications=tag_specifications("vpc-endpoint", self.tags_for("s3-endpoint")),
+            )["VpcEndpoint"]["VpcEndpointId"]  # fmt: skip
+        missing = sorted(set(route_table_ids) - set(found.get("RouteTableIds", [])))
+        if missing:
+            self.ec2.modify_vpc_endpoint(VpcEndpointId=found["VpcEndpointId"], AddRouteTableIds=missing)
+        return found["VpcEndpointId"]
+
+    def security_group(self, vpc_id: str, role: str, description: str) -> str:
+        filters = [*self.identity(role), {"Name": "vpc-id", "Values": [vpc_id]}]
+        found = find_one(self.ec2.describe_security_groups, "SecurityGroups", what="security group", id_key="GroupId",
+                         Filters=filters)  # fmt: skip
+        if found:
+            return found["GroupId"]
+        try:
+            return self.ec2.create_security_group(
+                GroupName=self.name(role), Description=description, VpcId=vpc_id,
+                TagSpecifications=tag_specifications("security-group", self.tags_for(role)),
+            )["GroupId"]  # fmt: skip
+        except ClientError as error:
+            if error_code(error) == "InvalidGroup.Duplicate":
+                raise NetworkMismatch(
+                    f"a security group named {self.name(role)} exists in {vpc_id} without pcflow's tags for stack "
+                    f"{self.spec.stack}; delete or rename it"
+                ) from error
+            raise
+
+    def cluster_rules(self, group_id: str) -> None:
+        """All traffic between members of the cluster group (MPI, NCCL, Slurm, NFS, Lustre)."""
+        sg = self.ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]
+        for perm in sg.get("IpPermissions", []):
+            if perm.get("IpProtocol") == "-1" and any(
+                p["GroupId"] == group_id for p in perm.get("UserIdGroupPairs", [])
+            ):
+                return
+        self.ec2.authorize_security_group_ingress(
+            GroupId=group_id, IpPermissions=[{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}]
+        )
+
+    def ssh_rules(self, group_id: str) -> None:
+        """SSH from exactly the configured CIDRs: missing ones added, ones no longer configured revoked."""
+        sg = self.ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]
+        have_v4: set[str] = set()
+        have_v6: set[str] = set()
+        for perm in sg.get("IpPermissions", []):
+            if perm.get("IpProtocol") == "tcp" and perm.get("FromPort") == 22 and perm.get("ToPort") == 22:
+                have_v4 |= {r["CidrIp"] for r in perm.get("IpRanges", [])}
+                have_v6 |= {r["CidrIpv6"] for r in perm.get("Ipv6Ranges", [])}
+        want = [ipaddress.ip_network(c) for c in self.spec.ssh_ingress_cidrs]
+        want_v4 = {str(c) for c in want if c.version == 4}
+        want_v6 = {str(c) for c in want if c.version == 6}
+
+        def perm(v4: set[str], v6: set[str]) -> list[dict[str, Any]]:
+            item: dict[str, Any] = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22}
+            if v4:
+                item["IpRanges"] = [{"CidrIp": c, "Description": "pcflow ssh"} for c in sorted(v4)]
+            if v6:
+                item["Ipv6Ranges"] = [{"CidrIpv6": c, "Description": "pcflow ssh"} for c in sorted(v6)]
+            return [item]
+
+        if want_v4 - have_v4 or want_v6 - have_v6:
+            self.ec2.authorize_security_group_ingress(
+                GroupId=group_id, IpPermissions=perm(want_v4 - have_v4, want_v6 - have_v6)
+            )
+        if have_v4 - want_v4 or have_v6 - want_v6:
+            self.ec2.revoke_security_group_ingress(
+                GroupId=group_id, IpPermissions=perm(have_v4 - want_v4, have_v6 - want_v6)
+            )
+
+
+def ensure_network(
+    ec2: Any,
+    spec: NetworkSpec,
+    *,
+    run: str | None = None,
+    ttl: dt.timedelta | None = None,
+    waiter_delay: int = 15,
+) -> NetworkIds:
+    """Create what is missing, adopt what exists and matches, refuse what exists and differs.
+
+    `run` tags the network as one run's (deleted by that run's teardown / the janitor); leave it None
+    for a network shared across runs of the stack. Safe to call any number of times.
+    """
+    tags = standard_tags(stack=spec.stack, component=Component.NETWORK, run=run, ttl=ttl)
+    step = _Ensurer(ec2, spec, tags, waiter_delay)
+    if spec.adopted:
+        return _adopt(step, spec)
+    zone = step.availability_zone()
+    vpc_id = step.vpc()
+    igw_id = step.internet_gateway(vpc_id)
+    public_id = step.subnet(vpc_id, "public", spec.public_subnet_cidr, zone, public=True)
+    route_tables = [step.route_table(vpc_id, "public-rt", [public_id], {"GatewayId": igw_id})]
+    nat_id = None
+    private_ids: list[str] = []
+    if spec.nat_gateway:
+        private_ids = [
+            step.subnet(vpc_id, f"private-{i + 1}", cidr, zone, public=False)
+            for i, cidr in enumerate(spec.private_subnet_cidrs)
+        ]
+        nat_id = step.nat_gateway(public_id)
+        route_tables.append(step.route_table(vpc_id, "private-rt", private_ids, {"NatGatewayId": nat_id}))
+    endpoint_id = step.s3_endpoint(vpc_id, route_tables) if spec.s3_endpoint else None
+    cluster_sg = step.security_group(vpc_id, "cluster-sg", "pcflow: all traffic between cluster nodes")
+    step.cluster_rules(cluster_sg)
+    head_sg = step.security_group(vpc_id, "head-sg", "pcflow: SSH to the head node from configured CIDRs")
+    step.ssh_rules(head_sg)
+    return NetworkIds(
+        vpc_id=vpc_id,
+        head_subnet_id=public_id,
+        # Without NAT, compute shares the public subnet; it has no public ingress (cluster SG only).
+        compute_subnet_ids=tuple(private_ids) or (public_id,),
+        head_security_group_id=head_sg,
+        cluster_security_group_id=cluster_sg,
+        availability_zone=zone,
+        internet_gateway_id=igw_id,
+        route_table_ids=tuple(route_tables),
+        s3_endpoint_id=endpoint_id,
+        nat_gateway_id=nat_id,
+        private_subnet_ids=tuple(private_ids),
+    )
+
+
+def _adopt(step: _Ensurer, spec: NetworkSpec) -> NetworkIds:
+    """Use the caller's VPC and subnets as they are; only pcflow's tagged security groups are added."""
+    ec2 = step.ec2
+    try:
+        ec2.describe_vpcs(VpcIds=[spec.vpc_id])
+    except ClientError as error:
+        if error_code(error).endswith("NotFound"):
+            raise ValueError(f"vpc_id {spec.vpc_id} does not exist in {spec.region}; check the id and region") from None
+        raise
+    subnet_ids = [spec.public_subnet_id, *spec.private_subnet_ids]
+    try:
+        subnets = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]
+    except ClientError as error:
+        if error_code(error).endswith("NotFound"):
+            raise ValueError(f"subnet(s) {subnet_ids} not found in {spec.region}: {error}") from None
+        raise
+    outside = [s["SubnetId"] for s in subnets if s["VpcId"] != spec.vpc_id]
+    if outside:
+        raise ValueError(f"subnet(s) {outside} are not in vpc {spec.vpc_id}")
+    zone = next(s["AvailabilityZone"] for s in subnets if s["SubnetId"] == spec.public_subnet_id)
+    cluster_sg = step.security_group(spec.vpc_id, "cluster-sg", "pcflow: all traffic between cluster nodes")
+    step.cluster_rules(cluster_sg)
+    head_sg = step.security_group(spec.vpc_id, "head-sg", "pcflow: SSH to the head node from configured CIDRs")
+    step.ssh_rules(head_sg)
+    return NetworkIds(
+        vpc_id=spec.vpc_id,
+        head_subnet_id=spec.public_subnet_id,
+        compute_subnet_ids=tuple(spec.private_subnet_ids) or (spec.public_subnet_id,),
+        head_security_group_id=head_sg,
+        cluster_security_group_id=cluster_sg,
+        availability_zone=zone,
+        adopted=True,
+        private_subnet_ids=tuple(spec.private_subnet_ids),
+    )
+
+
+def delete_network(clients: Any, *, stack: str, run: str | None = None, dry_run: bool = False, **loop_options: Any):
+    """The network's convergent teardown: everything tagged `pcflow:component=network` for the stack (or run).
+
+    Instances in the VPC (also tagged by their own stage) must be selected to go first, so the whole stack
+    is usually torn down together with `teardown`; this is the network-only shortcut."""
+    selector = Selector(stack=stack, run=run, components=frozenset({str(Component.NETWORK)}))
+    return teardown(clients, selector, handler_sets=DEFAULT_HANDLER_SETS, dry_run=dry_run, **loop_options)
+
+
+# --- operators ----------------------------------------------------------------------------------
+
+
+class EnsureNetworkOperator(PcflowAwsOperator):
+    """Ensure the stack's network; returns `NetworkIds.to_xcom()`.
+
+    :param stack: the stack name (shared resources are named and tagged with it).
+    :param network: the network section of the spec (`NetworkSpec` fields, e.g. `ssh_ingress_cidrs`).
+    :param run_scoped: tag the network with this run's key, so the run's teardown deletes it.
+    :param ttl_hours: `pcflow:expires` for the janitor; None = never.
+    """
+
+    template_fields = (*PcflowAwsOperator.template_fields, "stack", "network")
+    template_fields_renderers: ClassVar[dict[str, str]] = {"network": "json"}
+    ui_color = "#c6e2ff"
+
+    def __init__(
+        self,
+        *,
+        stack: str,
+        network: Mapping[str, Any] | None = None,
+        run_scoped: bool = False,
+        ttl_hours: float | None = None,
+        waiter_delay: int = 15,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.stack = stack
+        self.network = network
+        self.run_scoped = run_scoped
+        self.ttl_hours = ttl_hours
+        self.waiter_delay = waiter_delay
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pcflow.naming import run_key_from_context
+
+        spec = NetworkSpec.from_mapping(self.stack, self.hook.region_name, self.network)
+        run = run_key_from_context(context) if self.run_scoped else None
+        ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
+        ids = ensure_network(self.ec2, spec, run=run, ttl=ttl, waiter_delay=self.waiter_delay)
+        self.log.info("network of stack %s: vpc %s, head subnet %s", self.stack, ids.vpc_id, ids.head_subnet_id)
+        return ids.to_xcom()
+
+
+class DeleteNetworkOperator(PcflowAwsOperator):
+    """Convergent teardown of the stack's network (adopted VPCs and subnets are untagged, so kept)."""
+
+    template_fields = (*PcflowAwsOperator.template_fields, "stack", "dry_run")
+    ui_color = "#f4a6a6"
+
+    def __init__(
+        self, *, stack: str, run_scoped: bool = False, dry_run: bool = False, pass_delay: float = 5.0, **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.stack = stack
+        self.run_scoped = run_scoped
+        self.dry_run = dry_run
+        self.pass_delay = pass_delay
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pcflow.naming import run_key_from_context
+
+        run = run_key_from_context(context) if self.run_scoped else None
+        report = delete_network(
+            self.client, stack=self.stack, run=run, dry_run=bool(self.dry_run),
+            pass_delay=self.pass_delay, logger=self.log,
+        )  # fmt: skip
+        return report.to_xcom()

@@ -1,0 +1,97 @@
+"""Fixtures for the AWS stages: retrying clients on the moto server of the local stack (over HTTPS,
+through the `aws_default` connection), a unique stack name per test, and direct resource counts."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pcflow.aws.clients import aws_client
+from pcflow.aws.teardown import Selector, teardown
+
+pytestmark = pytest.mark.stack
+
+
+@dataclass
+class Clients:
+    ec2: Any
+    s3: Any
+    ssm: Any
+    iam: Any
+    fsx: Any
+    sts: Any
+    tagging: Any
+
+    def __call__(self, service: str) -> Any:
+        """The `ClientSource` shape the teardown engine takes."""
+        return getattr(self, service)
+
+
+@pytest.fixture(scope="session")
+def aws(local_stack) -> Clients:
+    services = ("ec2", "s3", "ssm", "iam", "fsx", "sts")
+    made = {s: aws_client(s, aws_conn_id="aws_default") for s in services}
+    return Clients(**made, tagging=aws_client("resourcegroupstaggingapi", aws_conn_id="aws_default"))
+
+
+@pytest.fixture
+def stack(aws) -> str:
+    """A stack name no other test (or engineer) uses; whatever the test leaves is torn down after it."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    yield name
+    teardown(aws, Selector(stack=name), handler_sets=("ec2", "images"), pass_delay=0, raise_on_leftovers=False)
+
+
+def count_by_kind(ec2: Any, stack: str) -> dict[str, int]:
+    """Direct describe calls per resource type (independent of the code under test's handlers)."""
+    flt = [{"Name": "tag:pcflow:stack", "Values": [stack]}]
+    live = ["pending", "running", "stopping", "stopped", "shutting-down"]
+    counts = {
+        "vpc": len(ec2.describe_vpcs(Filters=flt)["Vpcs"]),
+        "subnet": len(ec2.describe_subnets(Filters=flt)["Subnets"]),
+        "internet-gateway": len(ec2.describe_internet_gateways(Filters=flt)["InternetGateways"]),
+        "route-table": len(ec2.describe_route_tables(Filters=flt)["RouteTables"]),
+        "security-group": len(ec2.describe_security_groups(Filters=flt)["SecurityGroups"]),
+        "vpc-endpoint": len(
+            [e for e in ec2.describe_vpc_endpoints(Filters=flt)["VpcEndpoints"] if e["State"].lower() != "deleted"]
+        ),
+        "nat-gateway": len(
+            [n for n in ec2.describe_nat_gateways(Filter=flt)["NatGateways"] if n["State"] not in ("deleted",)]
+        ),
+        "elastic-ip": len(ec2.describe_addresses(Filters=flt)["Addresses"]),
+        "instance": sum(
+            len(r["Instances"])
+            for r in ec2.describe_instances(Filters=[*flt, {"Name": "instance-state-name", "Values": live}])[
+                "Reservations"
+            ]
+        ),
+        "image": len(ec2.describe_images(Owners=["self"], Filters=flt)["Images"]),
+        "snapshot": len(ec2.describe_snapshots(OwnerIds=["self"], Filters=flt)["Snapshots"]),
+    }
+    return counts
+
+
+def tagged_arns(tagging: Any, stack: str) -> list[str]:
+    """What the resource groups tagging API still lists for the stack (excluding terminated instances,
+    which AWS keeps listing for an hour)."""
+    arns = []
+    for page in tagging.get_paginator("get_resources").paginate(
+        TagFilters=[{"Key": "pcflow:stack", "Values": [stack]}]
+    ):
+        arns += [m["ResourceARN"] for m in page["ResourceTagMappingList"]]
+    return arns
+
+
+@pytest.fixture
+def counts(aws, stack):
+    """`counts()` -> resources of the test's stack per type, by direct describe calls."""
+    return lambda: count_by_kind(aws.ec2, stack)
+
+
+@pytest.fixture
+def arns(aws, stack):
+    """`arns()` -> ARNs the tagging API lists for the test's stack."""
+    return lambda: tagged_arns(aws.tagging, stack)
