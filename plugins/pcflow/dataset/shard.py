@@ -215,9 +215,16 @@ def shard_to_s3(
                 except BaseException:
                     on_disk.release()
                     raise
-                key = f"shard-{index:0{width}d}-{sha[:12]}.tar"
-                stats = (sum(len(s.files) for s in members), sum(f.size for s in members for f in s.files))
-                writer.submit(_upload_shard, writer, path, key, size, sha, len(members), stats, progress, on_disk)
+                shard = _BuiltShard(
+                    path=path,
+                    key=f"shard-{index:0{width}d}-{sha[:12]}.tar",
+                    size=size,
+                    sha256=sha,
+                    samples=len(members),
+                    source_files=sum(len(s.files) for s in members),
+                    source_bytes=sum(f.size for s in members for f in s.files),
+                )
+                writer.submit(_upload_shard, writer, shard, progress, on_disk)
             writer.drain()
         manifest = build_manifest(
             mode="shard",
@@ -240,17 +247,28 @@ def shard_to_s3(
     return {**summary(manifest, uploaded=writer.uploaded, skipped=writer.skipped), "manifest_written": committed}
 
 
-def _upload_shard(writer, path, key, size, sha, samples, stats, progress, on_disk) -> None:
+@dataclass(frozen=True)
+class _BuiltShard:
+    path: Path
+    key: str
+    size: int
+    sha256: str
+    samples: int
+    source_files: int
+    source_bytes: int
+
+
+def _upload_shard(writer: PartitionWriter, shard: _BuiltShard, progress: Progress, on_disk) -> None:
     try:
-        entry = writer.current(key, size=size, sha256=sha)
+        entry = writer.current(shard.key, size=shard.size, sha256=shard.sha256)
         uploaded = entry is None
         if uploaded:
-            if size < writer.transfer_config.multipart_threshold:
-                entry = writer.put_bytes(key, path.read_bytes(), sha, samples=samples)
+            if shard.size < writer.transfer_config.multipart_threshold:
+                entry = writer.put_bytes(shard.key, shard.path.read_bytes(), shard.sha256, samples=shard.samples)
             else:
-                entry = writer.put_stream(key, str(path), size, sha, samples=samples)
+                entry = writer.put_stream(shard.key, str(shard.path), shard.size, shard.sha256, samples=shard.samples)
         writer.record(entry, uploaded=uploaded)
-        progress.advance(files=stats[0], nbytes=stats[1], uploaded=uploaded)
+        progress.advance(files=shard.source_files, nbytes=shard.source_bytes, uploaded=uploaded)
     finally:
-        path.unlink(missing_ok=True)
+        shard.path.unlink(missing_ok=True)
         on_disk.release()

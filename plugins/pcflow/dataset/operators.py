@@ -1,0 +1,192 @@
+"""DatasetLoadOperator: the dataset stage of a DAG, a thin shell over sync_to_s3 / shard_to_s3.
+
+Loads a source into `s3://<bucket>/<prefix>/<partition>/` (partition = the run's logical date when
+scheduled, explicit when triggered by hand), publishes manifest.json last, and, when the cluster's FSx
+for Lustre file system is already linked to that bucket, imports the new prefix and waits for the
+import in the triggerer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+from airflow.providers.amazon.aws.operators.base_aws import AwsBaseOperator
+from airflow.providers.amazon.aws.utils.mixins import aws_template_fields
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowException
+
+from pcflow.dataset.fsx import FsxDataRepositoryTaskTrigger, FsxHook, covers, linked_repository_paths, start_import
+from pcflow.dataset.partition import resolve_partition
+from pcflow.naming import Component, run_key_from_context, standard_tags, validate_stack_name
+
+MODES = ("sync", "shard")
+#: Large parts move through s3transfer's own pool (10 connections) next to the per-file workers.
+TRANSFER_CONNECTIONS = 10
+
+
+class DatasetLoadOperator(AwsBaseOperator[S3Hook]):
+    """Load a training dataset into S3, incrementally and atomically; optionally import it into FSx.
+
+    :param source: local directory on the worker, or `s3://bucket/prefix` (templated).
+    :param bucket: destination bucket; must exist, in the connection's region (templated).
+    :param prefix: key prefix of the dataset, e.g. `datasets/imagenet` (templated).
+    :param partition: explicit partition; required for manual runs, else the logical date (templated).
+    :param mode: `sync` (mirror file for file) or `shard` (WebDataset tar shards) (templated).
+    :param stack: pcflow stack name, for the `pcflow:*` tags on every object written.
+    :param fsx_file_system_id: the cluster's FSx for Lustre file system, when it already exists (templated).
+    :param deferrable: wait for the FSx import in the triggerer (default) rather than in the worker.
+
+    Returns (XCom) the load summary: manifest_uri, uri, bucket, root, partition, mode, content_hash,
+    object_count, bytes, samples, uploaded, skipped, manifest_written, fsx_import_task_id.
+    """
+
+    aws_hook_class = S3Hook
+    template_fields: Sequence[str] = aws_template_fields(
+        "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id"
+    )
+    ui_color = "#c9e4f5"
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        bucket: str,
+        prefix: str,
+        stack: str,
+        partition: str | None = None,
+        mode: str = "sync",
+        workers: int = 16,
+        target_shard_bytes: int = 128 * 2**20,
+        shuffle_seed: int | None = 0,
+        prune: bool | None = None,
+        ttl: dt.timedelta | None = None,
+        fsx_file_system_id: str | None = None,
+        deferrable: bool = True,
+        waiter_delay: int = 30,
+        waiter_max_attempts: int = 240,
+        progress_interval_s: float = 15.0,
+        botocore_config: dict | None = None,
+        **kwargs: Any,
+    ) -> None:
+        config = {
+            "retries": {"mode": "standard", "max_attempts": 10},
+            "max_pool_connections": workers + TRANSFER_CONNECTIONS,
+            **(botocore_config or {}),
+        }
+        super().__init__(botocore_config=config, **kwargs)
+        self.source, self.bucket, self.prefix, self.partition, self.mode = source, bucket, prefix, partition, mode
+        self.stack = stack
+        self.workers, self.target_shard_bytes, self.shuffle_seed = workers, target_shard_bytes, shuffle_seed
+        self.prune, self.ttl = prune, ttl
+        self.fsx_file_system_id = fsx_file_system_id
+        self.deferrable, self.waiter_delay, self.waiter_max_attempts = deferrable, waiter_delay, waiter_max_attempts
+        self.progress_interval_s = progress_interval_s
+
+    @cached_property
+    def fsx_hook(self) -> FsxHook:
+        return FsxHook(**self._hook_parameters)
+
+    def _check_arguments(self) -> None:
+        """Bad input fails here, after templating and before any request."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if not self.bucket or not isinstance(self.bucket, str):
+            raise ValueError("bucket is required: the S3 bucket the dataset is loaded into")
+        if not self.source:
+            raise ValueError("source is required: a local directory on the worker or an s3:// prefix")
+        validate_stack_name(self.stack)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from pcflow.dataset.shard import shard_to_s3
+        from pcflow.dataset.sync import sync_to_s3
+
+        self._check_arguments()
+        partition = resolve_partition(context, self.partition)
+        run = run_key_from_context(context)
+        tags = standard_tags(stack=self.stack, component=Component.DATASET, run=run, ttl=self.ttl)
+        common = {
+            "bucket": self.bucket,
+            "prefix": self.prefix,
+            "partition": partition,
+            "tags": tags,
+            "run": run,
+            "workers": self.workers,
+            "progress_interval_s": self.progress_interval_s,
+            "logger": self.log,
+        }
+        self.log.info(
+            "loading %s into s3://%s/%s (partition %s, mode %s)",
+            self.source,
+            self.bucket,
+            self.prefix,
+            partition,
+            self.mode,
+        )
+        if self.mode == "shard":
+            result = shard_to_s3(
+                self.hook.conn,
+                self.source,
+                target_shard_bytes=self.target_shard_bytes,
+                shuffle_seed=self.shuffle_seed,
+                prune=True if self.prune is None else self.prune,
+                **common,
+            )
+        else:
+            result = sync_to_s3(self.hook.conn, self.source, prune=bool(self.prune), **common)
+        result["fsx_import_task_id"] = None
+        if self.fsx_file_system_id:
+            return self._import_into_fsx(result, tags)
+        return result
+
+    def _import_into_fsx(self, result: dict[str, Any], tags: dict[str, str]) -> dict[str, Any]:
+        fsx = self.fsx_hook.conn
+        linked = linked_repository_paths(fsx, self.fsx_file_system_id)
+        if not any(covers(path, result["uri"]) for path in linked):
+            self.log.info(
+                "FSx %s is not linked to %s (linked: %s): the link made at cluster creation imports it",
+                self.fsx_file_system_id,
+                result["uri"],
+                ", ".join(linked) or "nothing",
+            )
+            return result
+        task_id = start_import(
+            fsx,
+            file_system_id=self.fsx_file_system_id,
+            s3_uri=result["uri"],
+            content_hash=result["content_hash"],
+            tags=tags,
+        )
+        result["fsx_import_task_id"] = task_id
+        self.log.info("FSx import task %s started for %s", task_id, result["uri"])
+        if self.deferrable:
+            self.defer(
+                trigger=FsxDataRepositoryTaskTrigger(
+                    task_id=task_id,
+                    waiter_delay=self.waiter_delay,
+                    waiter_max_attempts=self.waiter_max_attempts,
+                    aws_conn_id=self.aws_conn_id,
+                    region_name=self.region_name,
+                    verify=self.verify,
+                    botocore_config=self.botocore_config,
+                ),
+                method_name="execute_complete",
+                kwargs={"result": result},
+            )
+        self.fsx_hook.get_waiter("data_repository_task_complete").wait(
+            TaskIds=[task_id], WaiterConfig={"Delay": self.waiter_delay, "MaxAttempts": self.waiter_max_attempts}
+        )
+        return result
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, result: Any = None) -> Any:
+        if not event or event.get("status") != "success":
+            raise AirflowException(
+                f"FSx import of {result and result.get('uri')} failed: {event and event.get('message')}. "
+                "The data is in S3 and its manifest is committed; look at the task in the FSx console, fix "
+                "the cause (for example the file system's S3 permissions) and clear this task to retry"
+            )
+        self.log.info("FSx import task %s succeeded", event.get("task_id"))
+        return result
