@@ -16,12 +16,12 @@ WRITES = ("PutObject", "UploadPart", "CreateMultipartUpload", "CompleteMultipart
 
 
 class RequestCounter:
-    """Counts API calls by operation name as botocore sends them (after retries: each real request)."""
+    """Counts API calls (by operation name, with their parameters) the code under test makes on `client`."""
 
     def __init__(self, client):
         self.calls: collections.Counter[str] = collections.Counter()
         self.keys: list[tuple[str, str]] = []
-        client.meta.events.register("before-call.s3.*", self._seen)
+        client.meta.events.register("provide-client-params.s3.*", self._seen)
 
     def _seen(self, model, params, **_):
         self.calls[model.name] += 1
