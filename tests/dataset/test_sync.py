@@ -36,7 +36,8 @@ def objects(s3, bucket: str) -> dict[str, int]:
     return {o["Key"]: o["Size"] for p in pages for o in p.get("Contents", [])}
 
 
-def test_sync_then_resync_uploads_nothing_and_tags_every_object(s3, bucket, counter, tmp_path, tags, stack_name):
+def test_sync_then_resync_uploads_nothing_and_tags_every_object(s3, bucket, counter, tmp_path, tags):
+    stack_name = tags["pcflow:stack"]
     src = make_tree(tmp_path / "src", big=True)
     first = sync_to_s3(
         s3,
