@@ -51,10 +51,13 @@ def linked_repository_paths(fsx: Any, file_system_id: str) -> list[str]:
     if legacy:
         paths.append(legacy)
     else:
-        pages = fsx.get_paginator("describe_data_repository_associations").paginate(
-            Filters=[{"Name": "file-system-id", "Values": [file_system_id]}]
-        )
-        paths += [a["DataRepositoryPath"] for page in pages for a in page.get("Associations", [])]
+        kwargs: dict[str, Any] = {"Filters": [{"Name": "file-system-id", "Values": [file_system_id]}]}
+        while True:  # botocore has no paginator for this operation
+            page = fsx.describe_data_repository_associations(**kwargs)
+            paths += [a["DataRepositoryPath"] for a in page.get("Associations", [])]
+            if not page.get("NextToken"):
+                break
+            kwargs["NextToken"] = page["NextToken"]
     return paths
 
 
