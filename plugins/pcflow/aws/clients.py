@@ -126,8 +126,7 @@ def validate_region(region: str | None) -> str:
 
 
 def wait_logged(
-    client: Any,
-    waiter_name: str,
+    waiter: Any,
     args: Mapping[str, Any],
     *,
     what: str,
@@ -135,11 +134,13 @@ def wait_logged(
     delay: int = 15,
     max_attempts: int = 40,
 ) -> None:
-    """A blocking botocore waiter that logs the resource's status after every attempt (provider helper)."""
+    """Block on a botocore waiter, logging the resource's status after every attempt (provider helper).
+
+    `waiter` is `client.get_waiter(name)` or a hook's custom waiter (`hook.get_waiter(name)`)."""
     from airflow.providers.amazon.aws.utils.waiter_with_logging import wait
 
     wait(
-        waiter=client.get_waiter(waiter_name),
+        waiter=waiter,
         waiter_delay=delay,
         waiter_max_attempts=max_attempts,
         args=dict(args),

@@ -191,7 +191,7 @@ class _Ensurer:
             )["Vpc"]["VpcId"]
             log.info("created VPC %s (%s)", vpc_id, self.spec.vpc_cidr)
         wait_logged(
-            self.ec2, "vpc_available", {"VpcIds": [vpc_id]}, what=f"VPC {vpc_id}",
+            self.ec2.get_waiter("vpc_available"), {"VpcIds": [vpc_id]}, what=f"VPC {vpc_id}",
             status_args=["Vpcs[0].State"], delay=self.waiter_delay,
         )  # fmt: skip
         # ParallelCluster needs DNS hostnames; each attribute must be set in its own call.
@@ -279,7 +279,7 @@ class _Ensurer:
             TagSpecifications=tag_specifications("natgateway", self.tags_for("nat")),
         )["NatGateway"]["NatGatewayId"]  # fmt: skip
         wait_logged(
-            self.ec2, "nat_gateway_available", {"NatGatewayIds": [nat_id]}, what=f"NAT gateway {nat_id}",
+            self.ec2.get_waiter("nat_gateway_available"), {"NatGatewayIds": [nat_id]}, what=f"NAT gateway {nat_id}",
             status_args=["NatGateways[0].State"], delay=self.waiter_delay,
         )  # fmt: skip
         return nat_id

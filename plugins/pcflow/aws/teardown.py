@@ -41,11 +41,16 @@ RETRYABLE_CODES = frozenset(
 )
 
 
-def is_gone(code: str) -> bool:
-    """An error saying the resource does not exist: the deletion already happened."""
-    return (
-        code.endswith(".NotFound") or code.endswith("NotFound") or code in {"NoSuchBucket", "InvalidAMIID.Unavailable"}
-    )
+def is_gone(code: str, message: str = "", resource_id: str | None = None) -> bool:
+    """An error saying the resource itself does not exist: its deletion already happened.
+
+    A NotFound about *another* id (e.g. a route table an endpoint still references) is not "gone";
+    misjudging is harmless anyway, because every deletion is confirmed by listing again."""
+    if code in {"NoSuchBucket", "InvalidAMIID.Unavailable"}:
+        return True
+    if not code.endswith("NotFound"):
+        return False
+    return resource_id is None or not message or resource_id in message
 
 
 def is_retryable(code: str) -> bool:
@@ -264,7 +269,7 @@ def _attempt(
         action()
     except (ClientError, AwsCallFailed) as error:
         code = error_code(error)
-        if is_gone(code):
+        if len(resources) == 1 and is_gone(code, error_message(error), resources[0].id):
             return
         message = f"{code}: {error_message(error)}"
         for resource in resources:
@@ -342,11 +347,19 @@ class VpcEndpointHandler(_Ec2Handler):
             tags = tag_dict(ep.get("Tags"))
             state = str(ep.get("State", "")).lower()
             if selector.matches(tags) and state not in ("deleted",):
-                out.append(Resource(self.kind, ep["VpcEndpointId"], tags, state))
+                out.append(Resource(self.kind, ep["VpcEndpointId"], tags, state, ep))
         return out
 
     def delete(self, resource: Resource) -> None:
-        response = self.ec2.delete_vpc_endpoints(VpcEndpointIds=[resource.id])
+        try:
+            response = self.ec2.delete_vpc_endpoints(VpcEndpointIds=[resource.id])
+        except ClientError as error:
+            if error_code(error) != "InvalidRouteTableID.NotFound":
+                raise
+            # The endpoint still lists a route table that is already gone: drop it, then delete.
+            stale = [rt for rt in resource.detail.get("RouteTableIds", []) if rt in error_message(error)]
+            self.ec2.modify_vpc_endpoint(VpcEndpointId=resource.id, RemoveRouteTableIds=stale)
+            response = self.ec2.delete_vpc_endpoints(VpcEndpointIds=[resource.id])
         for failure in response.get("Unsuccessful", []):
             err = failure.get("Error", {})
             raise AwsCallFailed(err.get("Code", "Unsuccessful"), err.get("Message", "delete_vpc_endpoints failed"))
@@ -546,7 +559,7 @@ class ImageHandler(_Ec2Handler):
             try:
                 self.ec2.delete_snapshot(SnapshotId=snapshot_id)
             except ClientError as error:
-                if not is_gone(error_code(error)):
+                if not is_gone(error_code(error), error_message(error), snapshot_id):
                     raise
 
 

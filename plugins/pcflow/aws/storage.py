@@ -1,0 +1,344 @@
+"""Storage: the S3 bucket a stack keeps datasets and results in, and FSx for Lustre data repository tasks.
+
+`ensure_bucket` adopts a bucket this account already owns in the right region, creates it otherwise,
+and always (re)applies Block Public Access, default encryption, ownership controls and tags, so an old
+bucket converges to the same settings. A name owned by someone else, or a bucket in another region,
+is refused with a message saying what to change.
+
+FSx data repository tasks import S3 changes into an existing file system before training and export
+results to S3 before the file system is deleted. The moto server answers 500 for these APIs, so
+their tests use botocore's Stubber (see tests/aws/test_storage.py); the calls follow the FSx API
+reference.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
+from botocore.exceptions import ClientError
+
+from pcflow.aws.base import PcflowAwsOperator
+from pcflow.aws.clients import error_code, validate_region, wait_logged
+from pcflow.naming import aws_tags, digest
+
+BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+PUBLIC_ACCESS_BLOCKED = {
+    "BlockPublicAcls": True,
+    "IgnorePublicAcls": True,
+    "BlockPublicPolicy": True,
+    "RestrictPublicBuckets": True,
+}
+
+
+class BucketUnavailable(RuntimeError):
+    """The bucket name cannot be used by this account in this region."""
+
+
+def validate_bucket_name(name: str) -> str:
+    if (
+        not isinstance(name, str)
+        or not BUCKET_NAME_RE.match(name)
+        or ".." in name
+        or ".-" in name
+        or "-." in name
+        or _is_ip(name)
+        or name.startswith("xn--")
+        or name.endswith("-s3alias")
+    ):
+        raise ValueError(
+            f"invalid S3 bucket name {name!r}: use 3-63 lower-case letters, digits, hyphens and dots, "
+            "starting and ending with a letter or digit (see the S3 bucket naming rules)"
+        )
+    return name
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _owned_bucket_region(s3: Any, name: str) -> str | None:
+    """The region of `name` if this account owns it, else None (ListBuckets only shows own buckets)."""
+    for page in s3.get_paginator("list_buckets").paginate(Prefix=name):
+        if any(b["Name"] == name for b in page.get("Buckets", [])):
+            location = s3.get_bucket_location(Bucket=name).get("LocationConstraint")
+            return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, location)
+    return None
+
+
+def ensure_bucket(
+    s3: Any,
+    name: str,
+    *,
+    region: str,
+    tags: Mapping[str, str],
+    versioning: bool = False,
+    lifecycle_rules: Sequence[Mapping[str, Any]] | None = None,
+    kms_key_id: str | None = None,
+) -> dict[str, Any]:
+    """Create or adopt `name` and apply pcflow's bucket settings; returns `{"bucket", "region", "created"}`.
+
+    `versioning=False` leaves an existing bucket's versioning as it is (suspending it could lose
+    history someone relies on); `lifecycle_rules` replace the bucket's rules when given.
+    """
+    validate_bucket_name(name)
+    validate_region(region)
+    owned_region = _owned_bucket_region(s3, name)
+    created = False
+    if owned_region is not None and owned_region != region:
+        raise BucketUnavailable(
+            f"bucket {name} already exists in your account in {owned_region}, not {region}; "
+            f"use region {owned_region} or another bucket name"
+        )
+    if owned_region is None:
+        kwargs: dict[str, Any] = {"Bucket": name}
+        if region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            s3.create_bucket(**kwargs)
+            created = True
+        except ClientError as error:
+            if error_code(error) == "BucketAlreadyExists":
+                raise BucketUnavailable(
+                    f"bucket name {name} is taken by another AWS account (S3 names are global); choose another name"
+                ) from None
+            if error_code(error) != "BucketAlreadyOwnedByYou":
+                raise
+    s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=PUBLIC_ACCESS_BLOCKED)
+    s3.put_bucket_ownership_controls(
+        Bucket=name, OwnershipControls={"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]}
+    )
+    sse: dict[str, Any] = {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": kms_key_id} if kms_key_id else {
+        "SSEAlgorithm": "AES256"
+    }  # fmt: skip
+    s3.put_bucket_encryption(
+        Bucket=name,
+        ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": sse, "BucketKeyEnabled": bool(kms_key_id)}]
+        },
+    )
+    if versioning:
+        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    if lifecycle_rules is not None:
+        s3.put_bucket_lifecycle_configuration(Bucket=name, LifecycleConfiguration={"Rules": list(lifecycle_rules)})
+    s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": aws_tags({**_bucket_tags(s3, name), **tags})})
+    return {"bucket": name, "region": region, "created": created}
+
+
+def _bucket_tags(s3: Any, name: str) -> dict[str, str]:
+    try:
+        return {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=name).get("TagSet", [])}
+    except ClientError as error:
+        if error_code(error) == "NoSuchTagSet":
+            return {}
+        raise
+
+
+# --- FSx for Lustre data repository tasks -------------------------------------------------------
+
+TASK_TYPES = {
+    "import": "IMPORT_METADATA_FROM_REPOSITORY",
+    "export": "EXPORT_TO_REPOSITORY",
+}
+ACTIVE = ("PENDING", "EXECUTING", "CANCELING")
+TASK_KEY_TAG = "pcflow:task-key"
+
+
+class FsxHook(AwsBaseHook):
+    """FSx client hook with pcflow's custom waiter (`DataRepositoryTaskComplete`, waiters/fsx.json)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs["client_type"] = "fsx"
+        super().__init__(*args, **kwargs)
+
+    @cached_property
+    def waiter_path(self) -> Path:
+        return Path(__file__).parent / "waiters" / "fsx.json"
+
+
+class DataRepositoryTaskFailed(RuntimeError):
+    pass
+
+
+def start_data_repository_task(
+    fsx: Any,
+    *,
+    file_system_id: str,
+    task_type: str,
+    task_key: str,
+    paths: Sequence[str] = (),
+    report_path: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> str:
+    """Start (or find the already started) import/export task for `task_key`; returns its task id.
+
+    `task_key` identifies the logical task (e.g. run key + "export-results"): a task carrying it is
+    adopted whatever its state, and the create call's ClientRequestToken is derived from it, so an
+    Airflow retry never starts a second copy.
+    """
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"task_type must be one of {sorted(TASK_TYPES)}, not {task_type!r}")
+    filters = [{"Name": "file-system-id", "Values": [file_system_id]}]
+    kwargs: dict[str, Any] = {"Filters": filters}
+    while True:  # botocore has no paginator for this operation
+        page = fsx.describe_data_repository_tasks(**kwargs)
+        for task in page.get("DataRepositoryTasks", []):
+            if {t["Key"]: t["Value"] for t in task.get("Tags", [])}.get(TASK_KEY_TAG) == task_key:
+                return task["TaskId"]
+        if not page.get("NextToken"):
+            break
+        kwargs["NextToken"] = page["NextToken"]
+    report: dict[str, Any] = {"Enabled": False}
+    if report_path:
+        report = {"Enabled": True, "Path": report_path, "Format": "REPORT_CSV_20191124", "Scope": "FAILED_FILES_ONLY"}
+    kwargs = {
+        "Type": TASK_TYPES[task_type],
+        "FileSystemId": file_system_id,
+        "Report": report,
+        "ClientRequestToken": f"pcflow-{digest(file_system_id, task_type, task_key, length=40)}",
+        "Tags": aws_tags({**(tags or {}), TASK_KEY_TAG: task_key}),
+    }
+    if paths:
+        kwargs["Paths"] = list(paths)
+    return fsx.create_data_repository_task(**kwargs)["DataRepositoryTask"]["TaskId"]
+
+
+def data_repository_task_result(fsx: Any, task_id: str) -> dict[str, Any]:
+    """The finished task's status; raises with FSx's failure details when it did not succeed."""
+    task = fsx.describe_data_repository_tasks(TaskIds=[task_id])["DataRepositoryTasks"][0]
+    if task["Lifecycle"] != "SUCCEEDED":
+        details = task.get("FailureDetails", {}).get("Message", "no details")
+        raise DataRepositoryTaskFailed(
+            f"FSx data repository task {task_id} ended {task['Lifecycle']}: {details}; see the task report "
+            "in the S3 repository for the files that failed"
+        )
+    return {"task_id": task_id, "lifecycle": task["Lifecycle"], "status": task.get("Status", {})}
+
+
+class FsxDataRepositoryTaskTrigger(AwsBaseWaiterTrigger):
+    """Waits in the triggerer until a data repository task finishes (deferrable import/export)."""
+
+    aws_hook_class = FsxHook
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        waiter_delay: int = 30,
+        waiter_max_attempts: int = 480,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        verify: bool | str | None = None,
+        botocore_config: dict | None = None,
+    ):
+        super().__init__(
+            serialized_fields={"task_id": task_id},
+            waiter_name="DataRepositoryTaskComplete",
+            waiter_args={"TaskIds": [task_id]},
+            failure_message=f"FSx data repository task {task_id} failed",
+            status_message="FSx data repository task",
+            status_queries=["DataRepositoryTasks[0].Lifecycle", "DataRepositoryTasks[0].Status"],
+            return_key="task_id",
+            return_value=task_id,
+            waiter_delay=waiter_delay,
+            waiter_max_attempts=waiter_max_attempts,
+            aws_conn_id=aws_conn_id,
+            region_name=region_name,
+            verify=verify,
+            botocore_config=botocore_config,
+        )
+
+
+class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
+    """Import from / export to the file system's S3 repository; deferrable wait. Returns the task's status.
+
+    :param task_type: `import` (before training, when the file system already existed) or `export`
+        (results to S3 before the cluster and its file system are deleted).
+    :param task_name: the logical task within the run (the run key is added), e.g. `export-results`.
+    """
+
+    template_fields = (*PcflowAwsOperator.template_fields, "file_system_id", "paths", "report_path")
+
+    def __init__(
+        self,
+        *,
+        file_system_id: str,
+        task_type: str,
+        task_name: str,
+        paths: Sequence[str] = (),
+        report_path: str | None = None,
+        deferrable: bool = True,
+        waiter_delay: int = 30,
+        waiter_max_attempts: int = 480,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if task_type not in TASK_TYPES:
+            raise ValueError(f"task_type must be one of {sorted(TASK_TYPES)}, not {task_type!r}")
+        self.file_system_id = file_system_id
+        self.task_type = task_type
+        self.task_name = task_name
+        self.paths = paths
+        self.report_path = report_path
+        self.deferrable = deferrable
+        self.waiter_delay = waiter_delay
+        self.waiter_max_attempts = waiter_max_attempts
+
+    @cached_property
+    def fsx_hook(self) -> FsxHook:
+        return FsxHook(
+            aws_conn_id=self.aws_conn_id, region_name=self.region_name, verify=self.verify, config=self.botocore_config
+        )
+
+    @property
+    def fsx(self) -> Any:
+        return self.client("fsx")
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pcflow.naming import run_key_from_context
+
+        task_id = start_data_repository_task(
+            self.fsx,
+            file_system_id=self.file_system_id,
+            task_type=self.task_type,
+            task_key=f"{run_key_from_context(context)}/{self.task_name}",
+            paths=self.paths,
+            report_path=self.report_path,
+        )
+        self.log.info("FSx %s task %s on %s", self.task_type, task_id, self.file_system_id)
+        if self.deferrable:
+            self.defer(
+                trigger=FsxDataRepositoryTaskTrigger(
+                    task_id=task_id,
+                    waiter_delay=self.waiter_delay,
+                    waiter_max_attempts=self.waiter_max_attempts,
+                    **self.trigger_aws_kwargs,
+                ),
+                method_name="execute_complete",
+            )
+        wait_logged(
+            self.fsx_hook.get_waiter("DataRepositoryTaskComplete", client=self.fsx),
+            {"TaskIds": [task_id]},
+            what=f"FSx task {task_id}",
+            status_args=["DataRepositoryTasks[0].Lifecycle"],
+            delay=self.waiter_delay,
+            max_attempts=self.waiter_max_attempts,
+        )
+        return data_repository_task_result(self.fsx, task_id)
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        event = event or {}
+        task_id = event.get("task_id")
+        if not task_id:
+            raise DataRepositoryTaskFailed(f"the FSx trigger returned no task id: {event}")
+        return data_repository_task_result(self.fsx, task_id)
