@@ -13,7 +13,7 @@ import certifi
 import paramiko
 import pytest
 from botocore.exceptions import SSLError
-from conftest import LocalStack, read_env_file, stack_cli, stack_status
+from stacktools import LocalStack, read_env_file, stack_cli, stack_status
 
 pytestmark = pytest.mark.stack
 

@@ -1,0 +1,253 @@
+"""Talk to a Slurm cluster's login/head node over SSH: commands as argument lists, files over SFTP.
+
+Built on the SSH provider's `SSHHook` (paramiko), so host keys, key files and proxies come from the
+Airflow connection as usual. Two connection extras are pcflow's own:
+`shared_root` (a directory every node sees, e.g. `/fsx` on ParallelCluster) and `slurm_bin`
+(where sbatch & co. live when they are not on a non-login shell's PATH, e.g. `/opt/slurm/bin`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+import stat
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import paramiko
+from airflow.providers.ssh.hooks.ssh import SSHHook
+from airflow.sdk import BaseHook
+
+from pcflow.slurm import queries
+from pcflow.slurm.states import JobInfo
+
+if TYPE_CHECKING:
+    from paramiko.sftp_client import SFTPClient
+
+SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "sacctmgr"})
+
+
+class SlurmError(Exception):
+    """A Slurm or SSH operation failed; the message says what to do about it."""
+
+
+class SlurmConnectionError(SlurmError):
+    """The head node could not be reached or authenticated."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def check(self) -> CommandResult:
+        if self.exit_code != 0:
+            detail = (self.stderr or self.stdout).strip()[-2000:]
+            hint = " The cluster's disk is full: free space under the shared root." if "No space" in detail else ""
+            raise SlurmError(f"`{shlex.join(self.argv)}` failed with exit code {self.exit_code}: {detail}.{hint}")
+        return self
+
+
+def quote_command(argv: Sequence[str]) -> str:
+    """The one place a command line is built: every element quoted, so values stay values."""
+    if not argv or any(not isinstance(a, str) for a in argv):
+        raise TypeError(f"a command is a non-empty list of strings, got {argv!r}")
+    return shlex.join(argv)
+
+
+def host_key_message(conn_id: str, exc: paramiko.BadHostKeyException) -> str:
+    return (
+        f"The SSH host key of {exc.hostname} does not match the key pinned in connection {conn_id!r} "
+        f"(server sent {exc.key.get_name()} {exc.key.get_base64()[:24]}..., expected "
+        f"{exc.expected_key.get_name()} {exc.expected_key.get_base64()[:24]}...). If the head node was "
+        "rebuilt, update the connection's `host_key` extra; otherwise someone may be intercepting the connection."
+    )
+
+
+class SlurmHook(BaseHook):
+    """Submit, inspect and cancel Slurm jobs on a head node reached through an SSH connection."""
+
+    conn_name_attr = "ssh_conn_id"
+    default_conn_name = "slurm_default"
+    conn_type = "ssh"
+    hook_name = "Slurm (SSH)"
+
+    def __init__(
+        self,
+        ssh_conn_id: str = default_conn_name,
+        *,
+        command_timeout: float = 120,
+        connect_attempts: int = 3,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.ssh_conn_id = ssh_conn_id
+        self.command_timeout = command_timeout
+        self.connect_attempts = connect_attempts
+        self._client: paramiko.SSHClient | None = None
+        self._sftp: SFTPClient | None = None
+
+    @cached_property
+    def ssh_hook(self) -> SSHHook:
+        return SSHHook(
+            ssh_conn_id=self.ssh_conn_id, cmd_timeout=self.command_timeout, conn_retry_attempts=self.connect_attempts
+        )
+
+    @cached_property
+    def extras(self) -> dict[str, Any]:
+        return self.get_connection(self.ssh_conn_id).extra_dejson
+
+    @property
+    def shared_root(self) -> str | None:
+        return self.extras.get("shared_root")
+
+    def _slurm_argv(self, argv: Sequence[str]) -> list[str]:
+        argv = list(argv)
+        slurm_bin = self.extras.get("slurm_bin")
+        if slurm_bin and argv and argv[0] in SLURM_COMMANDS:
+            argv[0] = posixpath.join(slurm_bin, argv[0])
+        return argv
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def get_conn(self) -> paramiko.SSHClient:
+        """One SSH connection per hook, reopened when it has dropped."""
+        transport = self._client.get_transport() if self._client else None
+        if transport is None or not transport.is_active():
+            self.close()
+            try:
+                self._client = self.ssh_hook.get_conn()
+            except paramiko.BadHostKeyException as exc:
+                raise SlurmConnectionError(host_key_message(self.ssh_conn_id, exc)) from exc
+            except paramiko.AuthenticationException as exc:
+                raise SlurmConnectionError(
+                    f"SSH authentication to connection {self.ssh_conn_id!r} failed ({exc}): check its login "
+                    "and key_file/private_key, and that the key is in the user's authorized_keys."
+                ) from exc
+            except paramiko.SSHException as exc:
+                raise SlurmConnectionError(
+                    f"SSH to connection {self.ssh_conn_id!r} failed: {exc}. If the host key is not pinned, add "
+                    "the server's key as the connection's `host_key` extra."
+                ) from exc
+            except OSError as exc:
+                raise SlurmConnectionError(
+                    f"Cannot reach the head node of connection {self.ssh_conn_id!r}: {exc}. Check host, port "
+                    "and that the cluster is up."
+                ) from exc
+        return self._client
+
+    @property
+    def sftp(self) -> SFTPClient:
+        client = self.get_conn()
+        if self._sftp is None or self._sftp.get_channel().closed:
+            self._sftp = client.open_sftp()
+        return self._sftp
+
+    def close(self) -> None:
+        for closable in (self._sftp, self._client):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:  # already broken: nothing to release
+                    self.log.debug("ignored error while closing SSH resources", exc_info=True)
+        self._sftp = self._client = None
+
+    # -- commands and files --------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = None) -> CommandResult:
+        """Run one command on the head node; `argv` is quoted element by element."""
+        argv = self._slurm_argv(argv)
+        command = quote_command(argv)
+        _, stdout, stderr = self.get_conn().exec_command(command, timeout=timeout or self.command_timeout)
+        out = stdout.read().decode(errors="replace")
+        err = stderr.read().decode(errors="replace")
+        result = CommandResult(tuple(argv), stdout.channel.recv_exit_status(), out, err)
+        return result.check() if check else result
+
+    def makedirs(self, path: str) -> None:
+        self.run(["mkdir", "-p", "--", path])
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Write through a temporary name and rename, so a reader never sees half a file."""
+        payload = data.encode() if isinstance(data, str) else data
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            with self.sftp.open(tmp, "wb") as fh:
+                fh.write(payload)
+            self.sftp.chmod(tmp, mode)
+            self.sftp.posix_rename(tmp, path)
+        except OSError as exc:
+            self._remove_quietly(tmp)
+            hint = " The cluster's disk may be full." if "space" in str(exc).lower() or exc.errno == 28 else ""
+            raise SlurmError(f"Could not write {path} on the head node: {exc}.{hint}") from exc
+
+    def _remove_quietly(self, path: str) -> None:
+        try:
+            self.sftp.remove(path)
+        except OSError:
+            pass
+
+    def file_size(self, path: str) -> int | None:
+        try:
+            return self.sftp.stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    def read_file(self, path: str, offset: int = 0, max_bytes: int | None = None) -> bytes:
+        """Bytes of a remote file from `offset`; empty when the file does not exist (yet)."""
+        try:
+            with self.sftp.open(path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read(max_bytes) if max_bytes is not None else fh.read()
+        except FileNotFoundError:
+            return b""
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            return stat.S_ISDIR(self.sftp.stat(path).st_mode or 0)
+        except FileNotFoundError:
+            return False
+
+    # -- Slurm ---------------------------------------------------------------------------------
+
+    def _stdout(self, argv: list[str]) -> str:
+        return self.run(argv, check=False).stdout
+
+    @cached_property
+    def accounting_enabled(self) -> bool:
+        return queries.drive(queries.accounting_enabled(), self._stdout)
+
+    def submit(self, script_path: str, *, submitted_marker: str | None = None, args: Sequence[str] = ()) -> str:
+        """`sbatch --parsable`; the job id is also written to `submitted_marker` on the head node,
+        in the same remote command, so a worker that dies right after sbatch still leaves it behind."""
+        sbatch = self._slurm_argv(["sbatch", "--parsable", *args, script_path])
+        if submitted_marker:
+            # Positional parameters carry every value: the shell text itself is constant.
+            script = 'set -e; out=$("$@"); id=${out%%;*}; printf %s "$id" > "$M.tmp"; mv -f "$M.tmp" "$M"; echo "$id"'
+            argv = ["env", f"M={submitted_marker}", "sh", "-c", script, "sh", *sbatch]
+        else:
+            argv = sbatch
+        out = self.run(argv).stdout.strip()
+        job_id = out.split(";")[0].strip()
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch did not return a job id (got {out!r})")
+        return job_id
+
+    def job_info(self, job_id: str) -> JobInfo | None:
+        return queries.drive(queries.job_info(job_id, self.accounting_enabled), self._stdout)
+
+    def find_jobs(self, job_name: str) -> list[JobInfo]:
+        """Jobs with this exact name, live and (with accounting) finished; oldest first."""
+        return queries.drive(queries.jobs_named(job_name, self.accounting_enabled), self._stdout)
+
+    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
+        argv = ["scancel", *(["--signal", signal] if signal else []), job_id]
+        self.run(argv, check=False)
+
+    def requeue(self, job_id: str) -> None:
+        self.run(["scontrol", "requeue", job_id])

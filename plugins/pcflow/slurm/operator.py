@@ -1,0 +1,257 @@
+"""Run one Slurm job per run key: submitted exactly once, waited for without a worker slot.
+
+A retry, a worker that died right after sbatch, or a cleared task first looks for the job it may
+already have started: the job id kept in the task state store, then a job of the same name in Slurm
+(squeue, and sacct with accounting), then the `submitted` file sbatch's wrapper left in the run
+directory. It re-attaches to a live job, adopts a completed one, and submits again only after a
+failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from pydantic import ValidationError
+
+from pcflow.naming import run_key_from_context, slug
+from pcflow.slurm.hook import SlurmHook
+from pcflow.slurm.render import render_batch_script, render_hparams
+from pcflow.slurm.spec import JobSpec, RunDir
+from pcflow.slurm.states import JobInfo, JobState
+from pcflow.slurm.trigger import SlurmJobTrigger
+from pcflow.slurm.watch import Outcome, WatchPolicy
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+STATE_KEY = "slurm_job"
+
+
+class SlurmJobOperator(BaseOperator):
+    """Submit a training (or any) job to Slurm over SSH and wait for it, deferrably by default.
+
+    :param program: the program and its arguments, one list element each (never shell text).
+    :param launcher: `srun`, `torchrun`, `vissl` or `mpirun` (templates in include/jobs/).
+    :param allocation: the Slurm resources (BaseOperator already owns `resources`): nodes,
+        tasks_per_node, gpus_per_node, cpus_per_task, partition, time_limit, exclusive, requeue,
+        extra_sbatch (allow-listed options).
+    :param hyperparameters: written to hparams.json beside the script; the job reads PCFLOW_HPARAMS.
+    :param env: environment variables for the job.
+    :param python: interpreter on the cluster for torchrun/vissl (a baked venv's python).
+    :param ssh_conn_id: SSH connection to the head node (extras: shared_root, slurm_bin).
+    :param shared_root: a directory all nodes see; defaults to the connection's `shared_root` extra.
+    :param pending_timeout: seconds a job may stay pending before pcflow cancels it and fails.
+    :param max_restarts: Slurm requeues (node failure, preemption) tolerated before pcflow gives up.
+    :param deferrable: wait in the triggerer (default) or in this worker with the same semantics.
+    """
+
+    template_fields: Sequence[str] = (
+        "program",
+        "launcher",
+        "allocation",
+        "hyperparameters",
+        "env",
+        "python",
+        "shared_root",
+    )
+    template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
+    ui_color = "#b5e3c3"
+
+    def __init__(
+        self,
+        *,
+        program: list[str],
+        launcher: str = "srun",
+        allocation: dict[str, Any] | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        python: str = "python3",
+        ssh_conn_id: str = SlurmHook.default_conn_name,
+        shared_root: str | None = None,
+        poll_interval: float = 1.0,
+        confirm_interval: float = 30.0,
+        pending_timeout: float | None = None,
+        max_restarts: int = 3,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.program = program
+        self.launcher = launcher
+        self.allocation = allocation or {}
+        self.hyperparameters = hyperparameters or {}
+        self.env = env or {}
+        self.python = python
+        self.ssh_conn_id = ssh_conn_id
+        self.shared_root = shared_root
+        self.poll_interval = poll_interval
+        self.confirm_interval = confirm_interval
+        self.pending_timeout = pending_timeout
+        self.max_restarts = max_restarts
+        self.deferrable = deferrable
+        self.job_id: str | None = None
+
+    @cached_property
+    def hook(self) -> SlurmHook:
+        return SlurmHook(ssh_conn_id=self.ssh_conn_id)
+
+    def job_spec(self) -> JobSpec:
+        """The validated spec; bad input fails the task for good (a retry would not fix it)."""
+        try:
+            return JobSpec(
+                launcher=self.launcher,
+                program=list(self.program),
+                resources=self.allocation,
+                hyperparameters=self.hyperparameters,
+                env=self.env,
+                python=self.python,
+            )
+        except ValidationError as exc:
+            raise AirflowFailException(f"Invalid Slurm job for task {self.task_id}: {exc}") from exc
+
+    def run_dir(self, context: Context) -> RunDir:
+        root = self.shared_root or self.hook.shared_root
+        if not root:
+            raise AirflowFailException(
+                f"No shared directory for the run: set shared_root on task {self.task_id} or the `shared_root` "
+                f"extra of connection {self.ssh_conn_id!r} (a path every Slurm node sees, e.g. /fsx)."
+            )
+        try:
+            return RunDir.for_job(root, run_key_from_context(context), slug(self.task_id, 64) or "job")
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from exc
+
+    def job_name(self, context: Context) -> str:
+        """The job's identity in Slurm: the run key plus the task, stable across retries."""
+        return f"{run_key_from_context(context)}.{slug(self.task_id, 64) or 'job'}"
+
+    # -- finding what a previous try left --------------------------------------------------------
+
+    def find_previous_job(self, context: Context, run_dir: RunDir) -> tuple[JobInfo | None, int]:
+        """The newest job this task instance submitted, if any, and the log offset it started at."""
+        store = context.get("task_state_store")
+        saved = store.get(STATE_KEY) if store is not None else None
+        if saved:
+            info = self.hook.job_info(saved["job_id"]) or self._from_marker(saved["job_id"], run_dir)
+            if info is not None:
+                return info, int(saved.get("log_offset", 0))
+        named = self.hook.find_jobs(self.job_name(context))
+        if named:
+            return named[-1], 0
+        submitted = self.hook.read_file(run_dir.submitted).decode().strip()
+        if submitted.isdigit():
+            return self.hook.job_info(submitted) or self._from_marker(submitted, run_dir), 0
+        return None, 0
+
+    def _from_marker(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
+        """Slurm forgot the job (no accounting, MinJobAge passed): its exit marker still tells the end."""
+        try:
+            marker = json.loads(self.hook.read_file(run_dir.marker) or b"null")
+        except json.JSONDecodeError:
+            return None
+        if not marker or str(marker.get("job_id")) != job_id:
+            return None
+        code = int(marker.get("exit_code", 1))
+        state = JobState.COMPLETED if code == 0 else JobState.FAILED
+        return JobInfo(job_id=job_id, state=state, raw_state=str(state), exit_code=code, source="marker")
+
+    # -- execute -----------------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        spec = self.job_spec()
+        run_dir = self.run_dir(context)
+        previous, log_offset = self.find_previous_job(context, run_dir)
+
+        if previous is not None and previous.state is JobState.COMPLETED:
+            self.log.info("Slurm job %s of this run already completed; adopting its result", previous.job_id)
+            self.job_id = previous.job_id
+            return self.result(run_dir, previous, exit_code=previous.exit_code or 0)
+        if previous is not None and (previous.state.is_active or previous.state.is_interruption):
+            self.log.info("Re-attaching to Slurm job %s (%s)", previous.job_id, previous.raw_state)
+            self.job_id = previous.job_id
+        else:
+            if previous is not None:
+                self.log.info("Previous Slurm job %s ended %s; submitting again", previous.job_id, previous.raw_state)
+            self.job_id, log_offset = self.submit(context, spec, run_dir)
+
+        trigger = SlurmJobTrigger(
+            ssh_conn_id=self.ssh_conn_id,
+            job_id=self.job_id,
+            run_dir=run_dir.root,
+            log_offset=log_offset,
+            accounting=self.hook.accounting_enabled,
+            slurm_bin=self.hook.extras.get("slurm_bin"),
+            policy=self.policy_kwargs(),
+        )
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        event = asyncio.run(_first_event(trigger))
+        return self.execute_complete(context, event)
+
+    def policy_kwargs(self) -> dict[str, Any]:
+        policy = WatchPolicy(
+            poll_interval=self.poll_interval,
+            confirm_interval=self.confirm_interval,
+            pending_timeout=self.pending_timeout,
+            max_restarts=self.max_restarts,
+        )
+        return {k: getattr(policy, k) for k in policy.__dataclass_fields__}
+
+    def submit(self, context: Context, spec: JobSpec, run_dir: RunDir) -> tuple[str, int]:
+        """Upload script and hyperparameters, then sbatch; nothing is submitted if an upload fails."""
+        run_key = run_key_from_context(context)
+        script = render_batch_script(spec, run_dir, job_name=self.job_name(context), run_key=run_key)
+        self.hook.makedirs(run_dir.root)
+        self.hook.write_file(run_dir.hparams, render_hparams(spec))
+        self.hook.write_file(run_dir.root + "/spec.json", spec.model_dump_json(indent=2))
+        self.hook.write_file(run_dir.script, script, mode=0o755)
+        log_offset = self.hook.file_size(run_dir.log) or 0
+        job_id = self.hook.submit(run_dir.script, submitted_marker=run_dir.submitted)
+        store = context.get("task_state_store")
+        if store is not None:
+            store.set(STATE_KEY, {"job_id": job_id, "log_offset": log_offset})
+        self.log.info("Submitted Slurm job %s (%s) in %s", job_id, self.job_name(context), run_dir.root)
+        return job_id, log_offset
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        self.job_id = event["job_id"]
+        run_dir = RunDir(event["run_dir"])
+        if event["status"] == "success":
+            info = JobInfo.from_dict(event["job"]) if event.get("job") else None
+            self.log.info("%s", event["message"])
+            return self.result(run_dir, info, exit_code=event.get("exit_code") or 0)
+        if event.get("outcome") in {str(o) for o in Outcome if o.needs_cancel}:
+            self.hook.cancel(self.job_id)
+        tail = "\n".join(event.get("log_tail") or [])
+        raise AirflowException(f"{event['message']}\nLast lines of {run_dir.log}:\n{tail}")
+
+    def result(self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0) -> dict[str, Any]:
+        """The small XCom of a successful job, for the metrics stage and for users."""
+        return {
+            "job_id": self.job_id,
+            "state": str(JobState.COMPLETED),
+            "exit_code": exit_code,
+            "elapsed_s": info.elapsed_s if info else None,
+            "restarts": info.restarts if info else 0,
+            "run_dir": run_dir.root,
+            "log": run_dir.log,
+            "metrics_file": run_dir.metrics,
+        }
+
+    def on_kill(self) -> None:
+        """Killed while waiting in this worker: cancel the job (deferred waits use the trigger's on_kill)."""
+        if self.job_id:
+            self.log.info("Cancelling Slurm job %s because the task was killed", self.job_id)
+            self.hook.cancel(self.job_id)
+
+
+async def _first_event(trigger: SlurmJobTrigger) -> dict[str, Any]:
+    async for event in trigger.run():
+        return event.payload
+    raise AirflowException("the Slurm job trigger ended without an event")

@@ -1,0 +1,67 @@
+"""What to ask Slurm, written once for both the worker (paramiko) and the triggerer (asyncssh).
+
+Each query is a generator that yields argument lists and receives their stdout, so the same decision
+steps drive a blocking SSH client in the hook and an async one in the trigger ("sans-I/O").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+
+from pcflow.slurm.states import SACCT_FIELDS, SQUEUE_FORMAT, JobInfo, parse_sacct, parse_scontrol, parse_squeue
+
+Query = Generator[list[str], str, "JobInfo | list[JobInfo] | bool | None"]
+
+
+def accounting_enabled() -> Generator[list[str], str, bool]:
+    """sacct answers only when the cluster stores accounting (slurmdbd); otherwise scontrol must do."""
+    config = yield ["scontrol", "show", "config"]
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageType":
+            return value.strip() not in ("", "accounting_storage/none")
+    return False
+
+
+def job_info(job_id: str, accounting: bool) -> Generator[list[str], str, JobInfo | None]:
+    """squeue while slurmctld holds the job (finished ones too, for MinJobAge); then sacct (history) or
+    scontrol. sacct lags slurmctld by a moment, so it is asked only once squeue has forgotten the job."""
+    live = parse_squeue((yield ["squeue", "-h", "-t", "all", "-j", job_id, "-O", SQUEUE_FORMAT]))
+    if live:
+        return live[0]
+    if accounting:
+        history = parse_sacct((yield ["sacct", "-n", "-P", "-X", "-D", "-j", job_id, "-o", ",".join(SACCT_FIELDS)]))
+        if history and history[0].raw_state:
+            return history[0]
+    return parse_scontrol((yield ["scontrol", "show", "job", "-o", job_id]))
+
+
+def jobs_named(job_name: str, accounting: bool) -> Generator[list[str], str, list[JobInfo]]:
+    """Jobs with exactly this name, live and (with accounting) from the last 30 days; oldest first."""
+    argv = ["squeue", "-h", "-t", "all", "--name", job_name, "-O", SQUEUE_FORMAT]
+    found = {j.job_id: j for j in parse_squeue((yield argv))}
+    if accounting:
+        argv = ["sacct", "-n", "-P", "-X", "-D", "--name", job_name, "-S", "now-30days", "-o", ",".join(SACCT_FIELDS)]
+        for job in parse_sacct((yield argv)):
+            found.setdefault(job.job_id, job)
+    return sorted((j for j in found.values() if j.name == job_name), key=lambda j: int(j.job_id.split("_")[0]))
+
+
+def drive(query: Generator[list[str], str, object], run: Callable[[list[str]], str]):
+    """Answer a query with a blocking command runner."""
+    try:
+        argv = next(query)
+        while True:
+            argv = query.send(run(argv))
+    except StopIteration as done:
+        return done.value
+
+
+async def adrive(query: Generator[list[str], str, object], run: Callable[[list[str]], Awaitable[str]]):
+    """Answer a query with an async command runner."""
+    try:
+        argv = next(query)
+        while True:
+            argv = query.send(await run(argv))
+    except StopIteration as done:
+        return done.value

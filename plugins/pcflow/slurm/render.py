@@ -1,0 +1,85 @@
+"""Render a JobSpec into a batch script from the launcher's Jinja template in `include/jobs/`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from functools import cache
+
+import jinja2
+
+from pcflow.paths import include_dir
+from pcflow.slurm.spec import NAME, SBATCH_VALUE, JobSpec, RunDir
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(include_dir() / "jobs"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # shell, not HTML: quoting is explicit through the filters below
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    env.filters["qargs"] = lambda values: shlex.join(str(v) for v in values)
+    return env
+
+
+def sbatch_directives(spec: JobSpec, run_dir: RunDir, job_name: str) -> list[str]:
+    """The `#SBATCH` options, each re-checked against the directive pattern before it is written."""
+    res = spec.resources
+    per_node_launcher = spec.launcher in ("torchrun", "vissl")
+    directives = {
+        "job-name": job_name,
+        "output": run_dir.log,
+        "open-mode": "append",
+        "chdir": run_dir.root,
+        "nodes": str(res.nodes),
+        # torchrun/VISSL start one launcher per node that forks the per-GPU workers.
+        "ntasks-per-node": "1" if per_node_launcher else str(res.tasks_per_node),
+        "cpus-per-task": str(res.cpus_per_task * (res.tasks_per_node if per_node_launcher else 1)),
+    }
+    if res.gpus_per_node:
+        directives["gpus-per-node"] = str(res.gpus_per_node)
+    if res.partition:
+        directives["partition"] = res.partition
+    if res.time_limit:
+        directives["time"] = res.time_limit
+    lines = [f"--{key}={value}" for key, value in directives.items()]
+    if res.exclusive:
+        lines.append("--exclusive")
+    lines.append("--requeue" if res.requeue else "--no-requeue")
+    lines += [f"--{key}={value}" if value else f"--{key}" for key, value in sorted(res.extra_sbatch.items())]
+    for line in lines:
+        if not SBATCH_VALUE.match(line.lstrip("-")):
+            raise ValueError(f"refusing to write the sbatch directive {line!r}: it has characters sbatch would misread")
+    return lines
+
+
+def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_key: str) -> str:
+    if not NAME.match(job_name):
+        raise ValueError(f"job name must be letters, digits and _.- (got {job_name!r})")
+    try:
+        template = _environment().get_template(f"{spec.launcher}.sbatch.j2")
+    except jinja2.TemplateNotFound as exc:
+        raise FileNotFoundError(
+            f"no batch template for launcher {spec.launcher!r} in {include_dir() / 'jobs'}; "
+            "set PCFLOW_INCLUDE_DIR to pcflow's include/ directory"
+        ) from exc
+    return template.render(
+        directives=sbatch_directives(spec, run_dir, job_name),
+        run_dir=run_dir,
+        run_key=run_key,
+        launcher=spec.launcher,
+        env=spec.env,
+        program=spec.program,
+        python=spec.python,
+        procs_per_node=spec.resources.tasks_per_node,
+        rdzv_port=spec.rdzv_port,
+    )
+
+
+def render_hparams(spec: JobSpec) -> str:
+    return json.dumps(spec.hyperparameters, indent=2, sort_keys=True, allow_nan=False) + "\n"

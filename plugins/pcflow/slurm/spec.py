@@ -1,0 +1,211 @@
+"""What a Slurm job asks for, validated before anything reaches the cluster, and where its files live.
+
+Values that end up in `#SBATCH` lines are read by sbatch, not by a shell, so quoting cannot protect
+them: they must match strict patterns instead. Values the shell reads are quoted by the renderer.
+Hyperparameters never touch shell text: they travel as `hparams.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Launcher = Literal["srun", "torchrun", "vissl", "mpirun"]
+
+# sbatch options a user may add beyond the modelled ones; anything else is refused by name.
+ALLOWED_SBATCH_OPTIONS = frozenset(
+    {
+        "account",
+        "qos",
+        "constraint",
+        "reservation",
+        "mem",
+        "mem-per-cpu",
+        "mem-per-gpu",
+        "gres",
+        "gpus",
+        "gpus-per-task",
+        "gpu-bind",
+        "cpu-bind",
+        "hint",
+        "distribution",
+        "nice",
+        "signal",
+        "begin",
+        "deadline",
+        "mail-type",
+        "mail-user",
+        "licenses",
+        "network",
+        "switches",
+        "wckey",
+        "export",
+        "nodelist",
+        "exclude",
+        "threads-per-core",
+        "tmp",
+        "overcommit",
+        "oversubscribe",
+        "contiguous",
+    }
+)
+# A value sbatch reads from a directive: no whitespace, quotes, `#`, `$`, `;` or backslashes.
+SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%/+*\-\[\]]{1,256}$")
+NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+ABS_PATH = re.compile(r"^/[A-Za-z0-9_.@+/\-]{0,1023}$")
+TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,4}(:\d{2}){0,2}$|^UNLIMITED$|^INFINITE$")
+RESERVED_ENV_PREFIXES = ("SLURM_", "PCFLOW_")
+
+SbatchValue = Annotated[str, Field(pattern=SBATCH_VALUE.pattern)]
+
+
+class Resources(BaseModel):
+    """The allocation: per-node tasks and GPUs, as ParallelCluster queues are sized."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nodes: int = Field(1, ge=1, le=4096)
+    tasks_per_node: int = Field(1, ge=1, le=512, description="processes per node (one per GPU for DDP)")
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    cpus_per_task: int = Field(1, ge=1, le=1024)
+    partition: Annotated[str, Field(pattern=NAME.pattern)] | None = None
+    time_limit: Annotated[str, Field(pattern=TIME_LIMIT.pattern)] | None = Field(
+        None, description="Slurm time format: minutes, HH:MM:SS or D-HH:MM:SS"
+    )
+    exclusive: bool = False
+    requeue: bool = True
+    extra_sbatch: dict[str, SbatchValue | None] = Field(default_factory=dict)
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _allowed_options(cls, options: dict[str, str | None]) -> dict[str, str | None]:
+        refused = sorted(set(options) - ALLOWED_SBATCH_OPTIONS)
+        if refused:
+            raise ValueError(
+                f"sbatch option(s) not allowed: {', '.join(refused)}. Allowed extras: "
+                f"{', '.join(sorted(ALLOWED_SBATCH_OPTIONS))}; nodes, tasks, GPUs, CPUs, partition, time limit, "
+                "exclusive and requeue have their own fields."
+            )
+        return options
+
+
+class JobSpec(BaseModel):
+    """One job: a launcher, a program (argument list) and its resources, environment, hyperparameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    launcher: Launcher = "srun"
+    program: list[str] = Field(min_length=1, description="program and arguments, one element each")
+    python: str = Field("python3", description="interpreter on the cluster (for torchrun/vissl), e.g. a venv's")
+    resources: Resources = Field(default_factory=Resources)
+    env: dict[str, str] = Field(default_factory=dict)
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    rdzv_port: int = Field(29500, ge=1024, le=65535)
+
+    @field_validator("program")
+    @classmethod
+    def _program(cls, program: list[str]) -> list[str]:
+        for arg in program:
+            if "\0" in arg or len(arg) > 4096:
+                raise ValueError("program arguments must be strings without NUL bytes, at most 4096 characters")
+        return program
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, python: str) -> str:
+        if not (ABS_PATH.match(python) or NAME.match(python)):
+            raise ValueError(f"python must be a command name or an absolute path, got {python!r}")
+        return python
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not ENV_NAME.match(name):
+                raise ValueError(f"environment variable name {name!r} is not a valid shell identifier")
+            if name.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"environment variable {name!r} is reserved for Slurm/pcflow")
+            if "\0" in value:
+                raise ValueError(f"environment variable {name!r} contains a NUL byte")
+        return env
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _json(cls, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+        try:
+            json.dumps(hyperparameters, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"hyperparameters must be JSON (no NaN/inf, no objects): {exc}") from exc
+        return hyperparameters
+
+    @model_validator(mode="after")
+    def _launcher_fits(self) -> JobSpec:
+        if self.launcher in ("torchrun", "vissl") and self.resources.gpus_per_node not in (
+            0,
+            self.resources.tasks_per_node,
+        ):
+            raise ValueError(
+                f"{self.launcher}: tasks_per_node ({self.resources.tasks_per_node}) should equal gpus_per_node "
+                f"({self.resources.gpus_per_node}): one worker per GPU"
+            )
+        return self
+
+    @property
+    def total_tasks(self) -> int:
+        return self.resources.nodes * self.resources.tasks_per_node
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """`<shared root>/pcflow/runs/<run key>/<task>/`: everything one job reads and writes."""
+
+    root: str
+
+    @classmethod
+    def for_job(cls, shared_root: str, run_key: str, task: str) -> RunDir:
+        if not ABS_PATH.match(shared_root or ""):
+            raise ValueError(
+                f"shared root must be an absolute path of letters, digits and _.@+-/ (got {shared_root!r}); set "
+                "the SSH connection's `shared_root` extra or the operator's shared_root"
+            )
+        for part in (run_key, task):
+            if not NAME.match(part):
+                raise ValueError(f"run key and task must be simple names, got {part!r}")
+        return cls(posixpath.join(shared_root, "pcflow", "runs", run_key, task))
+
+    def _path(self, name: str) -> str:
+        return posixpath.join(self.root, name)
+
+    @property
+    def script(self) -> str:
+        return self._path("job.sbatch")
+
+    @property
+    def hparams(self) -> str:
+        return self._path("hparams.json")
+
+    @property
+    def log(self) -> str:
+        return self._path("job.log")
+
+    @property
+    def metrics(self) -> str:
+        return self._path("metrics.jsonl")
+
+    @property
+    def marker(self) -> str:
+        return self._path("exit.json")
+
+    @property
+    def submitted(self) -> str:
+        return self._path("submitted")
+
+    @property
+    def checkpoints(self) -> str:
+        return self._path("checkpoints")

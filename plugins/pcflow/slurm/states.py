@@ -1,0 +1,245 @@
+"""Slurm job state, read from squeue, sacct or scontrol and normalised to one enum.
+
+The three sources spell states differently (`CANCELLED by 0`, `CA`, `NODE_FAIL`) and know different
+things (squeue: only live jobs; sacct: history, if accounting is on; scontrol: live jobs and jobs
+finished within MinJobAge), so callers never see which one answered.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    REQUEUED = "REQUEUED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def is_active(self) -> bool:
+        """Still going, or will go again (Slurm keeps the job id across a requeue)."""
+        return self in _ACTIVE
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def is_interruption(self) -> bool:
+        """Lost through no fault of the program: Slurm requeues such a job unless told not to."""
+        return self in _INTERRUPTIONS
+
+
+_ACTIVE = {JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.REQUEUED}
+_INTERRUPTIONS = {JobState.NODE_FAIL, JobState.PREEMPTED, JobState.BOOT_FAIL}
+_TERMINAL = {
+    JobState.COMPLETED,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.TIMEOUT,
+    JobState.OUT_OF_MEMORY,
+    JobState.DEADLINE,
+    *_INTERRUPTIONS,
+}
+
+# Every spelling Slurm 22.05-24.x prints, long and compact, mapped to the enum.
+_ALIASES = {
+    "PD": JobState.PENDING,
+    "PENDING": JobState.PENDING,
+    "R": JobState.RUNNING,
+    "RUNNING": JobState.RUNNING,
+    "CF": JobState.RUNNING,
+    "CONFIGURING": JobState.RUNNING,
+    "CG": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SO": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "SI": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "RS": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "S": JobState.SUSPENDED,
+    "SUSPENDED": JobState.SUSPENDED,
+    "ST": JobState.SUSPENDED,
+    "STOPPED": JobState.SUSPENDED,
+    "RQ": JobState.REQUEUED,
+    "REQUEUED": JobState.REQUEUED,
+    "RF": JobState.REQUEUED,
+    "REQUEUE_FED": JobState.REQUEUED,
+    "RH": JobState.REQUEUED,
+    "REQUEUE_HOLD": JobState.REQUEUED,
+    "SE": JobState.REQUEUED,
+    "SPECIAL_EXIT": JobState.REQUEUED,
+    "RD": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "CD": JobState.COMPLETED,
+    "COMPLETED": JobState.COMPLETED,
+    "F": JobState.FAILED,
+    "FAILED": JobState.FAILED,
+    "CA": JobState.CANCELLED,
+    "CANCELLED": JobState.CANCELLED,
+    "RV": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,
+    "TO": JobState.TIMEOUT,
+    "TIMEOUT": JobState.TIMEOUT,
+    "OOM": JobState.OUT_OF_MEMORY,
+    "OUT_OF_MEMORY": JobState.OUT_OF_MEMORY,
+    "NF": JobState.NODE_FAIL,
+    "NODE_FAIL": JobState.NODE_FAIL,
+    "PR": JobState.PREEMPTED,
+    "PREEMPTED": JobState.PREEMPTED,
+    "BF": JobState.BOOT_FAIL,
+    "BOOT_FAIL": JobState.BOOT_FAIL,
+    "DL": JobState.DEADLINE,
+    "DEADLINE": JobState.DEADLINE,
+}
+
+
+def normalise_state(raw: str) -> JobState:
+    """`CANCELLED by 1000`, `cancelled+`, `CD` -> the enum; anything unheard of -> UNKNOWN."""
+    word = raw.strip().split(" ")[0].rstrip("+").upper() if raw else ""
+    return _ALIASES.get(word, JobState.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What pcflow knows about one Slurm job at one moment."""
+
+    job_id: str
+    state: JobState
+    raw_state: str = ""
+    name: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    restarts: int = 0
+    elapsed_s: int | None = None
+    nodes: str = ""
+    source: str = ""
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "state": str(self.state)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JobInfo:
+        return cls(**{**data, "state": JobState(data["state"])})
+
+
+def parse_exit_code(text: str) -> tuple[int | None, int | None]:
+    """Slurm's `code:signal` (`0:0`, `1:0`, `0:9`) -> (code, signal)."""
+    match = re.fullmatch(r"\s*(\d+):(\d+)\s*", text or "")
+    if not match:
+        return None, None
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_duration(text: str) -> int | None:
+    """Slurm durations (`45`, `12:34`, `1:02:03`, `2-01:02:03`) -> seconds."""
+    text = (text or "").strip()
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(?:(\d+):)?(\d+)", text)
+    if not match:
+        return None
+    days, a, b, c = match.groups()
+    parts = [int(x) for x in (a, b) if x is not None] + [int(c)]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    hours, minutes, seconds = parts
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+SQUEUE_FIELDS = ("JobID", "State", "Reason", "RestartCnt", "Name", "TimeUsed", "NodeList")
+SQUEUE_FORMAT = ",".join(f"{field}:|" for field in SQUEUE_FIELDS)
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "ElapsedRaw", "NodeList", "Reason")
+
+
+def parse_squeue(output: str) -> list[JobInfo]:
+    """Lines of `squeue -h -O <SQUEUE_FORMAT>` (fields end in `|`)."""
+    jobs = []
+    for line in output.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < len(SQUEUE_FIELDS):
+            continue
+        job_id, raw, reason, restarts, name, used, nodes = fields[: len(SQUEUE_FIELDS)]
+        jobs.append(
+            JobInfo(
+                job_id=job_id,
+                state=normalise_state(raw),
+                raw_state=raw,
+                name=name,
+                reason="" if reason in ("None", "(null)") else reason,
+                restarts=int(restarts) if restarts.isdigit() else 0,
+                elapsed_s=parse_duration(used),
+                nodes="" if nodes == "(null)" else nodes,
+                source="squeue",
+            )
+        )
+    return jobs
+
+
+def parse_sacct(output: str) -> list[JobInfo]:
+    """Lines of `sacct -n -P -X -D -o <SACCT_FIELDS>`: one line per job, or per attempt with -D.
+
+    With -D (duplicates) a requeued job appears once per attempt under the same id; the attempts are
+    folded into one JobInfo whose `restarts` counts the earlier ones and whose state is the last.
+    """
+    by_id: dict[str, list[list[str]]] = {}
+    for line in output.splitlines():
+        fields = line.split("|")
+        if len(fields) >= len(SACCT_FIELDS) and fields[0] and "." not in fields[0]:
+            by_id.setdefault(fields[0], []).append(fields)
+    jobs = []
+    for job_id, attempts in by_id.items():
+        _, name, raw, exit_text, elapsed, nodes, reason = attempts[-1][: len(SACCT_FIELDS)]
+        code, sig = parse_exit_code(exit_text)
+        jobs.append(
+            JobInfo(
+                job_id=job_id,
+                state=normalise_state(raw),
+                raw_state=raw,
+                name=name,
+                exit_code=code,
+                signal=sig,
+                reason="" if reason in ("None", "(null)") else reason,
+                restarts=len(attempts) - 1,
+                elapsed_s=int(elapsed) if elapsed.isdigit() else None,
+                nodes="" if nodes in ("None assigned", "(null)") else nodes,
+                source="sacct",
+            )
+        )
+    return jobs
+
+
+def parse_scontrol(output: str) -> JobInfo | None:
+    """`scontrol show job -o <id>`: one line of Key=Value pairs (values may contain spaces)."""
+    line = output.strip().splitlines()[0] if output.strip() else ""
+    pairs = dict(re.findall(r"(\w+(?::\w+)?)=(.*?)(?=\s+\w+(?::\w+)?=|$)", line))
+    if "JobId" not in pairs:
+        return None
+    code, sig = parse_exit_code(pairs.get("ExitCode", ""))
+    reason = pairs.get("Reason", "")
+    return JobInfo(
+        job_id=pairs["JobId"],
+        state=normalise_state(pairs.get("JobState", "")),
+        raw_state=pairs.get("JobState", ""),
+        name=pairs.get("JobName", ""),
+        exit_code=code,
+        signal=sig,
+        reason="" if reason == "None" else reason,
+        restarts=int(pairs.get("Restarts", "0") or 0),
+        elapsed_s=parse_duration(pairs.get("RunTime", "")),
+        nodes="" if pairs.get("NodeList") in (None, "(null)") else pairs["NodeList"],
+        source="scontrol",
+    )

@@ -1,0 +1,179 @@
+"""When is a Slurm job done, and how did it end? The decisions, free of I/O, shared by every waiter.
+
+A watcher sees three things: Slurm's view of the job (`JobInfo`, or None once Slurm has forgotten
+it), the exit marker the batch script's wrapper writes, and the clock. Requeues are progress, not
+failure: Slurm keeps the job id, bumps the restart count and runs the script again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pcflow.slurm.states import JobInfo, JobState
+
+
+class Outcome(StrEnum):
+    SUCCESS = "success"
+    FAILED = "failed"
+    PENDING_TIMEOUT = "pending_timeout"
+    TOO_MANY_RESTARTS = "too_many_restarts"
+    LOST = "lost"
+
+    @property
+    def needs_cancel(self) -> bool:
+        """The job may still be queued or running: the waiter gave up, so Slurm must be told."""
+        return self in (Outcome.PENDING_TIMEOUT, Outcome.TOO_MANY_RESTARTS)
+
+
+@dataclass(frozen=True)
+class WatchPolicy:
+    """How a waiter paces itself.
+
+    The marker and the log are checked every `poll_interval` over SFTP, which costs the head node a
+    stat and nothing on slurmctld; slurmctld is asked every `confirm_interval`, and at once when a
+    marker appears.
+    """
+
+    poll_interval: float = 1.0
+    confirm_interval: float = 30.0
+    pending_timeout: float | None = None
+    max_restarts: int = 3
+    interruption_grace: float = 120.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    message: str
+    exit_code: int | None = None
+
+
+_FAILURE_ADVICE = {
+    JobState.TIMEOUT: "reached its time limit; raise resources.time_limit or checkpoint more often "
+    "(a retry resumes from the last checkpoint)",
+    JobState.OUT_OF_MEMORY: "ran out of memory; use a larger instance type, fewer tasks per node or a smaller "
+    "batch size",
+    JobState.CANCELLED: "was cancelled (scancel by a user, an administrator or pcflow's on_kill)",
+    JobState.DEADLINE: "missed its --deadline",
+    JobState.BOOT_FAIL: "could not start because its node failed to boot",
+    JobState.NODE_FAIL: "lost a node and Slurm did not requeue it (requeue disabled, or --no-requeue)",
+    JobState.PREEMPTED: "was preempted and Slurm did not requeue it",
+    JobState.FAILED: "failed",
+}
+
+
+def marker_matches(marker: dict | None, info: JobInfo | None) -> bool:
+    """The marker belongs to this job's current attempt (not a previous job or attempt)."""
+    if not marker:
+        return False
+    if info is None:
+        return True
+    return str(marker.get("job_id")) == info.job_id and int(marker.get("restart", -1)) >= info.restarts
+
+
+@dataclass
+class JobWatch:
+    """Accumulates what a waiter has seen of one job and decides when it is over."""
+
+    job_id: str
+    policy: WatchPolicy = field(default_factory=WatchPolicy)
+    pending_since: float | None = None
+    interrupted_since: float | None = None
+
+    def assess(self, info: JobInfo | None, marker: dict | None, now: float) -> Verdict | None:
+        """None while the job is (or will again be) running; a Verdict once it is over for good."""
+        if info is None:
+            return self._forgotten(marker)
+        if info.restarts > self.policy.max_restarts:
+            return Verdict(
+                Outcome.TOO_MANY_RESTARTS,
+                f"Slurm job {info.job_id} was requeued {info.restarts} times, more than max_restarts="
+                f"{self.policy.max_restarts}; pcflow cancels it. Look for failing nodes or preemptions.",
+            )
+        if info.state in (JobState.PENDING, JobState.REQUEUED):
+            return self._pending(info, now)
+        self.pending_since = None
+        if info.raw_state.upper() in ("COMPLETING", "CG") and marker_matches(marker, info):
+            # The program is over and the marker has its exit code; Slurm is only running epilogs.
+            return self._finished(info, int(marker["exit_code"]))
+        if info.state.is_active:
+            self.interrupted_since = None
+            return None
+        if info.state.is_interruption:
+            return self._interrupted(info, now)
+        exit_code = info.exit_code if info.exit_code is not None else (marker or {}).get("exit_code")
+        return self._finished(info, exit_code)
+
+    def _pending(self, info: JobInfo, now: float) -> Verdict | None:
+        self.interrupted_since = None
+        if self.pending_since is None:
+            self.pending_since = now
+        limit = self.policy.pending_timeout
+        if limit is not None and now - self.pending_since > limit:
+            return Verdict(
+                Outcome.PENDING_TIMEOUT,
+                f"Slurm job {info.job_id} has been pending for more than {limit:.0f}s "
+                f"(reason: {info.reason or 'none given'}); pcflow cancels it. Check the partition's capacity "
+                "(sinfo), the instance quota, or raise pending_timeout.",
+            )
+        return None
+
+    def _interrupted(self, info: JobInfo, now: float) -> Verdict | None:
+        """NODE_FAIL/PREEMPTED are followed by a requeue within seconds unless requeue is off."""
+        if self.interrupted_since is None:
+            self.interrupted_since = now
+        if now - self.interrupted_since < self.policy.interruption_grace:
+            return None
+        return self._finished(info, info.exit_code)
+
+    def _finished(self, info: JobInfo, exit_code: int | None) -> Verdict:
+        if info.state is JobState.COMPLETED or (info.state.is_active and exit_code == 0):
+            return Verdict(Outcome.SUCCESS, f"Slurm job {info.job_id} completed", exit_code or 0)
+        state = info.state if info.state.is_terminal else JobState.FAILED
+        advice = _FAILURE_ADVICE.get(state, f"ended in state {info.raw_state}")
+        code = f" with exit code {exit_code}" if exit_code is not None else ""
+        return Verdict(Outcome.FAILED, f"Slurm job {info.job_id} {advice}{code} ({info.raw_state}).", exit_code)
+
+    def _forgotten(self, marker: dict | None) -> Verdict:
+        """Without accounting, slurmctld forgets a finished job after MinJobAge: the marker decides."""
+        if marker and str(marker.get("job_id")) == self.job_id:
+            code = int(marker.get("exit_code", 1))
+            if code == 0:
+                return Verdict(Outcome.SUCCESS, f"Slurm job {self.job_id} completed (from its exit marker)", 0)
+            return Verdict(Outcome.FAILED, f"Slurm job {self.job_id} failed with exit code {code}.", code)
+        return Verdict(
+            Outcome.LOST,
+            f"Slurm no longer knows job {self.job_id} and it left no exit marker: it was probably purged "
+            "before it could start, or the shared filesystem is not shared with the compute nodes.",
+        )
+
+
+@dataclass
+class LogCursor:
+    """Turns appended byte chunks into whole lines, each delivered once and in order."""
+
+    offset: int = 0
+    tail_size: int = 30
+    _partial: bytes = b""
+    tail: deque = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        self.tail = deque(self.tail, maxlen=self.tail_size)
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self.offset += len(chunk)
+        pieces = (self._partial + chunk).split(b"\n")
+        self._partial = pieces.pop()
+        lines = [p.decode(errors="replace") for p in pieces]
+        self.tail.extend(lines)
+        return lines
+
+    def flush(self) -> list[str]:
+        """The last line, when the file ended without a newline."""
+        if not self._partial:
+            return []
+        line, self._partial = self._partial.decode(errors="replace"), b""
+        self.tail.append(line)
+        return [line]

@@ -1,0 +1,271 @@
+"""SlurmJobOperator against the real Slurm of the local stack, through the real sshd."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from stacktools import LocalStack
+from taskcontext import MemoryStateStore, first_event, make_context
+
+from pcflow.slurm.hook import SlurmConnectionError, SlurmHook
+from pcflow.slurm.operator import STATE_KEY, SlurmJobOperator
+from pcflow.slurm.states import JobState
+
+pytestmark = pytest.mark.stack
+
+FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
+
+
+def bash(script: str) -> list[str]:
+    return ["bash", "-c", script]
+
+
+def defer(op: SlurmJobOperator, context: dict):
+    """execute() up to the deferral; the trigger it hands over, after a serialisation round trip."""
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+def run_to_completion(op: SlurmJobOperator, context: dict) -> dict:
+    trigger = defer(op, context)
+    return op.execute_complete(context, first_event(trigger))
+
+
+def jobs_named(slurm: SlurmHook, name: str, settle_s: float = 3.0) -> list:
+    """Every job of that name Slurm knows, once the answer has stopped changing for `settle_s`."""
+    deadline = time.monotonic() + 30
+    jobs, stable_since = slurm.find_jobs(name), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - stable_since < settle_s:
+        time.sleep(0.5)
+        again = slurm.find_jobs(name)
+        if again != jobs:
+            jobs, stable_since = again, time.monotonic()
+    return jobs
+
+
+def test_success_streams_every_log_line_once_in_order(slurm: SlurmHook, capsys):
+    op = SlurmJobOperator(
+        task_id="train",
+        program=bash('for i in $(seq 1 40); do echo "line $i"; sleep 0.02; done; cat "$PCFLOW_HPARAMS"'),
+        hyperparameters={"lr": 0.1, "note": 'it\'s "quoted" $(not run)'},
+        **FAST,
+    )
+    context = make_context("train")
+    result = run_to_completion(op, context)
+
+    assert result["state"] == "COMPLETED" and result["exit_code"] == 0
+    assert result["run_dir"].endswith("/train") and result["job_id"].isdigit()
+    # Airflow's structured log goes to stdout: what the task log shows.
+    streamed = re.findall(r"\] (line \d+) .*SlurmJobTrigger", capsys.readouterr().out)
+    assert streamed == [f"line {i}" for i in range(1, 41)]
+    log = slurm.read_file(result["log"]).decode()
+    hparams = json.loads(log[log.index("{") : log.rindex("}") + 1])
+    assert hparams == {"lr": 0.1, "note": 'it\'s "quoted" $(not run)'}
+    assert context["task_state_store"].get(STATE_KEY)["job_id"] == result["job_id"]
+
+
+def test_two_tasks_share_the_allocation(slurm: SlurmHook):
+    op = SlurmJobOperator(
+        task_id="ddp",
+        program=bash('echo "rank $SLURM_PROCID of $SLURM_NTASKS"'),
+        allocation={"tasks_per_node": 2},
+        **FAST,
+    )
+    result = run_to_completion(op, make_context("ddp"))
+    lines = slurm.read_file(result["log"]).decode().splitlines()
+    assert sorted(line for line in lines if line.startswith("rank ")) == ["rank 0 of 2", "rank 1 of 2"]
+
+
+def test_failing_exit_code_fails_with_code_and_log_tail(slurm: SlurmHook):
+    op = SlurmJobOperator(task_id="bad", program=bash("echo about to fail; exit 3"), **FAST)
+    with pytest.raises(AirflowException) as failure:
+        run_to_completion(op, make_context("bad"))
+    message = str(failure.value)
+    assert "exit code 3" in message and "about to fail" in message
+
+
+def test_retry_reattaches_instead_of_resubmitting(slurm: SlurmHook):
+    """Execute twice while the job runs (a retry), and once more after it finished: one job in Slurm."""
+    store = MemoryStateStore()
+    context = make_context("adopt", store=store)
+    op = SlurmJobOperator(task_id="adopt", program=bash("sleep 3; echo done"), **FAST)
+    first = defer(op, context)
+    again = defer(SlurmJobOperator(task_id="adopt", program=bash("sleep 3; echo done"), **FAST), context)
+    assert again.job_id == first.job_id
+
+    # A worker that died between sbatch and saving the id: found by job name in Slurm.
+    lost_store = make_context("adopt", store=MemoryStateStore(), run_id=context["run_id"])
+    by_name = defer(SlurmJobOperator(task_id="adopt", program=bash("sleep 3; echo done"), **FAST), lost_store)
+    assert by_name.job_id == first.job_id
+
+    result = op.execute_complete(context, first_event(first))
+    adopted = SlurmJobOperator(task_id="adopt", program=bash("sleep 3; echo done"), **FAST).execute(context)
+    assert adopted["job_id"] == result["job_id"]
+    assert [j.job_id for j in jobs_named(slurm, op.job_name(context))] == [result["job_id"]]
+
+
+def test_failed_job_is_resubmitted_on_retry(slurm: SlurmHook):
+    context = make_context("flaky")
+    script = 'test -f "$PCFLOW_RUN_DIR/second-try" && exit 0; touch "$PCFLOW_RUN_DIR/second-try"; exit 1'
+    op = SlurmJobOperator(task_id="flaky", program=bash(script), **FAST)
+    with pytest.raises(AirflowException):
+        run_to_completion(op, context)
+    result = run_to_completion(SlurmJobOperator(task_id="flaky", program=bash(script), **FAST), context)
+    jobs = jobs_named(slurm, op.job_name(context))
+    assert [j.state for j in jobs] == [JobState.FAILED, JobState.COMPLETED]
+    assert jobs[-1].job_id == result["job_id"]
+
+
+def test_on_kill_cancels_the_job(slurm: SlurmHook):
+    """Non-deferrable wait in a thread, killed from outside as the task runner would."""
+    op = SlurmJobOperator(task_id="killme", program=bash("sleep 120"), deferrable=False, **FAST)
+    context = make_context("killme")
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            op.execute(context)
+        except AirflowException as exc:
+            outcome["error"] = str(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (op.job_id and slurm.job_info(op.job_id).state is JobState.RUNNING):
+        time.sleep(0.2)
+    op.on_kill()
+    worker.join(timeout=30)
+    assert slurm.job_info(op.job_id).state is JobState.CANCELLED
+    assert "cancelled" in outcome["error"]
+
+
+def test_trigger_on_kill_cancels_a_deferred_job(slurm: SlurmHook):
+    import asyncio
+
+    op = SlurmJobOperator(task_id="deferred-kill", program=bash("sleep 120"), **FAST)
+    trigger = defer(op, make_context("deferred-kill"))
+    asyncio.run(trigger.on_kill())
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and slurm.job_info(trigger.job_id).state is not JobState.CANCELLED:
+        time.sleep(0.2)
+    assert slurm.job_info(trigger.job_id).state is JobState.CANCELLED
+
+
+def test_requeued_job_keeps_waiting_and_succeeds(slurm: SlurmHook):
+    script = '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && { echo resumed; exit 0; }; echo first attempt; sleep 60'
+    op = SlurmJobOperator(task_id="requeue", program=bash(script), **FAST)
+    trigger = defer(op, make_context("requeue"))
+
+    def requeue_when_running() -> None:
+        watcher = SlurmHook()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and b"first attempt" not in watcher.read_file(trigger.run_dir + "/job.log"):
+            time.sleep(0.2)
+        watcher.requeue(trigger.job_id)
+        # Slurm holds a requeued job back for a while (BeginTime); an operator can release it at once.
+        watcher.run(["scontrol", "update", f"JobId={trigger.job_id}", "StartTime=now"], check=False)
+        watcher.close()
+
+    helper = threading.Thread(target=requeue_when_running)
+    helper.start()
+    event = first_event(trigger)
+    helper.join()
+    result = op.execute_complete(make_context("requeue"), event)
+    assert result["restarts"] == 1
+    log = slurm.read_file(result["log"]).decode()
+    assert "first attempt" in log and "resumed" in log
+
+
+def test_too_many_restarts_cancels(slurm: SlurmHook):
+    op = SlurmJobOperator(task_id="restarts", program=bash("sleep 60"), max_restarts=0, **FAST)
+    context = make_context("restarts")
+    trigger = defer(op, context)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and slurm.job_info(trigger.job_id).state is not JobState.RUNNING:
+        time.sleep(0.2)
+    slurm.requeue(trigger.job_id)
+    with pytest.raises(AirflowException, match="requeued 1 times"):
+        op.execute_complete(context, first_event(trigger))
+    assert slurm.job_info(trigger.job_id).state is JobState.CANCELLED
+
+
+def test_pending_too_long_fails_with_the_reason_and_cancels(slurm: SlurmHook):
+    op = SlurmJobOperator(
+        task_id="stuck",
+        program=bash("true"),
+        allocation={"extra_sbatch": {"begin": "now+1hour"}},
+        pending_timeout=2,
+        **FAST,
+    )
+    context = make_context("stuck")
+    trigger = defer(op, context)
+    with pytest.raises(AirflowException, match=r"pending for more than 2s.*BeginTime"):
+        op.execute_complete(context, first_event(trigger))
+    assert slurm.job_info(trigger.job_id).state is JobState.CANCELLED
+
+
+def test_hostile_values_stay_inert(slurm: SlurmHook, local_stack: LocalStack, tmp_path: Path):
+    canary = local_stack.shared_root / f"pwned-{uuid.uuid4().hex}"
+    hostile = [f"$(touch {canary})", f"`touch {canary}`", f"; touch {canary}", f"&& touch {canary}", "a\nb", "'\""]
+    op = SlurmJobOperator(
+        task_id="hostile",
+        program=["printf", "[%s]\\n", *hostile],
+        env={"HOSTILE": f"$(touch {canary})"},
+        hyperparameters={"x": f"$(touch {canary})"},
+        **FAST,
+    )
+    result = run_to_completion(op, make_context("hostile"))
+    log = slurm.read_file(result["log"]).decode()
+    for value in hostile:
+        assert f"[{value}]" in log
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"allocation": {"extra_sbatch": {"uid": "0"}}},
+        {"allocation": {"extra_sbatch": {"account": "x\n#SBATCH --uid=0"}}},
+        {"allocation": {"partition": "compute; rm -rf /"}},
+        {"allocation": {"nodes": -1}},
+        {"env": {"BAD NAME": "x"}},
+        {"env": {"SLURM_JOB_ID": "1"}},
+        {"launcher": "ssh"},
+        {"python": "python3; id"},
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_submitted(bad, slurm: SlurmHook):
+    context = make_context("refused")
+    op = SlurmJobOperator(task_id="refused", **{"program": ["true"], **bad})
+    with pytest.raises(AirflowFailException, match="Invalid Slurm job"):
+        op.execute(context)
+    assert slurm.find_jobs(op.job_name(context)) == []
+    assert not slurm.is_dir(op.run_dir(context).root)
+
+
+def test_changed_host_key_is_refused_with_a_clear_message(local_stack: LocalStack, monkeypatch):
+    conn = json.loads(local_stack.env["AIRFLOW_CONN_SLURM_DEFAULT"])
+    other = (local_stack.state_dir / "ssh" / "id_ed25519.pub").read_text().split()
+    conn["extra"]["host_key"] = f"{other[0]} {other[1]}"
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_IMPOSTOR", json.dumps(conn))
+    with pytest.raises(SlurmConnectionError, match="does not match the key pinned"):
+        SlurmHook("slurm_impostor", connect_attempts=1).run(["true"])
+
+
+def test_unreachable_head_node_is_a_clear_error(local_stack: LocalStack, monkeypatch):
+    conn = json.loads(local_stack.env["AIRFLOW_CONN_SLURM_DEFAULT"])
+    conn["port"] = 1  # nothing listens there
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_NOWHERE", json.dumps(conn))
+    with pytest.raises(SlurmConnectionError, match="Cannot reach the head node"):
+        SlurmHook("slurm_nowhere", connect_attempts=1).run(["true"])

@@ -1,0 +1,44 @@
+"""Run operators outside a scheduler: a task-instance stand-in, a task state store, a trigger driver."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class FakeTI:
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int = -1
+    try_number: int = 1
+
+
+@dataclass
+class MemoryStateStore:
+    """Same get/set as Airflow's task state store, which survives retries of one task instance."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: Any, **_: Any) -> None:
+        self.values[key] = value
+
+
+def make_context(task_id: str, *, store: MemoryStateStore | None = None, run_id: str | None = None) -> dict:
+    ti = FakeTI(dag_id="slurm_tests", run_id=run_id or f"manual__{uuid.uuid4().hex}", task_id=task_id)
+    return {"ti": ti, "run_id": ti.run_id, "task_state_store": store if store is not None else MemoryStateStore()}
+
+
+def first_event(trigger) -> dict:
+    async def _first():
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("trigger ended without an event")
+
+    return asyncio.run(_first())
