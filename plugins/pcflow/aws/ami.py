@@ -1,0 +1,465 @@
+"""The AMI stage: bake a custom image once per recipe, reuse it on every later run.
+
+Recipe hash = hash(base image, bootstrap script content, ParallelCluster version, extra inputs). An
+available image tagged with the hash is reused at once. Otherwise a builder instance (IMDSv2 only, an
+instance profile for SSM, a deterministic client token and tags) runs the bootstrap script through SSM
+RunCommand; then it is stopped, imaged, and always terminated, also when a step failed. Every step
+looks up by tag first, so a crash at any point is resumed by the retry, never duplicated.
+
+A ParallelCluster AMI must start from a ParallelCluster image of the same version: unless a base image
+is given, it is looked up by name (`aws-parallelcluster-<version>-<os>-hvm-<arch>*`) and owner.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
+from botocore.exceptions import ClientError
+
+from pcflow.aws.base import PcflowAwsOperator
+from pcflow.aws.clients import error_code, validate_region, wait_logged
+from pcflow.aws.tags import tag_equals, tag_specifications
+from pcflow.naming import TAG_STACK, Component, digest, resource_name, standard_tags
+
+log = logging.getLogger(__name__)
+
+TAG_RECIPE = "pcflow:recipe-hash"
+TAG_ROLE = "pcflow:role"
+BUILDER_TTL = dt.timedelta(hours=6)
+PCLUSTER_OSES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9")
+
+
+class BootstrapFailed(RuntimeError):
+    """The bootstrap script failed on the builder; the message carries its output."""
+
+
+def recipe_hash(
+    base_image_id: str, bootstrap_script: str, pcluster_version: str, extra: Mapping[str, Any] | None = None
+) -> str:
+    """Identity of an image: any change to an input gives a new image, equal inputs reuse the old one."""
+    return digest(base_image_id, bootstrap_script, pcluster_version, dict(extra or {}), length=16)
+
+
+@dataclass(frozen=True)
+class AmiSpec:
+    stack: str
+    region: str
+    pcluster_version: str
+    bootstrap_script: str  # the script's content (see `load_script`)
+    instance_profile: str  # name of an instance profile with AmazonSSMManagedInstanceCore
+    subnet_id: str
+    security_group_ids: tuple[str, ...] = ()
+    instance_type: str = "c5.xlarge"
+    base_image_id: str | None = None
+    os: str = "alinux2023"
+    architecture: str = "x86_64"
+    base_image_owners: tuple[str, ...] = ("amazon",)
+    extra_inputs: Mapping[str, Any] = field(default_factory=dict)
+    #: Wait for the SSM agent to register before sending the command (moto lacks the API: tests turn it off).
+    wait_for_ssm_agent: bool = True
+
+    def __post_init__(self) -> None:
+        validate_region(self.region)
+        if self.os not in PCLUSTER_OSES:
+            raise ValueError(f"os {self.os!r} is not a ParallelCluster OS; use one of {', '.join(PCLUSTER_OSES)}")
+        if not self.bootstrap_script.strip():
+            raise ValueError("the bootstrap script is empty")
+        object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
+
+
+def load_script(path: str | Path) -> str:
+    """A bootstrap script's content (from `include/ami/`); its bytes are part of the recipe hash."""
+    script = Path(path)
+    if not script.is_file():
+        raise ValueError(f"bootstrap script {script} not found; AMI recipes live in include/ami/")
+    return script.read_text()
+
+
+def find_base_image(ec2: Any, spec: AmiSpec) -> str:
+    """The newest ParallelCluster image of the configured version, OS and architecture."""
+    pattern = f"aws-parallelcluster-{spec.pcluster_version}-{spec.os}-hvm-{spec.architecture}*"
+    images = ec2.describe_images(
+        Owners=list(spec.base_image_owners),
+        Filters=[{"Name": "name", "Values": [pattern]}, {"Name": "state", "Values": ["available"]}],
+    )["Images"]
+    if not images:
+        raise ValueError(
+            f"no ParallelCluster {spec.pcluster_version} image named {pattern} owned by "
+            f"{', '.join(spec.base_image_owners)} in {spec.region}; check the version, os and architecture, "
+            "or give base_image_id"
+        )
+    return max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"]
+
+
+def check_base_image(ec2: Any, image_id: str, region: str) -> None:
+    try:
+        found = ec2.describe_images(ImageIds=[image_id])["Images"]
+    except ClientError as error:
+        if error_code(error).startswith("InvalidAMIID"):
+            found = []
+        else:
+            raise
+    if not found or found[0].get("State") != "available":
+        raise ValueError(f"base image {image_id} does not exist (or is not available) in {region}")
+
+
+def check_instance_type(ec2: Any, instance_type: str, region: str) -> None:
+    try:
+        ec2.describe_instance_types(InstanceTypes=[instance_type])
+    except ClientError as error:
+        if error_code(error) == "InvalidInstanceType":
+            raise ValueError(
+                f"instance type {instance_type!r} does not exist in {region}; pick one that "
+                "`aws ec2 describe-instance-type-offerings` lists there"
+            ) from None
+        raise
+
+
+def find_image(ec2: Any, stack: str, recipe: str) -> dict[str, Any] | None:
+    """A pending or available image of this recipe (failed ones are ignored: a retry bakes again)."""
+    images = ec2.describe_images(
+        Owners=["self"],
+        Filters=[
+            tag_equals(TAG_STACK, stack),
+            tag_equals(TAG_RECIPE, recipe),
+            {"Name": "state", "Values": ["pending", "available"]},
+        ],
+    )["Images"]
+    if len(images) > 1:
+        available = [i for i in images if i["State"] == "available"]
+        return available[0] if available else images[0]
+    return images[0] if images else None
+
+
+class _Bake:
+    """One bake of one recipe; every method can be re-entered after a crash."""
+
+    def __init__(self, ec2: Any, ssm: Any, spec: AmiSpec, *, recipe: str, base_image: str, waiter_delay: int):
+        self.ec2, self.ssm, self.spec, self.recipe, self.base_image = ec2, ssm, spec, recipe, base_image
+        self.waiter_delay = waiter_delay
+        self.name = resource_name(spec.stack, Component.AMI, recipe)
+
+    def tags(self, role: str, ttl: dt.timedelta | None = None) -> dict[str, str]:
+        extra = {TAG_RECIPE: self.recipe, TAG_ROLE: role, "Name": self.name}
+        return standard_tags(stack=self.spec.stack, component=Component.AMI, ttl=ttl, extra=extra)
+
+    def find_builder(self) -> str | None:
+        found = self.ec2.describe_instances(
+            Filters=[
+                tag_equals(TAG_STACK, self.spec.stack),
+                tag_equals(TAG_RECIPE, self.recipe),
+                tag_equals(TAG_ROLE, "builder"),
+                {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
+            ]
+        )["Reservations"]
+        ids = [i["InstanceId"] for r in found for i in r["Instances"]]
+        return ids[0] if ids else None
+
+    def launch_builder(self) -> str:
+        existing = self.find_builder()
+        if existing:
+            log.info("adopting builder %s of recipe %s", existing, self.recipe)
+            return existing
+        kwargs: dict[str, Any] = {
+            "ImageId": self.base_image,
+            "InstanceType": self.spec.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "SubnetId": self.spec.subnet_id,
+            "IamInstanceProfile": {"Name": self.spec.instance_profile},
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "ClientToken": f"pcflow-{digest(self.spec.stack, 'ami-builder', self.recipe, length=40)}",
+            "TagSpecifications": tag_specifications(["instance", "volume"], self.tags("builder", BUILDER_TTL)),
+        }
+        if self.spec.security_group_ids:
+            kwargs["SecurityGroupIds"] = list(self.spec.security_group_ids)
+        instance_id = self.ec2.run_instances(**kwargs)["Instances"][0]["InstanceId"]
+        log.info("launched builder %s (%s) from %s", instance_id, self.spec.instance_type, self.base_image)
+        return instance_id
+
+    def wait_running(self, instance_id: str) -> None:
+        wait_logged(
+            self.ec2.get_waiter("instance_running"), {"InstanceIds": [instance_id]}, what=f"builder {instance_id}",
+            status_args=["Reservations[0].Instances[0].State.Name"], delay=self.waiter_delay,
+        )  # fmt: skip
+        if self.spec.wait_for_ssm_agent:
+            self._wait_ssm_online(instance_id)
+
+    def _wait_ssm_online(self, instance_id: str, attempts: int = 40) -> None:
+        import time
+
+        for attempt in range(1, attempts + 1):
+            info = self.ssm.describe_instance_information(
+                Filters=[{"Key": "InstanceIds", "Values": [instance_id]}]
+            ).get("InstanceInformationList", [])
+            status = info[0].get("PingStatus") if info else "not registered"
+            log.info("SSM agent of %s: %s (attempt %s/%s)", instance_id, status, attempt, attempts)
+            if status == "Online":
+                return
+            time.sleep(self.waiter_delay)
+        raise RuntimeError(
+            f"the SSM agent on builder {instance_id} never came online; check that instance profile "
+            f"{self.spec.instance_profile} has AmazonSSMManagedInstanceCore and the subnet reaches SSM"
+        )
+
+    def run_bootstrap(self, instance_id: str) -> str:
+        """Send the script once (found again by its comment after a crash) and wait for it."""
+        comment = f"pcflow bootstrap {self.recipe}"
+        previous = [c for c in self.ssm.list_commands(InstanceId=instance_id)["Commands"] if c["Comment"] == comment]
+        if previous and previous[0]["Status"] not in ("Failed", "Cancelled", "TimedOut"):
+            command_id = previous[0]["CommandId"]
+        else:
+            command_id = self.ssm.send_command(
+                InstanceIds=[instance_id],
+                DocumentName="AWS-RunShellScript",
+                Comment=comment,
+                Parameters={"commands": [self.spec.bootstrap_script]},
+                TimeoutSeconds=600,
+            )["Command"]["CommandId"]
+            log.info("bootstrap command %s sent to %s", command_id, instance_id)
+        args = {"CommandId": command_id, "InstanceId": instance_id}
+        try:
+            wait_logged(
+                self.ssm.get_waiter("command_executed"), args, what=f"bootstrap on {instance_id}",
+                status_args=["Status"], delay=self.waiter_delay, max_attempts=240,
+            )  # fmt: skip
+        except Exception as error:
+            out = self.ssm.get_command_invocation(**args)
+            raise BootstrapFailed(
+                f"the bootstrap script failed on builder {instance_id} (status {out.get('Status')}, exit code "
+                f"{out.get('ResponseCode')}).\n--- stdout ---\n{out.get('StandardOutputContent', '')}\n"
+                f"--- stderr ---\n{out.get('StandardErrorContent', '')}"
+            ) from error
+        return command_id
+
+    def create_image(self, instance_id: str) -> str:
+        found = find_image(self.ec2, self.spec.stack, self.recipe)
+        if found:
+            return found["ImageId"]
+        self.ec2.stop_instances(InstanceIds=[instance_id])
+        wait_logged(
+            self.ec2.get_waiter("instance_stopped"), {"InstanceIds": [instance_id]}, what=f"builder {instance_id}",
+            status_args=["Reservations[0].Instances[0].State.Name"], delay=self.waiter_delay,
+        )  # fmt: skip
+        image_id = self.ec2.create_image(
+            InstanceId=instance_id,
+            Name=self.name,
+            Description=f"pcflow {self.spec.stack} ParallelCluster {self.spec.pcluster_version} recipe {self.recipe}",
+            TagSpecifications=tag_specifications("image", self.tags("image")),
+        )["ImageId"]
+        log.info("creating image %s from builder %s", image_id, instance_id)
+        self.finish_image(image_id)
+        return image_id
+
+    def finish_image(self, image_id: str) -> None:
+        """Tag the snapshots (the moto server cannot tag them in CreateImage) and require IMDSv2."""
+        image = self.ec2.describe_images(ImageIds=[image_id])["Images"][0]
+        snapshots = [m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", []) if "Ebs" in m]
+        if snapshots:
+            self.ec2.create_tags(
+                Resources=snapshots, Tags=[{"Key": k, "Value": v} for k, v in self.tags("image").items()]
+            )
+        self.ec2.modify_image_attribute(ImageId=image_id, ImdsSupport={"Value": "v2.0"})
+
+    def wait_available(self, image_id: str) -> None:
+        wait_logged(
+            self.ec2.get_waiter("image_available"), {"ImageIds": [image_id]}, what=f"image {image_id}",
+            status_args=["Images[0].State"], delay=self.waiter_delay, max_attempts=240,
+        )  # fmt: skip
+
+    def terminate_builder(self, instance_id: str | None) -> None:
+        for candidate in {instance_id, self.find_builder()} - {None}:
+            log.info("terminating builder %s", candidate)
+            self.ec2.terminate_instances(InstanceIds=[candidate])
+
+
+def prepare_bake(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -> tuple[_Bake, dict[str, Any] | None]:
+    """Validate inputs and look for an image of the recipe; nothing is created here."""
+    check_instance_type(ec2, spec.instance_type, spec.region)
+    base = spec.base_image_id or find_base_image(ec2, spec)
+    check_base_image(ec2, base, spec.region)
+    recipe = recipe_hash(base, spec.bootstrap_script, spec.pcluster_version, spec.extra_inputs)
+    bake = _Bake(ec2, ssm, spec, recipe=recipe, base_image=base, waiter_delay=waiter_delay)
+    return bake, find_image(ec2, spec.stack, recipe)
+
+
+def bake_image(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -> dict[str, Any]:
+    """Ensure an available image of the recipe; returns `{"image_id", "recipe_hash", "reused"}`."""
+    bake, found = prepare_bake(ec2, ssm, spec, waiter_delay=waiter_delay)
+    if found and found["State"] == "available":
+        log.info("reusing image %s of recipe %s", found["ImageId"], bake.recipe)
+        return {"image_id": found["ImageId"], "recipe_hash": bake.recipe, "reused": True}
+    builder = None
+    try:
+        if found is None:
+            builder = bake.launch_builder()
+            bake.wait_running(builder)
+            bake.run_bootstrap(builder)
+            image_id = bake.create_image(builder)
+        else:
+            image_id = found["ImageId"]
+        bake.wait_available(image_id)
+    finally:
+        bake.terminate_builder(builder)
+    return {"image_id": image_id, "recipe_hash": bake.recipe, "reused": found is not None}
+
+
+def delete_image(ec2: Any, image_id: str) -> list[str]:
+    """Deregister an image and delete its snapshots; returns the snapshot ids deleted. Gone = done."""
+    try:
+        images = ec2.describe_images(ImageIds=[image_id])["Images"]
+    except ClientError as error:
+        if error_code(error).startswith("InvalidAMIID"):
+            return []
+        raise
+    if not images:
+        return []
+    snapshots = [m["Ebs"]["SnapshotId"] for m in images[0].get("BlockDeviceMappings", []) if "Ebs" in m]
+    ec2.deregister_image(ImageId=image_id)
+    for snapshot_id in snapshots:
+        ec2.delete_snapshot(SnapshotId=snapshot_id)
+    return snapshots
+
+
+# --- trigger and operators ----------------------------------------------------------------------
+
+
+class ImageAvailableTrigger(AwsBaseWaiterTrigger):
+    """Waits in the triggerer for a new image (often longer than the 10 min of the default waiter)."""
+
+    aws_hook_class = EC2Hook
+
+    def __init__(
+        self,
+        *,
+        image_id: str,
+        waiter_delay: int = 30,
+        waiter_max_attempts: int = 240,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        verify: bool | str | None = None,
+        botocore_config: dict | None = None,
+    ):
+        super().__init__(
+            serialized_fields={"image_id": image_id},
+            waiter_name="image_available",
+            waiter_args={"ImageIds": [image_id]},
+            failure_message=f"image {image_id} failed",
+            status_message="image state",
+            status_queries=["Images[0].State"],
+            return_key="image_id",
+            return_value=image_id,
+            waiter_delay=waiter_delay,
+            waiter_max_attempts=waiter_max_attempts,
+            aws_conn_id=aws_conn_id,
+            region_name=region_name,
+            verify=verify,
+            botocore_config=botocore_config,
+        )
+
+    @property
+    def _hook_parameters(self) -> dict[str, Any]:
+        return {**super()._hook_parameters, "api_type": "client_type"}
+
+
+class BakeImageOperator(PcflowAwsOperator):
+    """Ensure the stack's custom AMI; returns `{"image_id", "recipe_hash", "reused"}`.
+
+    Builder launch, bootstrap and CreateImage run in the worker; the wait for the image (the longest
+    part) is deferred to the triggerer. The builder is terminated on failure, on kill and at the end.
+    """
+
+    template_fields = (
+        *PcflowAwsOperator.template_fields, "stack", "pcluster_version", "subnet_id", "security_group_ids",
+        "instance_type", "base_image_id", "extra_inputs",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        stack: str,
+        pcluster_version: str,
+        bootstrap_script_path: str,
+        instance_profile: str,
+        subnet_id: str,
+        security_group_ids: Sequence[str] = (),
+        instance_type: str = "c5.xlarge",
+        base_image_id: str | None = None,
+        os: str = "alinux2023",
+        architecture: str = "x86_64",
+        extra_inputs: Mapping[str, Any] | None = None,
+        deferrable: bool = True,
+        waiter_delay: int = 30,
+        wait_for_ssm_agent: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.stack, self.pcluster_version = stack, pcluster_version
+        self.bootstrap_script_path, self.instance_profile = bootstrap_script_path, instance_profile
+        self.subnet_id, self.security_group_ids = subnet_id, security_group_ids
+        self.instance_type, self.base_image_id = instance_type, base_image_id
+        self.os, self.architecture, self.extra_inputs = os, architecture, extra_inputs
+        self.deferrable, self.waiter_delay, self.wait_for_ssm_agent = deferrable, waiter_delay, wait_for_ssm_agent
+        self._builder: str | None = None
+        self._bake: _Bake | None = None
+
+    def spec(self) -> AmiSpec:
+        return AmiSpec(
+            stack=self.stack, region=self.hook.region_name, pcluster_version=self.pcluster_version,
+            bootstrap_script=load_script(self.bootstrap_script_path), instance_profile=self.instance_profile,
+            subnet_id=self.subnet_id, security_group_ids=tuple(self.security_group_ids or ()),
+            instance_type=self.instance_type, base_image_id=self.base_image_id or None, os=self.os,
+            architecture=self.architecture, extra_inputs=dict(self.extra_inputs or {}),
+            wait_for_ssm_agent=self.wait_for_ssm_agent,
+        )  # fmt: skip
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        spec = self.spec()
+        if not self.deferrable:
+            return bake_image(self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay)
+        bake, found = prepare_bake(self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay)
+        self._bake = bake
+        if found and found["State"] == "available":
+            return {"image_id": found["ImageId"], "recipe_hash": bake.recipe, "reused": True}
+        try:
+            if found is None:
+                self._builder = bake.launch_builder()
+                bake.wait_running(self._builder)
+                bake.run_bootstrap(self._builder)
+                image_id = bake.create_image(self._builder)
+            else:
+                image_id = found["ImageId"]
+        except BaseException:
+            bake.terminate_builder(self._builder)
+            raise
+        self.defer(
+            trigger=ImageAvailableTrigger(image_id=image_id, waiter_delay=self.waiter_delay, **self.trigger_aws_kwargs),
+            method_name="execute_complete",
+            kwargs={"recipe": bake.recipe, "reused": found is not None},
+        )
+        raise AssertionError("unreachable: defer raises")  # pragma: no cover
+
+    def execute_complete(
+        self, context: Any, event: dict[str, Any] | None = None, recipe: str = "", reused: bool = False
+    ) -> dict[str, Any]:
+        spec = self.spec()
+        bake = _Bake(
+            self.ec2, self.client("ssm"), spec, recipe=recipe, base_image=spec.base_image_id or "",
+            waiter_delay=self.waiter_delay,
+        )  # fmt: skip
+        bake.terminate_builder(None)  # found by its recipe tag: the worker that launched it is gone
+        event = event or {}
+        if event.get("status") != "success":
+            raise RuntimeError(f"image {event.get('image_id')} did not become available: {event.get('message')}")
+        return {"image_id": event["image_id"], "recipe_hash": recipe, "reused": reused}
+
+    def on_kill(self) -> None:
+        if self._bake is not None:
+            self._bake.terminate_builder(self._builder)
