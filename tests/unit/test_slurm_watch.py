@@ -1,0 +1,85 @@
+"""When a waiter decides that a job is over, and how it reports it."""
+
+from __future__ import annotations
+
+from pcflow.slurm.states import JobInfo, JobState
+from pcflow.slurm.watch import JobWatch, LogCursor, Outcome, WatchPolicy
+
+
+def info(state: JobState, raw: str | None = None, **kw) -> JobInfo:
+    return JobInfo(job_id="9", state=state, raw_state=raw or str(state), **kw)
+
+
+def test_running_then_completed():
+    watch = JobWatch("9")
+    assert watch.assess(info(JobState.RUNNING), None, 0) is None
+    verdict = watch.assess(info(JobState.COMPLETED, exit_code=0), None, 5)
+    assert verdict.outcome is Outcome.SUCCESS and verdict.exit_code == 0
+
+
+def test_completing_with_marker_ends_without_waiting_for_epilogs():
+    watch = JobWatch("9")
+    marker = {"job_id": "9", "exit_code": 0, "restart": 0}
+    assert watch.assess(info(JobState.RUNNING, "COMPLETING"), marker, 0).outcome is Outcome.SUCCESS
+    failed = JobWatch("9").assess(info(JobState.RUNNING, "COMPLETING"), {**marker, "exit_code": 4}, 0)
+    assert failed.outcome is Outcome.FAILED and failed.exit_code == 4
+
+
+def test_marker_of_an_earlier_attempt_is_ignored():
+    old = {"job_id": "9", "exit_code": 143, "restart": 0, "signal": "TERM"}
+    assert JobWatch("9").assess(info(JobState.RUNNING, "COMPLETING", restarts=1), old, 0) is None
+
+
+def test_failures_name_their_cause():
+    cases = {
+        JobState.TIMEOUT: "time limit",
+        JobState.OUT_OF_MEMORY: "out of memory",
+        JobState.CANCELLED: "cancelled",
+        JobState.FAILED: "exit code 2",
+    }
+    for state, words in cases.items():
+        verdict = JobWatch("9").assess(info(state, exit_code=2), None, 0)
+        assert verdict.outcome is Outcome.FAILED and words in verdict.message, (state, verdict.message)
+
+
+def test_requeue_is_progress_until_too_many_restarts():
+    watch = JobWatch("9", WatchPolicy(max_restarts=2))
+    assert watch.assess(info(JobState.NODE_FAIL), None, 0) is None  # Slurm is about to requeue
+    assert watch.assess(info(JobState.PENDING, restarts=1), None, 1) is None
+    assert watch.assess(info(JobState.RUNNING, restarts=2), None, 2) is None
+    verdict = watch.assess(info(JobState.RUNNING, restarts=3), None, 3)
+    assert verdict.outcome is Outcome.TOO_MANY_RESTARTS and verdict.outcome.needs_cancel
+
+
+def test_interruption_without_requeue_fails_after_the_grace_period():
+    watch = JobWatch("9", WatchPolicy(interruption_grace=60))
+    assert watch.assess(info(JobState.PREEMPTED), None, 0) is None
+    assert watch.assess(info(JobState.PREEMPTED), None, 59) is None
+    verdict = watch.assess(info(JobState.PREEMPTED), None, 61)
+    assert verdict.outcome is Outcome.FAILED and "preempted" in verdict.message
+
+
+def test_pending_timeout_counts_from_first_pending_sight():
+    watch = JobWatch("9", WatchPolicy(pending_timeout=10))
+    assert watch.assess(info(JobState.PENDING, reason="Resources"), None, 100) is None
+    assert watch.assess(info(JobState.PENDING, reason="Resources"), None, 109) is None
+    verdict = watch.assess(info(JobState.PENDING, reason="Resources"), None, 111)
+    assert verdict.outcome is Outcome.PENDING_TIMEOUT and "Resources" in verdict.message
+
+
+def test_forgotten_job_is_judged_by_its_marker():
+    assert JobWatch("9").assess(None, {"job_id": "9", "exit_code": 0}, 0).outcome is Outcome.SUCCESS
+    assert JobWatch("9").assess(None, {"job_id": "9", "exit_code": 1}, 0).outcome is Outcome.FAILED
+    assert JobWatch("9").assess(None, {"job_id": "8", "exit_code": 0}, 0).outcome is Outcome.LOST
+    assert JobWatch("9").assess(None, None, 0).outcome is Outcome.LOST
+
+
+def test_log_cursor_delivers_whole_lines_once():
+    cursor = LogCursor(tail_size=3)
+    assert cursor.feed(b"a\nb") == ["a"]
+    assert cursor.feed(b"c\nd\n") == ["bc", "d"]
+    assert cursor.feed(b"") == []
+    assert cursor.feed("é\nlast".encode()) == ["é"]
+    assert cursor.flush() == ["last"] and cursor.flush() == []
+    assert cursor.offset == len("a\nbc\nd\né\nlast".encode())
+    assert list(cursor.tail) == ["d", "é", "last"]
