@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create (or confirm) the training payload's virtual environment, as a baked AMI would hold it.
+#
+#   include/payloads/install-payload-env.sh <venv-dir> [requirements.txt]
+#
+# Uses pip (not uv) so that a wheel already on the machine (the local CPU build of torch) is what gets
+# installed. Idempotent: a stamp file in the venv records the hash of the requirements and the base
+# interpreter; when both match, the script exits at once without touching anything. A half-built
+# venv (no stamp) is rebuilt from scratch. PAYLOAD_PYTHON picks the base interpreter (default python3.11,
+# then python3).
+set -euo pipefail
+
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  echo "usage: $0 <venv-dir> [requirements.txt]" >&2
+  exit 2
+fi
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+venv=$1
+requirements=${2:-$here/simclr/requirements.txt}
+base=${PAYLOAD_PYTHON:-$(command -v python3.11 || command -v python3)}
+stamp="$venv/.pcflow-payload-stamp"
+
+want="$(sha256sum < "$requirements" | cut -d' ' -f1) $(readlink -f "$base")"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
+  echo "payload env $venv is up to date"
+  exit 0
+fi
+
+echo "building payload env $venv from $requirements with $base"
+rm -rf "$venv"
+"$base" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --requirement "$requirements"
+# Fail here, not in the first training job, if the environment cannot do what the payload needs.
+"$venv/bin/python" -c 'import numpy, PIL, torch, torch.distributed as dist; assert dist.is_available()'
+printf '%s\n' "$want" > "$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
+echo "payload env $venv ready (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'))"
