@@ -4,10 +4,16 @@ Built on the SSH provider's `SSHHook` (paramiko), so host keys, key files and pr
 Airflow connection as usual. Two connection extras are pcflow's own:
 `shared_root` (a directory every node sees, e.g. `/fsx` on ParallelCluster) and `slurm_bin`
 (where sbatch & co. live when they are not on a non-login shell's PATH, e.g. `/opt/slurm/bin`).
+
+A cluster pcflow created itself has an address and a host key known only at run time: both can be
+passed over the connection's (`remote_host`, `host_key`), so the key is still pinned, never trusted
+on first use.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import posixpath
 import shlex
 import stat
@@ -18,7 +24,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import paramiko
-from airflow.providers.ssh.hooks.ssh import SSHHook
+from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 from airflow.sdk import BaseHook
 
 from pcflow.slurm import queries
@@ -60,6 +66,30 @@ def quote_command(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
 
+def parse_host_key(text: str) -> paramiko.PKey:
+    """`ssh-ed25519 AAAA...` (as in known_hosts or cloud-init's console output) -> a paramiko key."""
+    parts = text.split()
+    if len(parts) < 2:
+        raise ValueError(f"a host key is '<type> <base64>', got {text!r}")
+    try:
+        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1], validate=True))
+    except (binascii.Error, paramiko.SSHException, ValueError) as exc:
+        raise ValueError(f"unreadable SSH host key {text[:40]!r}...: {exc}") from exc
+
+
+class PinnedSSHHookAsync(SSHHookAsync):
+    """The provider's async hook, with a host key given at run time taking the connection's place."""
+
+    def __init__(self, *args: Any, host_key: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pinned_host_key = " ".join(host_key.split()[:2]) if host_key else None
+
+    def _parse_extras(self, conn: Any) -> None:
+        super()._parse_extras(conn)
+        if self.pinned_host_key:
+            self.known_hosts = f"{self.host or conn.host} {self.pinned_host_key}".encode()
+
+
 def host_key_message(conn_id: str, exc: paramiko.BadHostKeyException) -> str:
     return (
         f"The SSH host key of {exc.hostname} does not match the key pinned in connection {conn_id!r} "
@@ -81,12 +111,16 @@ class SlurmHook(BaseHook):
         self,
         ssh_conn_id: str = default_conn_name,
         *,
+        remote_host: str | None = None,
+        host_key: str | None = None,
         command_timeout: float = 120,
         connect_attempts: int = 3,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.ssh_conn_id = ssh_conn_id
+        self.remote_host = remote_host
+        self.host_key = host_key
         self.command_timeout = command_timeout
         self.connect_attempts = connect_attempts
         self._client: paramiko.SSHClient | None = None
@@ -94,9 +128,16 @@ class SlurmHook(BaseHook):
 
     @cached_property
     def ssh_hook(self) -> SSHHook:
-        return SSHHook(
-            ssh_conn_id=self.ssh_conn_id, cmd_timeout=self.command_timeout, conn_retry_attempts=self.connect_attempts
+        hook = SSHHook(
+            ssh_conn_id=self.ssh_conn_id,
+            remote_host=self.remote_host or "",
+            cmd_timeout=self.command_timeout,
+            conn_retry_attempts=self.connect_attempts,
         )
+        if self.host_key:
+            hook.host_key = parse_host_key(self.host_key)
+            hook.no_host_key_check = False
+        return hook
 
     @cached_property
     def extras(self) -> dict[str, Any]:

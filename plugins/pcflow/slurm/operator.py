@@ -45,6 +45,8 @@ class SlurmJobOperator(BaseOperator):
     :param env: environment variables for the job.
     :param python: interpreter on the cluster for torchrun/vissl (a baked venv's python).
     :param ssh_conn_id: SSH connection to the head node (extras: shared_root, slurm_bin).
+    :param remote_host: head node address overriding the connection's (a cluster made by this run).
+    :param host_key: that head node's pinned host key, `<type> <base64>`.
     :param shared_root: a directory all nodes see; defaults to the connection's `shared_root` extra.
     :param pending_timeout: seconds a job may stay pending before pcflow cancels it and fails.
     :param max_restarts: Slurm requeues (node failure, preemption) tolerated before pcflow gives up.
@@ -59,6 +61,8 @@ class SlurmJobOperator(BaseOperator):
         "env",
         "python",
         "shared_root",
+        "remote_host",
+        "host_key",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -73,6 +77,8 @@ class SlurmJobOperator(BaseOperator):
         env: dict[str, str] | None = None,
         python: str = "python3",
         ssh_conn_id: str = SlurmHook.default_conn_name,
+        remote_host: str | None = None,
+        host_key: str | None = None,
         shared_root: str | None = None,
         poll_interval: float = 1.0,
         confirm_interval: float = 30.0,
@@ -89,6 +95,8 @@ class SlurmJobOperator(BaseOperator):
         self.env = env or {}
         self.python = python
         self.ssh_conn_id = ssh_conn_id
+        self.remote_host = remote_host
+        self.host_key = host_key
         self.shared_root = shared_root
         self.poll_interval = poll_interval
         self.confirm_interval = confirm_interval
@@ -99,7 +107,9 @@ class SlurmJobOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> SlurmHook:
-        return SlurmHook(ssh_conn_id=self.ssh_conn_id)
+        return SlurmHook(
+            ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
+        )
 
     def job_spec(self) -> JobSpec:
         """The validated spec; bad input fails the task for good (a retry would not fix it)."""
@@ -182,6 +192,8 @@ class SlurmJobOperator(BaseOperator):
 
         trigger = SlurmJobTrigger(
             ssh_conn_id=self.ssh_conn_id,
+            remote_host=self.hook.remote_host,
+            host_key=self.hook.host_key,
             job_id=self.job_id,
             run_dir=run_dir.root,
             log_offset=log_offset,

@@ -18,11 +18,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncssh
-from airflow.providers.ssh.hooks.ssh import SSHHookAsync
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.slurm import queries
-from pcflow.slurm.hook import quote_command
+from pcflow.slurm.hook import PinnedSSHHookAsync, quote_command
 from pcflow.slurm.watch import JobWatch, LogCursor, Verdict, WatchPolicy, marker_matches
 
 CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
@@ -37,6 +36,8 @@ class SlurmJobTrigger(BaseTrigger):
         self,
         *,
         ssh_conn_id: str,
+        remote_host: str | None = None,
+        host_key: str | None = None,
         job_id: str,
         run_dir: str,
         log_offset: int = 0,
@@ -48,6 +49,8 @@ class SlurmJobTrigger(BaseTrigger):
     ) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
+        self.remote_host = remote_host
+        self.host_key = host_key
         self.job_id = job_id
         self.run_dir = run_dir
         self.log_offset = log_offset
@@ -63,6 +66,8 @@ class SlurmJobTrigger(BaseTrigger):
             f"{type(self).__module__}.{type(self).__qualname__}",
             {
                 "ssh_conn_id": self.ssh_conn_id,
+                "remote_host": self.remote_host,
+                "host_key": self.host_key,
                 "job_id": self.job_id,
                 "run_dir": self.run_dir,
                 "log_offset": self.log_offset,
@@ -77,7 +82,8 @@ class SlurmJobTrigger(BaseTrigger):
     # -- remote access -------------------------------------------------------------------------
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
-        return await SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn()
+        hook = PinnedSSHHookAsync(ssh_conn_id=self.ssh_conn_id, host=self.remote_host, host_key=self.host_key)
+        return await hook.get_conn()
 
     async def _run(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> str:
         if self.slurm_bin and argv[0] in ("squeue", "sacct", "scontrol", "scancel"):

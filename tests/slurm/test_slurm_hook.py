@@ -1,0 +1,64 @@
+"""Reaching a head node whose address and host key are known only at run time (a new cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncssh
+import pytest
+
+from pcflow.slurm.hook import PinnedSSHHookAsync, SlurmConnectionError, SlurmHook, parse_host_key
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture
+def unpinned_connection(local_stack, monkeypatch) -> tuple[str, str]:
+    """A connection like one made for ParallelCluster: login and key, no host and no host key."""
+    conn = json.loads(local_stack.env["AIRFLOW_CONN_SLURM_DEFAULT"])
+    real_key = conn["extra"].pop("host_key")
+    conn["host"] = "203.0.113.1"  # documentation range: must be overridden to work at all
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_DYNAMIC", json.dumps(conn))
+    return "slurm_dynamic", real_key
+
+
+def test_runtime_host_and_key_override_the_connection(unpinned_connection):
+    conn_id, real_key = unpinned_connection
+    hook = SlurmHook(conn_id, remote_host="127.0.0.1", host_key=real_key, connect_attempts=1)
+    assert hook.run(["echo", "pinned"]).stdout == "pinned\n"
+    hook.close()
+
+
+def test_runtime_key_mismatch_is_refused(unpinned_connection, local_stack):
+    conn_id, _ = unpinned_connection
+    wrong = (local_stack.state_dir / "ssh" / "id_ed25519.pub").read_text()
+    with pytest.raises(SlurmConnectionError, match="does not match the key pinned"):
+        SlurmHook(conn_id, remote_host="127.0.0.1", host_key=wrong, connect_attempts=1).run(["true"])
+
+
+def test_no_key_at_all_is_refused_not_trusted_on_first_use(unpinned_connection):
+    conn_id, _ = unpinned_connection
+    with pytest.raises(SlurmConnectionError):
+        SlurmHook(conn_id, remote_host="127.0.0.1", connect_attempts=1).run(["true"])
+
+
+def test_async_hook_pins_the_runtime_key(unpinned_connection, local_stack):
+    conn_id, real_key = unpinned_connection
+    wrong = (local_stack.state_dir / "ssh" / "id_ed25519.pub").read_text()
+
+    async def connect(key: str) -> str:
+        conn = await PinnedSSHHookAsync(ssh_conn_id=conn_id, host="127.0.0.1", host_key=key).get_conn()
+        async with conn:
+            return (await conn.run("echo async", check=True)).stdout
+
+    assert asyncio.run(connect(real_key)) == "async\n"
+    with pytest.raises(asyncssh.HostKeyNotVerifiable):
+        asyncio.run(connect(wrong))
+
+
+def test_parse_host_key_refuses_garbage():
+    with pytest.raises(ValueError, match="<type> <base64>"):
+        parse_host_key("AAAA")
+    with pytest.raises(ValueError, match="unreadable"):
+        parse_host_key("ssh-ed25519 not-base64!")
