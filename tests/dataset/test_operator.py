@@ -86,6 +86,7 @@ def test_fsx_import_of_a_linked_file_system_against_moto(s3, bucket, digits, sta
             stack=stack_name,
             partition=f"v{uuid.uuid4().hex[:4]}",
             fsx_file_system_id=fs,
+            mode="shard",
             botocore_config={"retries": {"mode": "standard", "max_attempts": 1}},
         ).execute(context())
     finally:
