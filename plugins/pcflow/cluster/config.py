@@ -1,0 +1,92 @@
+"""Render a ParallelCluster config from a `ClusterSpec`, and the hash that identifies it.
+
+The Jinja template (`include/cluster/<template>.yaml.j2`) emits every value through `tojson`; the result
+is parsed back with `yaml.safe_load`, `extra_config` is deep-merged, and the document is dumped with
+`yaml.safe_dump`. So user values never become YAML structure, and the text is deterministic.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import jinja2
+import yaml
+
+from pcflow.cluster.spec import ClusterSpec
+from pcflow.naming import digest
+from pcflow.paths import include_dir
+
+DEFAULT_TEMPLATE = "gpu-training.yaml.j2"
+TAG_CONFIG_HASH = "pcflow:config-hash"
+CONFIG_HASH_LEN = 16
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(include_dir() / "cluster")),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # YAML, not HTML; values are escaped by `tojson`
+        keep_trailing_newline=True,
+    )
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Mappings merged key by key; anything else (lists included) in `override` replaces."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def s3_uri(bucket: str, prefix: str) -> str:
+    return f"s3://{bucket}/{prefix.strip('/')}" if prefix.strip("/") else f"s3://{bucket}"
+
+
+@dataclass(frozen=True)
+class RenderedConfig:
+    """The config document (YAML text), its parsed form, and the hash of everything but its tags."""
+
+    text: str
+    document: dict[str, Any]
+    config_hash: str
+
+
+def config_hash(document: Mapping[str, Any]) -> str:
+    """Identity of a cluster config: tags are excluded (their expiry label changes on every render)."""
+    return digest({k: v for k, v in document.items() if k != "Tags"}, length=CONFIG_HASH_LEN)
+
+
+def render_config(
+    spec: ClusterSpec,
+    *,
+    efa: bool = False,
+    tags: Mapping[str, str] | None = None,
+    template: str = DEFAULT_TEMPLATE,
+) -> RenderedConfig:
+    """The ParallelCluster YAML for `spec`; `tags` (e.g. `naming.standard_tags`) plus the spec's own tags
+    and the config-hash tag go on the cluster's CloudFormation stack and everything in it."""
+    data_path = export_path = None
+    if spec.fsx is not None and spec.s3_bucket:
+        data_path = s3_uri(spec.s3_bucket, spec.s3_prefix)
+        export_path = s3_uri(spec.s3_bucket, spec.fsx.export_prefix) if spec.fsx.export_prefix else data_path
+    body = (
+        _environment()
+        .get_template(template)
+        .render(s=spec, efa=efa, data_repository_path=data_path, export_path=export_path, tags={})
+    )
+    document = yaml.safe_load(body)
+    if spec.extra_config:
+        document = deep_merge(document, spec.extra_config)
+    digest_value = config_hash(document)
+    all_tags = {**dict(tags or {}), **spec.tags, TAG_CONFIG_HASH: digest_value}
+    document["Tags"] = [{"Key": k, "Value": v} for k, v in all_tags.items()]
+    text = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+    return RenderedConfig(text=text, document=document, config_hash=digest_value)

@@ -1,0 +1,304 @@
+"""The ParallelCluster provider: validate (dry run), ensure (describe, adopt, refuse, update or create),
+diagnose a failed creation, delete (optionally exporting FSx to S3 first).
+
+The waits are not here: operators defer on the cluster's CloudFormation stack (`triggers.py`), the plain
+functions block on the same botocore waiters. Every decision is made from `describe-cluster`, so a retry
+after a crash lands on the same branch.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pcflow.cluster.config import TAG_CONFIG_HASH, RenderedConfig, render_config
+from pcflow.cluster.info import ClusterInfo, Partition
+from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError
+from pcflow.cluster.spec import ClusterSpec, check_instance_type
+from pcflow.naming import Component, resource_name, standard_tags
+
+log = logging.getLogger(__name__)
+
+HOST_KEYS_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
+HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"
+HOST_KEY_PREFERENCE = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")
+READY = frozenset({"CREATE_COMPLETE", "UPDATE_COMPLETE"})
+IN_PROGRESS = frozenset({"CREATE_IN_PROGRESS", "UPDATE_IN_PROGRESS"})
+FAILED = frozenset({"CREATE_FAILED", "UPDATE_FAILED", "DELETE_FAILED", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED"})
+BOOTSTRAP_LOG_RE = re.compile(r"error|fail|cfn-init|cloud-init.*(warn|error)|chef|bootstrap", re.IGNORECASE)
+MAX_DIAGNOSTIC_LINES = 40
+
+
+class ClusterMismatch(RuntimeError):
+    """A cluster with this name exists with another configuration."""
+
+
+class ClusterCreateFailed(RuntimeError):
+    """Creation failed; the message carries the failure codes, stack events and bootstrap log lines."""
+
+
+class ClusterBusy(RuntimeError):
+    """The cluster is in a state that allows no action now (e.g. being deleted)."""
+
+
+class HostKeyUnavailable(RuntimeError):
+    """The head node's SSH host key is not (yet) in its console output."""
+
+
+def default_cluster_name(stack: str, *parts: str) -> str:
+    """`pcflow-<stack>-cluster[-parts]`, at most 40 characters (fits the Slurm-accounting limit too)."""
+    return resource_name(stack, Component.CLUSTER, *parts, max_len=40)
+
+
+def describe_tags(described: Mapping[str, Any]) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in described.get("tags") or ()}
+
+
+def host_key_from_console(text: str) -> str | None:
+    """`<type> <base64>` of the preferred key cloud-init printed between the SSH HOST KEY KEYS markers."""
+    if HOST_KEYS_BEGIN not in text:
+        return None
+    block = text.split(HOST_KEYS_BEGIN, 1)[1].split(HOST_KEYS_END, 1)[0]
+    keys = {}
+    for line in block.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] in HOST_KEY_PREFERENCE:
+            keys.setdefault(fields[0], f"{fields[0]} {fields[1]}")
+    return next((keys[t] for t in HOST_KEY_PREFERENCE if t in keys), None)
+
+
+def console_text(ec2: Any, instance_id: str) -> str:
+    """The instance's console output; AWS returns base64, some emulators plain text."""
+    output = ec2.get_console_output(InstanceId=instance_id).get("Output") or ""
+    try:
+        decoded = base64.b64decode(output, validate=True).decode(errors="replace")
+    except (binascii.Error, ValueError):
+        return output
+    return decoded
+
+
+@dataclass(frozen=True)
+class EnsureStep:
+    """What `ParallelClusterProvider.start` decided: `ready` (adopt now) or `wait` for `waiter` on `stack`."""
+
+    action: str  # created | updating | adopted | waiting
+    cluster_name: str
+    stack_name: str
+    waiter: str | None  # stack_create_complete | stack_update_complete | None (ready)
+    config_hash: str
+
+
+class ParallelClusterProvider:
+    """ParallelCluster through `ParallelClusterHook`; `clients(service)` gives retrying boto3 clients."""
+
+    name = "parallelcluster"
+
+    def __init__(
+        self,
+        *,
+        hook: ParallelClusterHook,
+        clients: Any,
+        ssh_conn_id: str = "pcluster_default",
+        suppress_validators: Sequence[str] = (),
+        require_host_key: bool = True,
+    ):
+        self.hook = hook
+        self.clients = clients
+        self.ssh_conn_id = ssh_conn_id
+        self.suppress_validators = tuple(suppress_validators)
+        self.require_host_key = require_host_key
+
+    # -- validate ---------------------------------------------------------------------------
+
+    def render(
+        self, spec: ClusterSpec, *, stack: str, run: str | None = None, ttl: dt.timedelta | None = None
+    ) -> RenderedConfig:
+        """Checks the instance type with EC2 (GPUs, EFA) and renders the config with the standard tags."""
+        facts = check_instance_type(
+            self.clients("ec2"), spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa
+        )
+        efa = facts["efa_supported"] if spec.efa is None else spec.efa
+        tags = standard_tags(stack=stack, component=Component.CLUSTER, run=run, ttl=ttl)
+        return render_config(spec, efa=efa, tags=tags)
+
+    def validate(self, spec: ClusterSpec, rendered: RenderedConfig) -> dict[str, Any]:
+        """`create-cluster --dryrun true`: ParallelCluster's own validators, nothing created."""
+        answer = self.hook.create_cluster(
+            spec.name, rendered.text, dryrun=True, suppress_validators=self.suppress_validators
+        )
+        messages = answer.get("validationMessages", [])
+        for message in messages:
+            log.warning("pcluster %s %s: %s", message.get("level"), message.get("type"), message.get("message"))
+        return {
+            "provider": self.name,
+            "cluster_name": spec.name,
+            "config_hash": rendered.config_hash,
+            "config": rendered.text,
+            "validation_messages": messages,
+            "suppressed_validators": list(self.suppress_validators),
+        }
+
+    # -- ensure -----------------------------------------------------------------------------
+
+    def start(self, spec: ClusterSpec, rendered: RenderedConfig) -> EnsureStep:
+        """Describe first; adopt a matching cluster, refuse (or update) a different one, else create."""
+        name = spec.name
+        described = self.hook.describe_cluster(name)
+        if described is None:
+            answer = self.hook.create_cluster(
+                name, rendered.text, rollback_on_failure=False, suppress_validators=self.suppress_validators
+            )
+            log.info("creating cluster %s: %s", name, (answer.get("cluster") or {}).get("clusterStatus"))
+            return EnsureStep("created", name, name, "stack_create_complete", rendered.config_hash)
+        status = described.get("clusterStatus", "")
+        found_hash = describe_tags(described).get(TAG_CONFIG_HASH)
+        if status.startswith("DELETE"):
+            raise ClusterBusy(
+                f"cluster {name} is {status}: wait for the deletion to finish (or pick another cluster name) and retry"
+            )
+        if status in FAILED:
+            raise ClusterCreateFailed(self.diagnose(name, described))
+        if found_hash != rendered.config_hash:
+            return self._update_or_refuse(spec, rendered, described, found_hash)
+        if status in IN_PROGRESS:
+            waiter = "stack_update_complete" if status.startswith("UPDATE") else "stack_create_complete"
+            return EnsureStep("waiting", name, name, waiter, rendered.config_hash)
+        return EnsureStep("adopted", name, name, None, rendered.config_hash)
+
+    def _update_or_refuse(
+        self, spec: ClusterSpec, rendered: RenderedConfig, described: Mapping[str, Any], found_hash: str | None
+    ) -> EnsureStep:
+        name = spec.name
+        if not spec.allow_updates:
+            found = found_hash or "none: not made by pcflow"
+            raise ClusterMismatch(
+                f"cluster {name} exists with another configuration (config hash {found}, this spec "
+                f"{rendered.config_hash}). pcflow will not change it: use another cluster name, "
+                "delete the cluster, or set allow_updates=true to update it in place when the change allows"
+            )
+        if described.get("clusterStatus") not in READY:
+            raise ClusterBusy(f"cluster {name} is {described.get('clusterStatus')}: it can be updated only when ready")
+        try:
+            self.hook.update_cluster(name, rendered.text, dryrun=True, suppress_validators=self.suppress_validators)
+        except PclusterError as error:
+            if not error.pcluster_message.startswith("Request would have succeeded"):
+                raise ClusterMismatch(
+                    f"cluster {name} has another configuration and ParallelCluster cannot update it in place: "
+                    f"{error}. Delete the cluster (or stop its compute fleet if the change needs it) and retry"
+                ) from error
+        self.hook.update_cluster(name, rendered.text, suppress_validators=self.suppress_validators)
+        return EnsureStep("updating", name, name, "stack_update_complete", rendered.config_hash)
+
+    def finish(self, spec: ClusterSpec, step_action: str = "adopted") -> ClusterInfo:
+        """After the wait: the cluster is ready, or its failure is diagnosed and raised."""
+        name = spec.name
+        described = self.hook.describe_cluster(name)
+        if described is None:
+            raise ClusterCreateFailed(f"cluster {name} disappeared while pcflow waited for it; run the task again")
+        status = described.get("clusterStatus", "")
+        if status not in READY:
+            raise ClusterCreateFailed(self.diagnose(name, described))
+        head = described.get("headNode") or {}
+        address = head.get("publicIpAddress") or head.get("privateIpAddress")
+        host_key = self.head_node_host_key(head.get("instanceId"))
+        return ClusterInfo(
+            provider=self.name,
+            name=name,
+            head_node_address=address,
+            head_node_host_key=host_key,
+            ssh_conn_id=self.ssh_conn_id,
+            shared_root=spec.effective_shared_root,
+            mounts=tuple(spec.mounts),
+            partitions=(Partition(spec.queue_name, "up", spec.max_count, spec.max_count, 0),),
+            config_hash=describe_tags(described).get(TAG_CONFIG_HASH),
+            status=status,
+            adopted=step_action == "adopted",
+        )
+
+    def head_node_host_key(self, instance_id: str | None) -> str | None:
+        key = host_key_from_console(console_text(self.clients("ec2"), instance_id)) if instance_id else None
+        if key is None and self.require_host_key:
+            raise HostKeyUnavailable(
+                f"the head node {instance_id}'s SSH host key is not in its console output yet (cloud-init prints it "
+                "between '-----BEGIN SSH HOST KEY KEYS-----' markers a few minutes after boot): retry the task "
+                "later; pcflow never trusts a host key on first use"
+            )
+        return key
+
+    def diagnose(self, name: str, described: Mapping[str, Any]) -> str:
+        """ParallelCluster's failure codes, the failed stack events, the head node's bootstrap log lines."""
+        stack_status = described.get("cloudFormationStackStatus")
+        lines = [f"cluster {name} is {described.get('clusterStatus')} (stack {stack_status})"]
+        for failure in described.get("failures") or ():
+            lines.append(f"failure {failure.get('failureCode')}: {failure.get('failureReason')}")
+        cfn = self.clients("cloudformation")
+        try:
+            events = cfn.describe_stack_events(StackName=name).get("StackEvents", [])
+        except Exception as error:  # the diagnosis must not hide the failure it explains
+            events = []
+            lines.append(f"(stack events unavailable: {error})")
+        for event in events:
+            if str(event.get("ResourceStatus", "")).endswith("FAILED"):
+                lines.append(
+                    f"stack event {event.get('LogicalResourceId')} {event.get('ResourceType')} "
+                    f"{event.get('ResourceStatus')}: {event.get('ResourceStatusReason', '')}"
+                )
+        instance_id = (described.get("headNode") or {}).get("instanceId")
+        if instance_id:
+            try:
+                text = console_text(self.clients("ec2"), instance_id)
+            except Exception as error:
+                text = ""
+                lines.append(f"(head node console output unavailable: {error})")
+            bootstrap = [line for line in text.splitlines() if BOOTSTRAP_LOG_RE.search(line)]
+            if bootstrap:
+                lines.append(f"head node {instance_id} bootstrap log (console output):")
+                lines += [f"  {line}" for line in bootstrap[-MAX_DIAGNOSTIC_LINES:]]
+        lines.append(
+            "The cluster was created with rollback disabled, so its resources are kept for diagnosis: fix the "
+            "cause, then delete the cluster (DeleteClusterOperator or `pcluster delete-cluster`) and run again"
+        )
+        return "\n".join(lines)
+
+    # -- delete -----------------------------------------------------------------------------
+
+    def file_system_ids(self, name: str) -> list[str]:
+        cfn = self.clients("cloudformation")
+        resources = cfn.describe_stack_resources(StackName=name).get("StackResources", [])
+        return [r["PhysicalResourceId"] for r in resources if r.get("ResourceType") == "AWS::FSx::FileSystem"]
+
+    def start_delete(self, name: str, *, export_fsx: bool = False, task_key: str | None = None) -> dict[str, Any]:
+        """Export FSx (when asked), then `delete-cluster`. Returns what happened and the stack to wait for."""
+        described = self.hook.describe_cluster(name)
+        if described is None:
+            log.info("cluster %s does not exist: nothing to delete", name)
+            return {"cluster_name": name, "deleted": False, "wait": False, "exports": []}
+        exports = []
+        if export_fsx and not str(described.get("clusterStatus", "")).startswith("DELETE"):
+            exports = self.export_file_systems(name, task_key=task_key or f"{name}/export-before-delete")
+        self.hook.delete_cluster(name)
+        return {"cluster_name": name, "deleted": True, "wait": True, "exports": exports}
+
+    def export_file_systems(self, name: str, *, task_key: str) -> list[dict[str, Any]]:
+        from pcflow.aws.clients import wait_logged
+        from pcflow.aws.storage import FsxHook, data_repository_task_result, start_data_repository_task
+
+        fsx = self.clients("fsx")
+        results = []
+        for fs_id in self.file_system_ids(name):
+            task_id = start_data_repository_task(fsx, file_system_id=fs_id, task_type="export", task_key=task_key)
+            log.info("exporting FSx %s to S3 before deleting cluster %s (task %s)", fs_id, name, task_id)
+            wait_logged(
+                FsxHook().get_waiter("DataRepositoryTaskComplete", client=fsx),
+                {"TaskIds": [task_id]},
+                what=f"FSx export {task_id}",
+                status_args=["DataRepositoryTasks[0].Lifecycle"],
+            )
+            results.append(data_repository_task_result(fsx, task_id))
+        return results

@@ -1,0 +1,224 @@
+"""What a ParallelCluster cluster is made from: one validated model, refused before anything is created.
+
+The checks that need no AWS call happen on construction (names, counts, FSx sizes); the instance-type
+check (`check_instance_type`) asks EC2 `DescribeInstanceTypes`, so a GPU queue of a CPU-only type is
+refused by the validate task, before the network, AMI or dataset stages spend anything.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pcflow.aws.clients import error_code, validate_region
+from pcflow.naming import AWS_TAG_VALUE_RE
+
+#: ParallelCluster's own rule (`pcluster create-cluster` answers "does not match '^[a-zA-Z][a-zA-Z0-9-]+$'").
+CLUSTER_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]+$")
+CLUSTER_NAME_MAX = 60
+#: With Slurm accounting the limit is lower (the name becomes part of the accounting database's cluster name).
+CLUSTER_NAME_MAX_ACCOUNTING = 40
+OS_CHOICES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9")
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,24}$")  # queue / compute resource / storage names
+
+
+class ClusterSpecError(ValueError):
+    """The cluster spec is invalid; the message names the field and what to change."""
+
+
+def validate_cluster_name(name: str, *, slurm_accounting: bool = False) -> str:
+    limit = CLUSTER_NAME_MAX_ACCOUNTING if slurm_accounting else CLUSTER_NAME_MAX
+    if not isinstance(name, str) or not CLUSTER_NAME_RE.match(name):
+        raise ClusterSpecError(
+            f"invalid cluster name {name!r}: ParallelCluster names start with a letter and contain only "
+            "letters, digits and hyphens (for example 'pcflow-research-cluster')"
+        )
+    if len(name) > limit:
+        why = " with Slurm accounting" if slurm_accounting else ""
+        raise ClusterSpecError(
+            f"cluster name {name!r} has {len(name)} characters; ParallelCluster allows at most {limit}{why}: "
+            "choose a shorter stack or cluster name"
+        )
+    return name
+
+
+class FsxSpec(BaseModel):
+    """FSx for Lustre linked to the dataset's S3 prefix (SCRATCH_2: import/export paths; PERSISTENT_2: a DRA)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"] = "SCRATCH_2"
+    storage_capacity_gib: int = Field(1200, ge=1200)
+    per_unit_storage_throughput: Literal[125, 250, 500, 1000] = 125
+    mount_dir: str = "/fsx"
+    name: str = "fsx"
+    association_name: str = "dataset"
+    file_system_path: str = "/"
+    export_prefix: str | None = None  # SCRATCH_2 ExportPath under the bucket; default: the import prefix
+    deletion_policy: Literal["Delete", "Retain"] = "Delete"
+    export_before_delete: bool = False
+
+    @field_validator("mount_dir", "file_system_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or ".." in value.split("/") or not re.fullmatch(r"[\w/.-]+", value):
+            raise ValueError(f"{value!r} must be an absolute path of letters, digits, '/', '.', '_', '-'")
+        return value
+
+    @model_validator(mode="after")
+    def _capacity(self) -> FsxSpec:
+        # FSx for Lustre: SCRATCH_2 and PERSISTENT_2 grow in steps of 2400 GiB after the first 1200.
+        if self.storage_capacity_gib != 1200 and self.storage_capacity_gib % 2400:
+            raise ValueError(
+                f"storage_capacity_gib {self.storage_capacity_gib} is not a size FSx for Lustre offers: use 1200 "
+                "or a multiple of 2400"
+            )
+        return self
+
+
+class ClusterSpec(BaseModel):
+    """The inputs of `include/cluster/gpu-training.yaml.j2`; unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    region: str
+    os: Literal[OS_CHOICES] = "ubuntu2204"  # type: ignore[valid-type]
+    custom_ami: str | None = Field(None, pattern=r"^ami-[0-9a-f]{8,17}$")
+    key_name: str = Field(min_length=1, max_length=255)
+    head_node_instance_type: str = "c5.xlarge"
+    head_node_root_volume_gib: int = Field(100, ge=40, le=16384)
+    head_subnet_id: str = Field(pattern=r"^subnet-[0-9a-f]{8,17}$")
+    compute_subnet_ids: tuple[str, ...] = ()
+    head_security_group_ids: tuple[str, ...] = ()
+    compute_security_group_ids: tuple[str, ...] = ()
+    ssh_allowed_ips: str | None = None
+    queue_name: str = "gpu"
+    compute_resource_name: str = "gpu"
+    instance_type: str = "g5.xlarge"
+    capacity_type: Literal["ONDEMAND", "SPOT"] = "ONDEMAND"
+    min_count: int = Field(0, ge=0)
+    max_count: int = Field(1, ge=1, le=1000)
+    job_nodes: int = Field(1, ge=1)
+    gpus_required: bool = True
+    placement_group: bool = False
+    efa: bool | None = None  # None: enabled when the instance type supports it
+    scaledown_idletime_minutes: int = Field(10, ge=1)
+    slurm_accounting: bool = False
+    s3_bucket: str | None = None
+    s3_prefix: str = ""
+    fsx: FsxSpec | None = None
+    tags: dict[str, str] = Field(default_factory=dict)
+    #: Settings the template does not cover, deep-merged into the rendered config (ParallelCluster's
+    #: schema validates them in the dry run).
+    extra_config: dict[str, Any] = Field(default_factory=dict)
+    allow_updates: bool = False
+    shared_root: str | None = None  # where jobs keep their files; default: the FSx mount, else /home
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return validate_cluster_name(value)
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        return validate_region(value)
+
+    @field_validator("queue_name", "compute_resource_name")
+    @classmethod
+    def _short_name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(f"{value!r}: use up to 25 lower-case letters, digits and hyphens, starting with a letter")
+        return value
+
+    @field_validator("compute_subnet_ids", "head_security_group_ids", "compute_security_group_ids", mode="before")
+    @classmethod
+    def _list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(f"must be a list, not the string {value!r}")
+        return value
+
+    @field_validator("s3_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        return value.strip("/")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, tag_value in value.items():
+            if not key or len(key) > 128 or not AWS_TAG_VALUE_RE.match(tag_value):
+                raise ValueError(f"tag {key}={tag_value!r} is not a valid AWS tag")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterSpec:
+        validate_cluster_name(self.name, slurm_accounting=self.slurm_accounting)
+        if self.max_count < self.job_nodes:
+            raise ValueError(
+                f"max_count {self.max_count} is below the job's {self.job_nodes} node(s): the job could never "
+                f"start; raise max_count to at least {self.job_nodes}"
+            )
+        if self.min_count > self.max_count:
+            raise ValueError(f"min_count {self.min_count} is above max_count {self.max_count}")
+        if self.fsx is not None and not self.s3_bucket:
+            raise ValueError("fsx needs s3_bucket (and s3_prefix): the file system is linked to the dataset in S3")
+        for sid in self.compute_subnet_ids:
+            if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", sid):
+                raise ValueError(f"compute_subnet_ids: {sid!r} is not a subnet id")
+        return self
+
+    @property
+    def compute_subnets(self) -> tuple[str, ...]:
+        return self.compute_subnet_ids or (self.head_subnet_id,)
+
+    @property
+    def mounts(self) -> list[str]:
+        return [self.fsx.mount_dir] if self.fsx else []
+
+    @property
+    def effective_shared_root(self) -> str:
+        return self.shared_root or (self.fsx.mount_dir if self.fsx else "/home")
+
+    @classmethod
+    def parse(cls, values: Any) -> ClusterSpec:
+        """From a DAG param / spec section; pydantic's errors become one readable `ClusterSpecError`."""
+        if isinstance(values, ClusterSpec):
+            return values
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in error.errors()
+            )
+            raise ClusterSpecError(f"invalid cluster spec: {problems}") from None
+
+
+def check_instance_type(ec2: Any, instance_type: str, *, gpus_required: bool, efa: bool | None) -> dict[str, Any]:
+    """What EC2 says about the instance type: GPU count and EFA support; refuses a CPU type for a GPU queue."""
+    try:
+        found = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+    except Exception as error:
+        if error_code(error) == "InvalidInstanceType":
+            raise ClusterSpecError(
+                f"instance type {instance_type!r} does not exist in this region (EC2 DescribeInstanceTypes): "
+                "check the spelling and the region"
+            ) from None
+        raise
+    if not found:
+        raise ClusterSpecError(f"instance type {instance_type!r} is not offered in this region")
+    info = found[0]
+    gpus = sum(g.get("Count", 0) for g in (info.get("GpuInfo") or {}).get("Gpus", []))
+    efa_supported = bool((info.get("NetworkInfo") or {}).get("EfaSupported"))
+    if gpus_required and gpus == 0:
+        raise ClusterSpecError(
+            f"instance type {instance_type!r} has no GPUs, but the queue is a GPU queue: choose a GPU type "
+            "(g5, g6, p4d, p5, ...) or set gpus_required=false"
+        )
+    if efa and not efa_supported:
+        raise ClusterSpecError(f"instance type {instance_type!r} does not support EFA: set efa=false or pick another")
+    return {"instance_type": instance_type, "gpus": gpus, "efa_supported": efa_supported}
