@@ -1,0 +1,56 @@
+"""JSON-lines metrics, one metric per line, appended (a requeued attempt adds to the same file):
+
+    {"time": <unix seconds>, "epoch": int, "step": int, "name": str, "value": float, "split": "train"|"eval"}
+
+Names: loss and lr (every logged step), epoch_loss, epoch_time and throughput (images per second,
+all ranks) at the end of each epoch, resumed_from_epoch when an attempt resumes, probe_accuracy,
+probe_train_accuracy and probe_loss at the end (split eval), probe_baseline_accuracy when asked for.
+A step of an epoch interrupted by a requeue appears twice: the later line is the one that counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import IO
+
+SPLITS = ("train", "eval")
+
+
+def metric_line(name: str, value: float, *, epoch: int, step: int, split: str, now: float | None = None) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"metric {name} is not finite: {value}")
+    record = {
+        "time": round(time.time() if now is None else now, 3),
+        "epoch": int(epoch),
+        "step": int(step),
+        "name": name,
+        "value": value,
+        "split": split,
+    }
+    return json.dumps(record, allow_nan=False) + "\n"
+
+
+class MetricsWriter:
+    """Appends lines to the file and flushes each one (log streamers read it while training runs)."""
+
+    def __init__(self, path: str | Path | None, enabled: bool = True) -> None:
+        self._fh: IO[str] | None = None
+        if enabled and path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(path, "a", encoding="utf-8")
+
+    def write(self, name: str, value: float, *, epoch: int, step: int, split: str = "train") -> None:
+        if self._fh is not None:
+            self._fh.write(metric_line(name, value, epoch=epoch, step=step, split=split))
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
