@@ -1,0 +1,262 @@
+"""Checks of the payload's pure parts, run by the payload venv's python (the Airflow venv has no torch).
+
+`python payload_checks.py [name ...]` runs every `check_*` function (or the named ones) and prints one
+JSON object: {check name: null when it passed, else the traceback}. test_payload_units.py drives it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+SIMCLR = Path(__file__).resolve().parents[2] / "include" / "payloads" / "simclr"
+sys.path.insert(0, str(SIMCLR))
+
+import torch  # noqa: E402
+
+
+def check_augment_keeps_shape_range_and_seed():
+    from augment import augment, resize, two_views
+
+    images = torch.rand(16, 1, 8, 8)
+    out = augment(images, 16, torch.Generator().manual_seed(1))
+    assert out.shape == (16, 1, 16, 16), out.shape
+    assert out.min() >= 0 and out.max() <= 1
+    again = augment(images, 16, torch.Generator().manual_seed(1))
+    assert torch.equal(out, again), "same generator seed, different views"
+    v1, v2 = two_views(images, 12, torch.Generator().manual_seed(2))
+    assert v1.shape == v2.shape == (16, 1, 12, 12)
+    assert not torch.allclose(v1, v2), "the two views of a pair are identical"
+    assert resize(images, 8).sub(images).abs().max() < 1e-5, "identity resize changed the image"
+
+
+def check_nt_xent_known_case():
+    from loss import nt_xent
+
+    # Two orthogonal images, each view equal to its pair, temperature 1: for every row the positive
+    # scores 1 and the two others 0, so the loss is -log(e / (e + 2)) = log(e + 2) - 1.
+    z = torch.eye(2)
+    got = nt_xent(z, z.clone(), temperature=1.0).item()
+    assert math.isclose(got, math.log(math.e + 2) - 1, rel_tol=1e-6), got
+
+    # Against a plain loop on random embeddings.
+    g = torch.Generator().manual_seed(0)
+    z1, z2, t = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g), 0.3
+    z = torch.nn.functional.normalize(torch.cat([z1, z2]), dim=1)
+    total = 0.0
+    for i in range(10):
+        positive = (i + 5) % 10
+        denom = sum(math.exp(float(z[i] @ z[k]) / t) for k in range(10) if k != i)
+        total += -math.log(math.exp(float(z[i] @ z[positive]) / t) / denom)
+    assert math.isclose(nt_xent(z1, z2, t).item(), total / 10, rel_tol=1e-5)
+    # Aligned pairs score better than mismatched ones.
+    assert nt_xent(z1, z1 + 0.01, t) < nt_xent(z1, z2, t)
+
+
+def check_checkpoint_round_trip_prune_and_fallback():
+    import checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        assert checkpoint.load_latest(tmp) is None
+        model = torch.nn.Linear(3, 2)
+        for done in (1, 2, 3):
+            checkpoint.save(tmp, done, {"epochs_done": done, "model": model.state_dict()}, keep=2)
+        names = sorted(os.listdir(tmp))
+        assert names == ["epoch-0002.pt", "epoch-0003.pt"], names  # pruned, no temporary files left
+        path, state = checkpoint.load_latest(tmp)
+        assert path.name == "epoch-0003.pt" and state["epochs_done"] == 3
+        restored = torch.nn.Linear(3, 2)
+        restored.load_state_dict(state["model"])
+        assert torch.equal(restored.weight, model.weight)
+        (Path(tmp) / "epoch-0004.pt").write_bytes(b"torn")  # a damaged newest file
+        path, state = checkpoint.load_latest(tmp)
+        assert path.name == "epoch-0003.pt", path
+
+
+def check_metrics_line_format():
+    from metrics import MetricsWriter, metric_line
+
+    record = json.loads(metric_line("loss", torch.tensor(1.5).item(), epoch=2, step=17, split="train", now=12.5))
+    assert record == {"time": 12.5, "epoch": 2, "step": 17, "name": "loss", "value": 1.5, "split": "train"}
+    assert list(record) == ["time", "epoch", "step", "name", "value", "split"]
+    for bad in ({"split": "test"}, {"value": float("nan")}):
+        args = {"name": "loss", "value": 1.0, "epoch": 0, "step": 0, "split": "train", **bad}
+        try:
+            metric_line(args.pop("name"), args.pop("value"), **args)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.jsonl"
+        for attempt in range(2):  # a requeued attempt appends
+            writer = MetricsWriter(path)
+            writer.write("probe_accuracy", 0.9, epoch=attempt, step=3, split="eval")
+            writer.close()
+        MetricsWriter(path, enabled=False).write("loss", 1.0, epoch=0, step=0)  # ranks > 0 write nothing
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [(r["epoch"], r["name"], r["split"]) for r in lines] == [
+            (0, "probe_accuracy", "eval"),
+            (1, "probe_accuracy", "eval"),
+        ]
+        assert all(isinstance(r["time"], float) and isinstance(r["value"], float) for r in lines)
+
+
+def check_hparams_defaults_types_and_unknown_names():
+    from hparams import HparamError, Hparams
+
+    hp = Hparams.from_dict({"data_dir": "/d", "epochs": 2, "lr": 1, "fail_at_epoch": None})
+    assert hp.epochs == 2 and hp.lr == 1.0 and isinstance(hp.lr, float) and hp.fail_at_epoch is None
+    for bad in (
+        {"data_dir": "/d", "epochs": "2"},
+        {"data_dir": "/d", "epoch": 2},
+        {"epochs": 2},
+        {"data_dir": "/d", "temperature": 0},
+    ):
+        try:
+            Hparams.from_dict(bad)
+        except HparamError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+
+
+def check_distenv_from_slurm_torchrun_and_alone():
+    from distenv import detect, rendezvous_port, threads_per_task
+
+    slurm = {
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "12345",
+        "SLURM_JOB_NODELIST": "node[3-4]",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURM_CPUS_PER_TASK": "3",
+    }
+    env = detect(slurm, expand=lambda nodes: ["node3", "node4"] if nodes == "node[3-4]" else [])
+    assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_world_size) == ("slurm", 1, 4, 1, 2)
+    assert env.master_addr == "node3" and env.master_port == rendezvous_port("12345") != rendezvous_port("12346")
+    assert 1024 < env.master_port < 32768
+    assert threads_per_task(0, slurm) == 3 and threads_per_task(5, slurm) == 5
+    assert detect({**slurm, "MASTER_ADDR": "h", "MASTER_PORT": "999"}).master_addr == "h"
+
+    torchrun = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "a",
+        "MASTER_PORT": "29400",
+        **slurm,
+    }
+    env = detect(torchrun)
+    assert (env.launcher, env.rank, env.world_size, env.local_rank, env.master_port) == ("torchrun", 3, 8, 1, 29400)
+    assert detect({}).launcher == "single" and not detect({}).distributed
+
+
+def check_lr_schedule_warms_up_then_decays_to_zero():
+    from hparams import Hparams
+    from train import lr_at
+
+    hp = Hparams.from_dict({"data_dir": "/d", "epochs": 4, "lr": 0.1, "warmup_epochs": 1})
+    lrs = [lr_at(step, hp, 10) for step in range(40)]
+    assert lrs[0] == 0.01 and math.isclose(lrs[9], 0.1) and max(lrs) <= 0.1
+    assert all(a >= b for a, b in itertools.pairwise(lrs[9:])) and lrs[-1] < 0.001
+
+
+def check_probe_separates_separable_features():
+    from probe import linear_probe, stratified_split
+
+    labels = torch.arange(10).repeat(30)
+    features = (
+        torch.nn.functional.one_hot(labels, 10).float() * 3
+        + torch.randn(300, 10, generator=torch.Generator().manual_seed(0)) * 0.3
+    )
+    result = linear_probe(features, labels, steps=100)
+    assert result.accuracy == 1.0 and result.n_test == 90 and result.n_train == 210, result
+    noise = linear_probe(torch.randn(300, 10, generator=torch.Generator().manual_seed(1)), labels, steps=100)
+    assert noise.accuracy < 0.35, noise  # chance is 0.1: the probe does not invent signal
+    a, b = stratified_split(labels, 0.3, seed=4), stratified_split(labels, 0.3, seed=4)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not set(a[0].tolist()) & set(a[1].tolist())
+
+
+def check_image_folder_loader():
+    import numpy as np
+    from data import DataError, load_image_folder
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for label in ("10", "2"):
+            (Path(tmp) / label).mkdir()
+            for i in range(3):
+                Image.fromarray(np.full((8, 8), 255 * i // 2, dtype=np.uint8), mode="L").save(
+                    Path(tmp) / label / f"{i}.png"
+                )
+        images, labels, classes = load_image_folder(tmp)
+        assert classes == ["2", "10"] and images.shape == (6, 1, 8, 8) and labels.tolist() == [0, 0, 0, 1, 1, 1]
+        assert images.min() == 0 and images.max() == 1
+        try:
+            load_image_folder(Path(tmp) / "missing")
+        except DataError:
+            return
+        raise AssertionError("a missing data_dir was accepted")
+
+
+def _ddp_worker(rank: int, job: tuple) -> None:
+    world, port, z1, z2, out = job
+    import torch.distributed as dist
+    from loss import global_nt_xent
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    n = z1.shape[0] // world
+    a = z1[rank * n : (rank + 1) * n].clone().requires_grad_()
+    b = z2[rank * n : (rank + 1) * n].clone().requires_grad_()
+    loss = global_nt_xent(a, b, 0.5)
+    loss.backward()
+    # What DDP does to parameter gradients: the mean over ranks.
+    torch.save({"loss": loss.detach(), "ga": a.grad / world, "gb": b.grad / world}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def check_gathered_loss_and_gradients_equal_single_process():
+    import socket
+
+    import torch.multiprocessing as mp
+    from loss import nt_xent
+
+    g = torch.Generator().manual_seed(0)
+    z1, z2 = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    a, b = z1.clone().requires_grad_(), z2.clone().requires_grad_()
+    expected = nt_xent(a, b, 0.5)
+    expected.backward()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_ddp_worker, args=((2, port, z1, z2, f"{tmp}/r"),), nprocs=2, join=True)
+        parts = [torch.load(f"{tmp}/r.{r}") for r in range(2)]
+    for part in parts:
+        assert torch.allclose(part["loss"], expected.detach(), atol=1e-6), (part["loss"], expected)
+    assert torch.allclose(torch.cat([p["ga"] for p in parts]), a.grad, atol=1e-6)
+    assert torch.allclose(torch.cat([p["gb"] for p in parts]), b.grad, atol=1e-6)
+
+
+def main(names: list[str]) -> int:
+    checks = {name: fn for name, fn in globals().items() if name.startswith("check_") and callable(fn)}
+    results = {}
+    for name in names or checks:
+        try:
+            checks[name]()
+            results[name] = None
+        except Exception:
+            results[name] = traceback.format_exc()
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
