@@ -1,0 +1,90 @@
+"""Fixtures of the cluster stage: the real pcluster CLI (installed by include/cluster/install-pcluster.sh
+into .venv-pcluster), the stand-in CLI, and a network + stand-in AMI + key pair + bucket on moto."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from stacktools import REPO
+
+from pcflow.aws.clients import aws_client
+
+INSTALL_SCRIPT = REPO / "include" / "cluster" / "install-pcluster.sh"
+STANDIN = Path(__file__).with_name("pcluster_standin.py")
+
+
+@pytest.fixture(scope="session")
+def pcluster_cli() -> Path:
+    """The real CLI; installed on first use (about 25 s on a warm pip cache; 0.1 s when already there)."""
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"install-pcluster.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    print(f"pcluster ready in {time.monotonic() - started:.1f} s: {proc.stdout.strip()}")
+    return REPO / ".venv-pcluster" / "bin" / "pcluster"
+
+
+@pytest.fixture(scope="session")
+def standin_cli(tmp_path_factory) -> Path:
+    """An executable that runs the stand-in with this interpreter (boto3 + PyYAML are here)."""
+    path = tmp_path_factory.mktemp("standin") / "pcluster"
+    path.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@dataclass(frozen=True)
+class MotoSite:
+    """What a cluster config references, made on the moto server with unique names."""
+
+    unique: str
+    stack: str
+    subnet_id: str
+    key_name: str
+    ami_id: str
+    bucket: str
+
+    def spec(self, **overrides) -> dict:
+        values = {
+            "name": f"pcflow-{self.unique}",
+            "region": "us-east-1",
+            "key_name": self.key_name,
+            "head_subnet_id": self.subnet_id,
+            "custom_ami": self.ami_id,
+            "instance_type": "g5.xlarge",
+            "s3_bucket": self.bucket,
+            "s3_prefix": "datasets/digits",
+        }
+        return {**values, **overrides}
+
+
+def clients(service: str):
+    return aws_client(service, aws_conn_id="aws_default")
+
+
+@pytest.fixture
+def site(local_stack) -> MotoSite:
+    os.environ.setdefault("AIRFLOW_HOME", "/tmp/afhome-cluster")
+    unique = uuid.uuid4().hex[:10]
+    ec2, s3 = clients("ec2"), clients("s3")
+    vpc = ec2.create_vpc(CidrBlock="10.77.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.77.0.0/20")["Subnet"]["SubnetId"]
+    ec2.create_key_pair(KeyName=f"pcflow-{unique}")
+    # Stand-in for the baked ParallelCluster AMI (the real base AMI does not exist in moto).
+    builder = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    ami = ec2.create_image(InstanceId=builder, Name=f"pcflow-standin-ami-{unique}")["ImageId"]
+    ec2.terminate_instances(InstanceIds=[builder])
+    s3.create_bucket(Bucket=f"pcflow-{unique}")
+    yield MotoSite(unique, f"t{unique}", subnet, f"pcflow-{unique}", ami, f"pcflow-{unique}")
+    ec2.deregister_image(ImageId=ami)
+    ec2.delete_key_pair(KeyName=f"pcflow-{unique}")
+    ec2.delete_subnet(SubnetId=subnet)
+    ec2.delete_vpc(VpcId=vpc)
