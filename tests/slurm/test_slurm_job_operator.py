@@ -16,7 +16,7 @@ from stacktools import LocalStack
 from taskcontext import MemoryStateStore, first_event, make_context
 
 from pcflow.slurm.hook import SlurmConnectionError, SlurmHook
-from pcflow.slurm.operator import STATE_KEY, SlurmJobOperator
+from pcflow.slurm.operator import STATE_KEY, SlurmArrayJobOperator, SlurmJobOperator
 from pcflow.slurm.states import JobState
 
 pytestmark = pytest.mark.stack
@@ -269,3 +269,29 @@ def test_unreachable_head_node_is_a_clear_error(local_stack: LocalStack, monkeyp
     monkeypatch.setenv("AIRFLOW_CONN_SLURM_NOWHERE", json.dumps(conn))
     with pytest.raises(SlurmConnectionError, match="Cannot reach the head node"):
         SlurmHook("slurm_nowhere", connect_attempts=1).run(["true"])
+
+
+def test_array_of_four_trials_runs_each_with_its_hyperparameters(slurm: SlurmHook):
+    trials = [{"trial": i, "lr": 0.1 * (i + 1)} for i in range(4)]
+    script = "python3 -c \"import json, os; print('hp', json.load(open(os.environ['PCFLOW_HPARAMS'])))\""
+    script += '; [ "$SLURM_ARRAY_TASK_ID" != 3 ] || exit 5'
+    op = SlurmArrayJobOperator(task_id="sweep", program=bash(script), trials=trials, min_success_ratio=0.75, **FAST)
+    context = make_context("sweep")
+    result = run_to_completion(op, context)
+
+    assert [t["index"] for t in result["trials"]] == [0, 1, 2, 3]
+    assert [t["outcome"] for t in result["trials"]] == ["success"] * 3 + ["failed"]
+    assert result["trials"][3]["exit_code"] == 5
+    for trial in result["trials"]:
+        log = slurm.read_file(trial["log"]).decode()
+        assert f"'trial': {trial['index']}" in log, log
+    # One sbatch for all four; executing again adopts instead of submitting a second array.
+    same = SlurmArrayJobOperator(task_id="sweep", program=bash(script), trials=trials, min_success_ratio=0.75, **FAST)
+    assert same.execute(context)["job_id"] == result["job_id"]
+    assert {j.job_id.split("_")[0] for j in jobs_named(slurm, op.job_name(context))} == {result["job_id"]}
+
+
+def test_array_below_the_success_ratio_fails_naming_the_trials(slurm: SlurmHook):
+    op = SlurmArrayJobOperator(task_id="sweep-bad", program=bash("exit 2"), trials=[{}, {}], **FAST)
+    with pytest.raises(AirflowException, match=r"0 of 2 elements.*exit code 2"):
+        run_to_completion(op, make_context("sweep-bad"))

@@ -282,6 +282,9 @@ class SlurmHook(BaseHook):
     def job_info(self, job_id: str) -> JobInfo | None:
         return queries.drive(queries.job_info(job_id, self.accounting_enabled), self._stdout)
 
+    def array_elements(self, array_id: str) -> list[JobInfo]:
+        return queries.drive(queries.array_elements(array_id, self.accounting_enabled), self._stdout)
+
     def find_jobs(self, job_name: str) -> list[JobInfo]:
         """Jobs with this exact name, live and (with accounting) finished; oldest first."""
         return queries.drive(queries.jobs_named(job_name, self.accounting_enabled), self._stdout)

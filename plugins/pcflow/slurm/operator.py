@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -22,9 +23,9 @@ from pydantic import ValidationError
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.render import render_batch_script, render_hparams
-from pcflow.slurm.spec import JobSpec, RunDir
+from pcflow.slurm.spec import ArraySpec, JobSpec, RunDir
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.trigger import SlurmJobTrigger
+from pcflow.slurm.trigger import HeadNodeTrigger, SlurmArrayTrigger, SlurmJobTrigger
 from pcflow.slurm.watch import Outcome, WatchPolicy
 
 if TYPE_CHECKING:
@@ -121,9 +122,13 @@ class SlurmJobOperator(BaseOperator):
                 hyperparameters=self.hyperparameters,
                 env=self.env,
                 python=self.python,
+                array=self.array_spec(),
             )
         except ValidationError as exc:
             raise AirflowFailException(f"Invalid Slurm job for task {self.task_id}: {exc}") from exc
+
+    def array_spec(self) -> ArraySpec | None:
+        return None
 
     def run_dir(self, context: Context) -> RunDir:
         root = self.shared_root or self.hook.shared_root
@@ -148,16 +153,19 @@ class SlurmJobOperator(BaseOperator):
         store = context.get("task_state_store")
         saved = store.get(STATE_KEY) if store is not None else None
         if saved:
-            info = self.hook.job_info(saved["job_id"]) or self._from_marker(saved["job_id"], run_dir)
+            info = self.job_status(saved["job_id"], run_dir)
             if info is not None:
                 return info, int(saved.get("log_offset", 0))
         named = self.hook.find_jobs(self.job_name(context))
         if named:
-            return named[-1], 0
+            return self.job_status(named[-1].job_id.split("_")[0], run_dir), 0
         submitted = self.hook.read_file(run_dir.submitted).decode().strip()
         if submitted.isdigit():
-            return self.hook.job_info(submitted) or self._from_marker(submitted, run_dir), 0
+            return self.job_status(submitted, run_dir), 0
         return None, 0
+
+    def job_status(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
+        return self.hook.job_info(job_id) or self._from_marker(job_id, run_dir)
 
     def _from_marker(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
         """Slurm forgot the job (no accounting, MinJobAge passed): its exit marker still tells the end."""
@@ -190,21 +198,26 @@ class SlurmJobOperator(BaseOperator):
                 self.log.info("Previous Slurm job %s ended %s; submitting again", previous.job_id, previous.raw_state)
             self.job_id, log_offset = self.submit(context, spec, run_dir)
 
-        trigger = SlurmJobTrigger(
-            ssh_conn_id=self.ssh_conn_id,
-            remote_host=self.hook.remote_host,
-            host_key=self.hook.host_key,
-            job_id=self.job_id,
-            run_dir=run_dir.root,
-            log_offset=log_offset,
-            accounting=self.hook.accounting_enabled,
-            slurm_bin=self.hook.extras.get("slurm_bin"),
-            policy=self.policy_kwargs(),
-        )
+        trigger = self.make_trigger(run_dir, log_offset)
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         event = asyncio.run(_first_event(trigger))
         return self.execute_complete(context, event)
+
+    def trigger_kwargs(self, run_dir: RunDir) -> dict[str, Any]:
+        return {
+            "ssh_conn_id": self.ssh_conn_id,
+            "remote_host": self.hook.remote_host,
+            "host_key": self.hook.host_key,
+            "job_id": self.job_id,
+            "run_dir": run_dir.root,
+            "accounting": self.hook.accounting_enabled,
+            "slurm_bin": self.hook.extras.get("slurm_bin"),
+            "policy": self.policy_kwargs(),
+        }
+
+    def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:
+        return SlurmJobTrigger(log_offset=log_offset, **self.trigger_kwargs(run_dir))
 
     def policy_kwargs(self) -> dict[str, Any]:
         policy = WatchPolicy(
@@ -220,7 +233,7 @@ class SlurmJobOperator(BaseOperator):
         run_key = run_key_from_context(context)
         script = render_batch_script(spec, run_dir, job_name=self.job_name(context), run_key=run_key)
         self.hook.makedirs(run_dir.root)
-        self.hook.write_file(run_dir.hparams, render_hparams(spec))
+        self.write_inputs(spec, run_dir)
         self.hook.write_file(run_dir.root + "/spec.json", spec.model_dump_json(indent=2))
         self.hook.write_file(run_dir.script, script, mode=0o755)
         log_offset = self.hook.file_size(run_dir.log) or 0
@@ -231,17 +244,26 @@ class SlurmJobOperator(BaseOperator):
         self.log.info("Submitted Slurm job %s (%s) in %s", job_id, self.job_name(context), run_dir.root)
         return job_id, log_offset
 
+    def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
+        self.hook.write_file(run_dir.hparams, render_hparams(spec))
+
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         self.job_id = event["job_id"]
         run_dir = RunDir(event["run_dir"])
         if event["status"] == "success":
-            info = JobInfo.from_dict(event["job"]) if event.get("job") else None
             self.log.info("%s", event["message"])
-            return self.result(run_dir, info, exit_code=event.get("exit_code") or 0)
+            return self.result_from_event(run_dir, event)
         if event.get("outcome") in {str(o) for o in Outcome if o.needs_cancel}:
             self.hook.cancel(self.job_id)
+        raise AirflowException(self.failure_message(run_dir, event))
+
+    def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:
+        info = JobInfo.from_dict(event["job"]) if event.get("job") else None
+        return self.result(run_dir, info, exit_code=event.get("exit_code") or 0)
+
+    def failure_message(self, run_dir: RunDir, event: dict[str, Any]) -> str:
         tail = "\n".join(event.get("log_tail") or [])
-        raise AirflowException(f"{event['message']}\nLast lines of {run_dir.log}:\n{tail}")
+        return f"{event['message']}\nLast lines of {run_dir.log}:\n{tail}"
 
     def result(self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0) -> dict[str, Any]:
         """The small XCom of a successful job, for the metrics stage and for users."""
@@ -263,7 +285,96 @@ class SlurmJobOperator(BaseOperator):
             self.hook.cancel(self.job_id)
 
 
-async def _first_event(trigger: SlurmJobTrigger) -> dict[str, Any]:
+class SlurmArrayJobOperator(SlurmJobOperator):
+    """Every trial of a sweep as one Slurm job array: one sbatch, one SSH connection, one waiter.
+
+    Element i runs with `trials[i]` as its hyperparameters in `<run dir>/<i>/`; the same exactly-once
+    rules apply to the array as a whole.
+
+    :param trials: one hyperparameter dict per element.
+    :param max_parallel: at most this many elements run at once (`--array=0-N%max_parallel`).
+    :param min_success_ratio: the share of elements that must succeed for the task to succeed.
+    """
+
+    template_fields: Sequence[str] = (*SlurmJobOperator.template_fields, "trials")
+
+    def __init__(
+        self,
+        *,
+        trials: list[dict[str, Any]],
+        max_parallel: int | None = None,
+        min_success_ratio: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.trials = trials
+        self.max_parallel = max_parallel
+        self.min_success_ratio = min_success_ratio
+
+    def array_spec(self) -> ArraySpec:
+        if not self.trials:
+            raise AirflowFailException(f"Task {self.task_id}: a job array needs at least one trial")
+        return ArraySpec(size=len(self.trials), max_parallel=self.max_parallel)
+
+    def job_spec(self) -> JobSpec:
+        spec = super().job_spec()
+        self.trial_specs(spec)  # refuse a bad trial before anything reaches the cluster
+        return spec
+
+    def trial_specs(self, spec: JobSpec) -> list[JobSpec]:
+        try:
+            return [JobSpec.model_validate({**spec.model_dump(), "hyperparameters": t}) for t in self.trials]
+        except ValidationError as exc:
+            raise AirflowFailException(f"Invalid trial for task {self.task_id}: {exc}") from exc
+
+    def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
+        for index, trial_spec in enumerate(self.trial_specs(spec)):
+            element = run_dir.element(index)
+            self.hook.makedirs(element.root)
+            self.hook.write_file(element.hparams, render_hparams(trial_spec))
+
+    def job_status(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
+        """The array as one job: active while any element is, completed when enough elements are."""
+        elements = self.hook.array_elements(job_id)
+        if not elements:
+            return None
+        if any(e.state.is_active for e in elements):
+            state = JobState.RUNNING
+        else:
+            succeeded = sum(e.state is JobState.COMPLETED for e in elements)
+            enough = succeeded >= math.ceil(self.min_success_ratio * len(self.trials))
+            state = JobState.COMPLETED if enough else JobState.FAILED
+        return JobInfo(job_id=job_id, state=state, raw_state=str(state), exit_code=0, source="array")
+
+    def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:
+        return SlurmArrayTrigger(
+            size=len(self.trials), min_success_ratio=self.min_success_ratio, **self.trigger_kwargs(run_dir)
+        )
+
+    def result(self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0) -> dict[str, Any]:
+        elements = [{"index": i, "outcome": "success", "exit_code": 0} for i in range(len(self.trials))]
+        return self.result_from_event(run_dir, {"elements": elements})
+
+    def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:
+        trials = []
+        for element in event["elements"]:
+            trial_dir = run_dir.element(element["index"])
+            trials.append(
+                {
+                    **element,
+                    "hyperparameters": self.trials[element["index"]],
+                    "run_dir": trial_dir.root,
+                    "log": trial_dir.log,
+                    "metrics_file": trial_dir.metrics,
+                }
+            )
+        return {"job_id": self.job_id, "run_dir": run_dir.root, "trials": trials}
+
+    def failure_message(self, run_dir: RunDir, event: dict[str, Any]) -> str:
+        return f"{event['message']}\nLogs: {run_dir.root}/<index>/job.log"
+
+
+async def _first_event(trigger: HeadNodeTrigger) -> dict[str, Any]:
     async for event in trigger.run():
         return event.payload
     raise AirflowException("the Slurm job trigger ended without an event")

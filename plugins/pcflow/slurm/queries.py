@@ -47,6 +47,18 @@ def jobs_named(job_name: str, accounting: bool) -> Generator[list[str], str, lis
     return sorted((j for j in found.values() if j.name == job_name), key=lambda j: int(j.job_id.split("_")[0]))
 
 
+def array_elements(array_id: str, accounting: bool) -> Generator[list[str], str, list[JobInfo]]:
+    """One line per element (`squeue -r`), finished elements included while slurmctld keeps them."""
+    argv = ["squeue", "-h", "-r", "-t", "all", "-j", array_id, "-O", SQUEUE_FORMAT]
+    found = {j.job_id: j for j in parse_squeue((yield argv)) if j.array_index is not None}
+    if accounting:
+        argv = ["sacct", "-n", "-P", "-X", "-D", "-j", array_id, "-o", ",".join(SACCT_FIELDS)]
+        for job in parse_sacct((yield argv)):
+            if job.array_index is not None:
+                found.setdefault(job.job_id, job)
+    return sorted(found.values(), key=lambda j: j.array_index)
+
+
 def drive(query: Generator[list[str], str, object], run: Callable[[list[str]], str]):
     """Answer a query with a blocking command runner."""
     try:

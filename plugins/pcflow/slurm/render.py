@@ -33,7 +33,8 @@ def sbatch_directives(spec: JobSpec, run_dir: RunDir, job_name: str) -> list[str
     per_node_launcher = spec.launcher in ("torchrun", "vissl")
     directives = {
         "job-name": job_name,
-        "output": run_dir.log,
+        # An array element's log is <run dir>/<index>/job.log (%a: the element's index).
+        "output": run_dir.element("%a").log if spec.array else run_dir.log,
         "open-mode": "append",
         "chdir": run_dir.root,
         "nodes": str(res.nodes),
@@ -41,6 +42,8 @@ def sbatch_directives(spec: JobSpec, run_dir: RunDir, job_name: str) -> list[str
         "ntasks-per-node": "1" if per_node_launcher else str(res.tasks_per_node),
         "cpus-per-task": str(res.cpus_per_task * (res.tasks_per_node if per_node_launcher else 1)),
     }
+    if spec.array:
+        directives["array"] = spec.array.directive
     if res.gpus_per_node:
         directives["gpus-per-node"] = str(res.gpus_per_node)
     if res.partition:
@@ -73,6 +76,7 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
         run_dir=run_dir,
         run_key=run_key,
         launcher=spec.launcher,
+        array=spec.array is not None,
         env=spec.env,
         program=spec.program,
         python=spec.python,

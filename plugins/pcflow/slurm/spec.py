@@ -95,6 +95,20 @@ class Resources(BaseModel):
         return options
 
 
+class ArraySpec(BaseModel):
+    """A Slurm job array: `size` elements (trials) from one sbatch, at most `max_parallel` at a time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    size: int = Field(ge=1, le=10000)
+    max_parallel: int | None = Field(None, ge=1, le=10000)
+
+    @property
+    def directive(self) -> str:
+        throttle = f"%{self.max_parallel}" if self.max_parallel else ""
+        return f"0-{self.size - 1}{throttle}"
+
+
 class JobSpec(BaseModel):
     """One job: a launcher, a program (argument list) and its resources, environment, hyperparameters."""
 
@@ -107,6 +121,7 @@ class JobSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     rdzv_port: int = Field(29500, ge=1024, le=65535)
+    array: ArraySpec | None = None
 
     @field_validator("program")
     @classmethod
@@ -209,3 +224,7 @@ class RunDir:
     @property
     def checkpoints(self) -> str:
         return self._path("checkpoints")
+
+    def element(self, index: int | str) -> RunDir:
+        """The directory of one element of a job array."""
+        return RunDir(self._path(str(index)))

@@ -130,6 +130,12 @@ class JobInfo:
     nodes: str = ""
     source: str = ""
 
+    @property
+    def array_index(self) -> int | None:
+        """The element's index when this is one element of a job array (`1234_7`)."""
+        _, sep, index = self.job_id.partition("_")
+        return int(index) if sep and index.isdigit() else None
+
     def as_dict(self) -> dict:
         return {**asdict(self), "state": str(self.state)}
 
@@ -160,7 +166,8 @@ def parse_duration(text: str) -> int | None:
     return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
-SQUEUE_FIELDS = ("JobID", "State", "Reason", "RestartCnt", "Name", "TimeUsed", "NodeList")
+# JobArrayID is `<array id>_<index>` for array elements and the plain id otherwise.
+SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "RestartCnt", "Name", "TimeUsed", "NodeList")
 SQUEUE_FORMAT = ",".join(f"{field}:|" for field in SQUEUE_FIELDS)
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "ElapsedRaw", "NodeList", "Reason")
 

@@ -1,9 +1,9 @@
-"""Wait for a Slurm job in the triggerer: one SSH connection, the log streamed, no worker slot held.
+"""Wait for Slurm jobs in the triggerer: one SSH connection, the log streamed, no worker slot held.
 
-Every `poll_interval` the trigger stats the job's log and exit marker over SFTP (the head node does a
-stat; slurmctld does nothing) and forwards new log lines to the task log. slurmctld is asked every
-`confirm_interval`, and at once when the wrapper's exit marker appears, which is how the end of a
-job is noticed within about a second without polling the controller in a tight loop.
+Every `poll_interval` a trigger stats files over SFTP (the head node does a stat; slurmctld does
+nothing): the job's log, whose new lines go to the task log, and the exit marker the batch script's
+wrapper writes. slurmctld is asked every `confirm_interval`, and at once when a marker appears, which
+is how the end of a job is noticed within about a second without polling the controller in a loop.
 """
 
 from __future__ import annotations
@@ -22,25 +22,26 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.slurm import queries
 from pcflow.slurm.hook import PinnedSSHHookAsync, quote_command
-from pcflow.slurm.watch import JobWatch, LogCursor, Verdict, WatchPolicy, marker_matches
+from pcflow.slurm.states import JobInfo
+from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Verdict, WatchPolicy, marker_matches
 
 CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
 LOG_CHUNK_BYTES = 1 << 20
 FAST_CONFIRM_S = 1.0  # while a marker says "over" but slurmctld still says running
+SLURM_QUERIES = ("squeue", "sacct", "scontrol")
 
 
-class SlurmJobTrigger(BaseTrigger):
-    """Fires once, when the job is over for good (requeues included) or the wait gives up."""
+class HeadNodeTrigger(BaseTrigger):
+    """One SSH + SFTP session to the head node, reopened with backoff; subclasses decide each poll."""
 
     def __init__(
         self,
         *,
         ssh_conn_id: str,
-        remote_host: str | None = None,
-        host_key: str | None = None,
         job_id: str,
         run_dir: str,
-        log_offset: int = 0,
+        remote_host: str | None = None,
+        host_key: str | None = None,
         accounting: bool = False,
         slurm_bin: str | None = None,
         policy: dict[str, Any] | None = None,
@@ -49,11 +50,10 @@ class SlurmJobTrigger(BaseTrigger):
     ) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
-        self.remote_host = remote_host
-        self.host_key = host_key
         self.job_id = job_id
         self.run_dir = run_dir
-        self.log_offset = log_offset
+        self.remote_host = remote_host
+        self.host_key = host_key
         self.accounting = accounting
         self.slurm_bin = slurm_bin
         self.policy = dict(policy or {})
@@ -62,64 +62,61 @@ class SlurmJobTrigger(BaseTrigger):
         self.queries_sent = 0
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "ssh_conn_id": self.ssh_conn_id,
-                "remote_host": self.remote_host,
-                "host_key": self.host_key,
-                "job_id": self.job_id,
-                "run_dir": self.run_dir,
-                "log_offset": self.log_offset,
-                "accounting": self.accounting,
-                "slurm_bin": self.slurm_bin,
-                "policy": self.policy,
-                "max_reconnect_attempts": self.max_reconnect_attempts,
-                "command_timeout": self.command_timeout,
-            },
-        )
+        return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "ssh_conn_id": self.ssh_conn_id,
+            "job_id": self.job_id,
+            "run_dir": self.run_dir,
+            "remote_host": self.remote_host,
+            "host_key": self.host_key,
+            "accounting": self.accounting,
+            "slurm_bin": self.slurm_bin,
+            "policy": self.policy,
+            "max_reconnect_attempts": self.max_reconnect_attempts,
+            "command_timeout": self.command_timeout,
+        }
+
+    @functools.cached_property
+    def watch_policy(self) -> WatchPolicy:
+        return WatchPolicy(**self.policy)
 
     # -- remote access -------------------------------------------------------------------------
 
-    async def _connect(self) -> asyncssh.SSHClientConnection:
+    async def connect(self) -> asyncssh.SSHClientConnection:
         hook = PinnedSSHHookAsync(ssh_conn_id=self.ssh_conn_id, host=self.remote_host, host_key=self.host_key)
         return await hook.get_conn()
 
-    async def _run(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> str:
-        if self.slurm_bin and argv[0] in ("squeue", "sacct", "scontrol", "scancel"):
+    async def run_command(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> str:
+        if self.slurm_bin and argv[0] in (*SLURM_QUERIES, "scancel"):
             argv = [posixpath.join(self.slurm_bin, argv[0]), *argv[1:]]
-        if argv[0].endswith(("squeue", "sacct", "scontrol")):
+        if posixpath.basename(argv[0]) in SLURM_QUERIES:
             self.queries_sent += 1
         result = await conn.run(quote_command(argv), check=False, timeout=self.command_timeout)
         out = result.stdout or ""
         return out.decode(errors="replace") if isinstance(out, bytes) else out
 
+    async def ask_slurm(self, conn: asyncssh.SSHClientConnection, query) -> Any:
+        return await queries.adrive(query, functools.partial(self.run_command, conn))
+
     @staticmethod
-    async def _read_marker(sftp: asyncssh.SFTPClient, path: str) -> dict | None:
+    async def read_json(sftp: asyncssh.SFTPClient, path: str) -> dict | None:
         try:
             async with sftp.open(path, "rb") as fh:
                 return json.loads(await fh.read())
         except (asyncssh.SFTPNoSuchFile, json.JSONDecodeError, UnicodeDecodeError):
             return None
 
-    async def _stream_log(self, sftp: asyncssh.SFTPClient, path: str, cursor: LogCursor) -> None:
+    @staticmethod
+    async def size_of(sftp: asyncssh.SFTPClient, path: str) -> int | None:
         try:
-            size = (await sftp.stat(path)).size or 0
+            return (await sftp.stat(path)).size or 0
         except asyncssh.SFTPNoSuchFile:
-            return
-        if size < cursor.offset:
-            self.log.warning("Job log %s shrank (%d < %d bytes); reading it from the start", path, size, cursor.offset)
-            cursor.offset = 0
-        while size > cursor.offset:
-            async with sftp.open(path, "rb") as fh:
-                chunk = await fh.read(min(size - cursor.offset, LOG_CHUNK_BYTES), cursor.offset)
-            if not chunk:
-                return
-            for line in cursor.feed(chunk):
-                self.log.info("%s", line)
+            return None
 
     @staticmethod
-    async def _close(conn: asyncssh.SSHClientConnection | None) -> None:
+    async def close(conn: asyncssh.SSHClientConnection | None) -> None:
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -127,46 +124,36 @@ class SlurmJobTrigger(BaseTrigger):
 
     # -- the wait ------------------------------------------------------------------------------
 
+    async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
+        """Look once; return the event payload when the wait is over."""
+        raise NotImplementedError
+
+    def error_payload(self, exc: Exception) -> dict[str, Any]:
+        return {
+            "status": "error",
+            "outcome": "error",
+            "job_id": self.job_id,
+            "run_dir": self.run_dir,
+            "message": f"Lost track of Slurm job {self.job_id}: {exc}. The job itself was not touched; "
+            "a retry of the task re-attaches to it.",
+        }
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        policy = WatchPolicy(**self.policy)
-        watch = JobWatch(self.job_id, policy)
-        cursor = LogCursor(offset=self.log_offset)
-        log_path = posixpath.join(self.run_dir, "job.log")
-        marker_path = posixpath.join(self.run_dir, "exit.json")
         loop = asyncio.get_running_loop()
         conn: asyncssh.SSHClientConnection | None = None
         sftp: asyncssh.SFTPClient | None = None
         failures = 0
-        next_confirm = 0.0
-        last_marker: dict | None = None
         try:
             while True:
                 try:
                     if conn is None:
-                        conn = await self._connect()
+                        conn = await self.connect()
                         sftp = await conn.start_sftp_client()
-                    await self._stream_log(sftp, log_path, cursor)
-                    marker = await self._read_marker(sftp, marker_path)
-                    now = loop.time()
-                    if marker and marker != last_marker:
-                        last_marker, next_confirm = marker, now
-                    if now >= next_confirm:
-                        info = await queries.adrive(
-                            queries.job_info(self.job_id, self.accounting), functools.partial(self._run, conn)
-                        )
-                        verdict = watch.assess(info, marker, now)
-                        if verdict is not None:
-                            await self._stream_log(sftp, log_path, cursor)
-                            for line in cursor.flush():
-                                self.log.info("%s", line)
-                            yield TriggerEvent(self._event(verdict, info, cursor))
-                            return
-                        fast = info is not None and marker_matches(marker, info)
-                        next_confirm = now + (FAST_CONFIRM_S if fast else policy.confirm_interval)
+                    payload = await self.poll(conn, sftp, loop.time())
                     failures = 0
                 except CONNECTION_ERRORS as exc:
                     failures += 1
-                    await self._close(conn)
+                    await self.close(conn)
                     conn = sftp = None
                     if failures > self.max_reconnect_attempts:
                         raise
@@ -180,25 +167,75 @@ class SlurmJobTrigger(BaseTrigger):
                     )
                     await asyncio.sleep(delay)
                     continue
-                await asyncio.sleep(policy.poll_interval)
+                if payload is not None:
+                    yield TriggerEvent({**payload, "slurm_queries": self.queries_sent})
+                    return
+                await asyncio.sleep(self.watch_policy.poll_interval)
         except Exception as exc:
             self.log.exception("Waiting for Slurm job %s failed", self.job_id)
-            yield TriggerEvent(
-                {
-                    "status": "error",
-                    "outcome": "error",
-                    "job_id": self.job_id,
-                    "run_dir": self.run_dir,
-                    "message": f"Lost track of Slurm job {self.job_id}: {exc}. The job itself was not touched; "
-                    "a retry of the task re-attaches to it.",
-                    "log_offset": cursor.offset,
-                    "log_tail": list(cursor.tail),
-                }
-            )
+            yield TriggerEvent(self.error_payload(exc))
         finally:
-            await self._close(conn)
+            await self.close(conn)
 
-    def _event(self, verdict: Verdict, info, cursor: LogCursor) -> dict[str, Any]:
+    async def on_kill(self) -> None:
+        """A user killed the deferred task: cancel the job so it stops using (and billing) nodes."""
+        conn = await self.connect()
+        try:
+            await self.run_command(conn, ["scancel", self.job_id])
+            self.log.info("Cancelled Slurm job %s because the task was killed", self.job_id)
+        finally:
+            await self.close(conn)
+
+
+class SlurmJobTrigger(HeadNodeTrigger):
+    """Fires once, when one job is over for good (requeues included) or the wait gives up."""
+
+    def __init__(self, *, log_offset: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.log_offset = log_offset
+        self.watch = JobWatch(self.job_id, self.watch_policy)
+        self.cursor = LogCursor(offset=log_offset)
+        self.next_confirm = 0.0
+        self.last_marker: dict | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        return {**super().kwargs(), "log_offset": self.log_offset}
+
+    async def stream_log(self, sftp: asyncssh.SFTPClient) -> None:
+        path = posixpath.join(self.run_dir, "job.log")
+        size = await self.size_of(sftp, path)
+        if size is None:
+            return
+        if size < self.cursor.offset:
+            self.log.warning("Job log %s shrank (%d < %d bytes); reading it again", path, size, self.cursor.offset)
+            self.cursor.offset = 0
+        while size > self.cursor.offset:
+            async with sftp.open(path, "rb") as fh:
+                chunk = await fh.read(min(size - self.cursor.offset, LOG_CHUNK_BYTES), self.cursor.offset)
+            if not chunk:
+                return
+            for line in self.cursor.feed(chunk):
+                self.log.info("%s", line)
+
+    async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
+        await self.stream_log(sftp)
+        marker = await self.read_json(sftp, posixpath.join(self.run_dir, "exit.json"))
+        if marker and marker != self.last_marker:
+            self.last_marker, self.next_confirm = marker, now
+        if now < self.next_confirm:
+            return None
+        info = await self.ask_slurm(conn, queries.job_info(self.job_id, self.accounting))
+        verdict = self.watch.assess(info, marker, now)
+        if verdict is None:
+            fast = info is not None and marker_matches(marker, info)
+            self.next_confirm = now + (FAST_CONFIRM_S if fast else self.watch_policy.confirm_interval)
+            return None
+        await self.stream_log(sftp)
+        for line in self.cursor.flush():
+            self.log.info("%s", line)
+        return self.payload(verdict, info)
+
+    def payload(self, verdict: Verdict, info: JobInfo | None) -> dict[str, Any]:
         return {
             "status": "success" if verdict.outcome == "success" else "failed",
             "outcome": str(verdict.outcome),
@@ -207,16 +244,53 @@ class SlurmJobTrigger(BaseTrigger):
             "message": verdict.message,
             "exit_code": verdict.exit_code,
             "job": info.as_dict() if info is not None else None,
-            "log_offset": cursor.offset,
-            "log_tail": list(cursor.tail),
-            "slurm_queries": self.queries_sent,
+            "log_offset": self.cursor.offset,
+            "log_tail": list(self.cursor.tail),
         }
 
-    async def on_kill(self) -> None:
-        """A user killed the deferred task: cancel the job so it stops using (and billing) nodes."""
-        conn = await self._connect()
-        try:
-            await self._run(conn, ["scancel", self.job_id])
-            self.log.info("Cancelled Slurm job %s because the task was killed", self.job_id)
-        finally:
-            await self._close(conn)
+    def error_payload(self, exc: Exception) -> dict[str, Any]:
+        return {**super().error_payload(exc), "log_offset": self.cursor.offset, "log_tail": list(self.cursor.tail)}
+
+
+class SlurmArrayTrigger(HeadNodeTrigger):
+    """Fires once every element of a job array is over. Each finishing element appends a line to
+    `<run_dir>/done`, so one stat per poll notices progress; slurmctld answers for all elements
+    with a single `squeue -r`."""
+
+    def __init__(self, *, size: int, min_success_ratio: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.size = size
+        self.min_success_ratio = min_success_ratio
+        self.watch = ArrayWatch(self.job_id, size, self.watch_policy, min_success_ratio)
+        self.next_confirm = 0.0
+        self.done_size = 0
+
+    def kwargs(self) -> dict[str, Any]:
+        return {**super().kwargs(), "size": self.size, "min_success_ratio": self.min_success_ratio}
+
+    async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
+        done_size = await self.size_of(sftp, posixpath.join(self.run_dir, "done")) or 0
+        if done_size != self.done_size:
+            self.done_size, self.next_confirm = done_size, now
+        if now < self.next_confirm:
+            return None
+        elements = await self.ask_slurm(conn, queries.array_elements(self.job_id, self.accounting))
+        # squeue knows no exit codes and forgets finished elements: their markers fill both gaps.
+        known = {e.array_index: e for e in elements}
+        markers = {}
+        for index in range(self.size):
+            info = known.get(index)
+            if info is None or (info.state.is_terminal and info.exit_code is None):
+                markers[index] = await self.read_json(sftp, posixpath.join(self.run_dir, str(index), "exit.json"))
+        verdict = self.watch.assess(elements, markers, now)
+        if verdict is None:
+            self.next_confirm = now + self.watch_policy.confirm_interval
+            return None
+        return {
+            "status": "success" if verdict.outcome == "success" else "failed",
+            "outcome": str(verdict.outcome),
+            "job_id": self.job_id,
+            "run_dir": self.run_dir,
+            "message": verdict.message,
+            "elements": verdict.elements,
+        }

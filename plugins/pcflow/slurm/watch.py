@@ -7,6 +7,7 @@ failure: Slurm keeps the job id, bumps the restart count and runs the script aga
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -148,6 +149,54 @@ class JobWatch:
             f"Slurm no longer knows job {self.job_id} and it left no exit marker: it was probably purged "
             "before it could start, or the shared filesystem is not shared with the compute nodes.",
         )
+
+
+@dataclass(frozen=True)
+class ArrayVerdict:
+    outcome: Outcome
+    message: str
+    elements: list[dict]
+
+
+class ArrayWatch:
+    """A JobWatch per element; the array is over when every element is, and it succeeds when at least
+    `min_success_ratio` of them did (a sweep may tolerate a diverging trial)."""
+
+    def __init__(self, array_id: str, size: int, policy: WatchPolicy, min_success_ratio: float = 1.0) -> None:
+        self.array_id = array_id
+        self.size = size
+        self.min_success_ratio = min_success_ratio
+        self.watches = {i: JobWatch(f"{array_id}_{i}", policy) for i in range(size)}
+        self.verdicts: dict[int, Verdict] = {}
+
+    def assess(self, elements: list[JobInfo], markers: dict[int, dict | None], now: float) -> ArrayVerdict | None:
+        by_index = {e.array_index: e for e in elements}
+        for index, watch in self.watches.items():
+            if index in self.verdicts:
+                continue
+            info = by_index.get(index)
+            if info is None and not markers.get(index):
+                continue  # not visible yet
+            verdict = watch.assess(info, markers.get(index), now)
+            if verdict is not None and verdict.outcome.needs_cancel:
+                return ArrayVerdict(verdict.outcome, verdict.message, self._elements())
+            if verdict is not None:
+                self.verdicts[index] = verdict
+        if len(self.verdicts) < self.size:
+            return None
+        succeeded = sum(v.outcome is Outcome.SUCCESS for v in self.verdicts.values())
+        needed = math.ceil(self.min_success_ratio * self.size)
+        summary = f"{succeeded} of {self.size} elements of Slurm job array {self.array_id} succeeded"
+        if succeeded >= needed:
+            return ArrayVerdict(Outcome.SUCCESS, summary, self._elements())
+        failed = "; ".join(v.message for v in self.verdicts.values() if v.outcome is not Outcome.SUCCESS)
+        return ArrayVerdict(Outcome.FAILED, f"{summary}, {needed} needed: {failed}", self._elements())
+
+    def _elements(self) -> list[dict]:
+        return [
+            {"index": i, "outcome": str(v.outcome), "exit_code": v.exit_code, "message": v.message}
+            for i, v in sorted(self.verdicts.items())
+        ]
 
 
 @dataclass
