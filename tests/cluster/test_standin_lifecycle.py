@@ -1,0 +1,130 @@
+"""Ensure / adopt / refuse / fail / delete of the ParallelCluster provider with the STAND-IN pcluster CLI
+(tests/cluster/pcluster_standin.py: pcluster's documented describe/create/delete JSON; the stack and head
+node it makes are real moto resources). Emulated because a real create-cluster cannot finish on moto
+(its CDK template is refused by moto's CloudFormation). The deferrable waits run the real trigger
+against moto's CloudFormation."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import clients
+from taskcontext import make_context
+
+from pcflow.aws.teardown import Selector, teardown
+from pcflow.cluster import teardown as cluster_teardown
+from pcflow.cluster.operators import DeleteClusterOperator, EnsureClusterOperator
+from pcflow.cluster.parallelcluster import ClusterCreateFailed, ClusterMismatch, HostKeyUnavailable
+from pcflow.cluster.providers import delete_cluster, ensure_cluster, make_provider
+from pcflow.cluster.triggers import ClusterStackTrigger
+
+pytestmark = pytest.mark.stack
+
+
+def stacks_named(name: str) -> list[dict]:
+    cfn = clients("cloudformation")
+    return [s for s in cfn.describe_stacks()["Stacks"] if s["StackName"] == name]
+
+
+def wait_like_trigger(trigger: ClusterStackTrigger) -> dict:
+    """The trigger's own botocore waiter, run synchronously: the triggerer's async path needs aiobotocore,
+    which cannot be installed next to the pinned botocore 1.44.8 (aiobotocore pins botocore <1.43.118)."""
+    clients("cloudformation").get_waiter(trigger.waiter_name).wait(
+        **trigger.waiter_args, WaiterConfig={"Delay": 1, "MaxAttempts": 10}
+    )
+    return {"status": "success", trigger.return_key: trigger.return_value}
+
+
+def ensure_op(cli, site, spec, **kw):
+    return EnsureClusterOperator(
+        task_id="ensure_cluster", provider="parallelcluster", cluster=spec, stack=site.stack,
+        pcluster_path=str(cli), waiter_delay=1, waiter_max_attempts=10, **kw,
+    )  # fmt: skip
+
+
+def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cli, site, monkeypatch):
+    spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
+    op = ensure_op(standin_cli, site, spec)
+    op.cluster_provider.require_host_key = False  # moto's console output carries no cloud-init host keys
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context("ensure_cluster"))
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, ClusterStackTrigger)
+    assert trigger.serialize()[1]["waiter_name"] == "stack_create_complete"
+    event = wait_like_trigger(trigger)
+    assert event["status"] == "success" and event["stack_name"] == spec["name"]
+    info = op.execute_complete(make_context("ensure_cluster"), event, **deferred.value.kwargs)
+    assert info["provider"] == "parallelcluster" and info["name"] == spec["name"] and info["scheduler"] == "slurm"
+    assert info["head_node"]["address"] and info["shared_root"] == "/fsx" and info["mounts"] == ["/fsx"]
+    assert info["partitions"][0]["name"] == "gpu" and info["config_hash"] and not info["adopted"]
+    tags = {t["Key"]: t["Value"] for t in stacks_named(spec["name"])[0]["Tags"]}
+    assert tags["pcflow:stack"] == site.stack and tags["pcflow:config-hash"] == info["config_hash"]
+
+    # Second ensure with the same spec: adopted, no second stack, no defer.
+    again = ensure_op(standin_cli, site, spec)
+    again.cluster_provider.require_host_key = False
+    assert again.execute(make_context("ensure_cluster"))["adopted"] is True
+    assert len(stacks_named(spec["name"])) == 1
+
+    # Same name, other config: refused with a clear message, nothing changed.
+    with pytest.raises(ClusterMismatch, match="exists with another configuration"):
+        ensure_op(standin_cli, site, {**spec, "max_count": 7}).execute(make_context("ensure_cluster"))
+
+    # Delete: deferrable until the stack is gone, then idempotent.
+    delete = DeleteClusterOperator(
+        task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"],
+        pcluster_path=str(standin_cli), waiter_delay=1, waiter_max_attempts=10,
+    )  # fmt: skip
+    with pytest.raises(TaskDeferred) as deferred:
+        delete.execute(make_context("delete_cluster"))
+    event = wait_like_trigger(deferred.value.trigger)
+    assert event["status"] == "success"
+    assert delete.execute_complete(make_context("delete_cluster"), event, **deferred.value.kwargs)["deleted"]
+    assert stacks_named(spec["name"]) == []
+    assert delete.execute(make_context("delete_cluster"))["deleted"] is False
+
+
+def test_standin_host_key_is_pinned_never_trusted_on_first_use(standin_cli, site):
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    spec = site.spec()
+    try:
+        with pytest.raises(HostKeyUnavailable, match="never trusts a host key on first use"):
+            ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+    finally:
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_standin_create_failed_is_diagnosed(standin_cli, site, monkeypatch):
+    monkeypatch.setenv("PCFLOW_STANDIN_FAIL", "HeadNodeBootstrapFailure")
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    spec = site.spec()
+    try:
+        with pytest.raises(ClusterCreateFailed) as info:
+            ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+        message = str(info.value)
+        assert "CREATE_FAILED" in message and "failure HeadNodeBootstrapFailure" in message
+        assert "rollback disabled" in message
+        # A retry does not create again: the failed cluster is diagnosed from describe-cluster.
+        with pytest.raises(ClusterCreateFailed, match="HeadNodeBootstrapFailure"):
+            ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+        assert len(stacks_named(spec["name"])) == 1
+    finally:
+        monkeypatch.delenv("PCFLOW_STANDIN_FAIL")
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_standin_teardown_loop_deletes_tagged_cluster_stacks(standin_cli, site):
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    provider.require_host_key = False
+    spec = site.spec()
+    ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+    selector = Selector(stack=site.stack)
+    report = teardown(clients, selector, handler_sets=[cluster_teardown.HANDLER_SET], pass_delay=0)
+    assert [r.id for r in report.deleted] == [spec["name"]]
+    assert stacks_named(spec["name"]) == []
+    head = clients("ec2").describe_instances(
+        Filters=[{"Name": "tag:parallelcluster:cluster-name", "Values": [spec["name"]]},
+                 {"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    )["Reservations"]  # fmt: skip
+    assert head == []
