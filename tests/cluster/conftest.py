@@ -36,7 +36,7 @@ def pcluster_cli() -> Path:
 def standin_cli(tmp_path_factory) -> Path:
     """An executable that runs the stand-in with this interpreter (boto3 + PyYAML are here)."""
     path = tmp_path_factory.mktemp("standin") / "pcluster"
-    path.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
+    path.write_text(f'#!/bin/sh\nexec {sys.executable} {STANDIN} "$@"\n')
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
 
@@ -84,6 +84,9 @@ def site(local_stack) -> MotoSite:
     ec2.terminate_instances(InstanceIds=[builder])
     s3.create_bucket(Bucket=f"pcflow-{unique}")
     yield MotoSite(unique, f"t{unique}", subnet, f"pcflow-{unique}", ami, f"pcflow-{unique}")
+    for obj in s3.list_objects_v2(Bucket=f"pcflow-{unique}").get("Contents", []):
+        s3.delete_object(Bucket=f"pcflow-{unique}", Key=obj["Key"])
+    s3.delete_bucket(Bucket=f"pcflow-{unique}")
     ec2.deregister_image(ImageId=ami)
     ec2.delete_key_pair(KeyName=f"pcflow-{unique}")
     ec2.delete_subnet(SubnetId=subnet)

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.stack
 
 
 def provider(cli, **kw):
-    return make_provider("parallelcluster", pcluster_path=str(cli), suppress_validators=MOTO_SUPPRESSED_VALIDATORS, **kw)
+    return make_provider(
+        "parallelcluster", pcluster_path=str(cli), suppress_validators=MOTO_SUPPRESSED_VALIDATORS, **kw
+    )
 
 
 @pytest.mark.parametrize("fsx", [None, {"deployment_type": "SCRATCH_2"}, {"deployment_type": "PERSISTENT_2"}])
@@ -44,7 +46,7 @@ def test_config_the_schema_rejects_fails_with_pclusters_message(pcluster_cli, si
 def test_wrong_subnet_and_missing_bucket_fail_in_seconds(pcluster_cli, site):
     with pytest.raises(PclusterError, match="subnet-0123456789abcdef0"):
         validate_cluster(provider(pcluster_cli), site.spec(head_subnet_id="subnet-0123456789abcdef0"), stack=site.stack)
-    with pytest.raises(PclusterError, match="S3BucketUriValidator|bucket"):
+    with pytest.raises(PclusterError, match=r"S3BucketUriValidator|bucket"):
         validate_cluster(
             provider(pcluster_cli),
             site.spec(s3_bucket=f"missing-{site.unique}", fsx={"deployment_type": "SCRATCH_2"}),

@@ -80,7 +80,9 @@ def test_config_hash_ignores_tags_but_not_settings():
 
 
 def test_extra_config_is_deep_merged():
-    spec = ClusterSpec.parse({**BASE, "extra_config": {"Scheduling": {"SlurmSettings": {"QueueUpdateStrategy": "DRAIN"}}}})
+    spec = ClusterSpec.parse(
+        {**BASE, "extra_config": {"Scheduling": {"SlurmSettings": {"QueueUpdateStrategy": "DRAIN"}}}}
+    )
     settings = render_config(spec).document["Scheduling"]["SlurmSettings"]
     assert settings == {"ScaledownIdletime": 10, "QueueUpdateStrategy": "DRAIN"}
 
