@@ -23,14 +23,16 @@ system-deps:  ## Slurm, munge, MariaDB, sshd from the OS packages, when missing
 
 venv: $(VENV)/.installed  ## the Python 3.11 environment, exactly as constraints.txt pins it
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
+$(VENV)/bin/uv:
 	@command -v $(PYTHON) >/dev/null || { echo "pcflow needs Python 3.11 ($(PYTHON) not found); set PYTHON=/path/to/python3.11" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt | $(VENV)/bin/uv
 	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements-dev.txt -c constraints.txt
 	@touch $@
 
-lock: $(VENV)/.installed  ## re-resolve constraints.txt from PyPI after changing a requirements file
+lock: | $(VENV)/bin/uv  ## re-resolve constraints.txt from PyPI after changing a requirements file
 	$(VENV)/bin/uv pip compile requirements-dev.txt --python-version 3.11 --no-header --no-annotate -o constraints.txt
 
 lint: venv  ## ruff, including Airflow 3's import rules (AIR)
