@@ -20,6 +20,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
+from pcflow.metrics.utilisation import sampler_source
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.render import render_batch_script, render_hparams
@@ -234,6 +235,7 @@ class SlurmJobOperator(BaseOperator):
         script = render_batch_script(spec, run_dir, job_name=self.job_name(context), run_key=run_key)
         self.hook.makedirs(run_dir.root)
         self.write_inputs(spec, run_dir)
+        self.hook.write_file(run_dir.sampler, sampler_source(), mode=0o755)  # started by the batch wrapper
         self.hook.write_file(run_dir.root + "/spec.json", spec.model_dump_json(indent=2))
         self.hook.write_file(run_dir.script, script, mode=0o755)
         log_offset = self.hook.file_size(run_dir.log) or 0

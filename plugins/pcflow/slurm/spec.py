@@ -214,6 +214,16 @@ class RunDir:
         return self._path("metrics.jsonl")
 
     @property
+    def utilisation(self) -> str:
+        """Samples of CPU/GPU/memory use, one JSON line per node and interval (include/metrics/sampler.py)."""
+        return self._path("utilisation.jsonl")
+
+    @property
+    def sampler(self) -> str:
+        """The utilisation sampler, uploaded at submit; one per job (array elements share it)."""
+        return self._path("sampler.py")
+
+    @property
     def marker(self) -> str:
         return self._path("exit.json")
 

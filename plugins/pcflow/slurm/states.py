@@ -250,3 +250,143 @@ def parse_scontrol(output: str) -> JobInfo | None:
         nodes="" if pairs.get("NodeList") in (None, "(null)") else pairs["NodeList"],
         source="scontrol",
     )
+
+
+# -- resource use of a job (the metrics stage) ------------------------------------------------------
+
+# Without -X: the allocation line and one line per step (`<id>.batch`, `<id>.0`); MaxRSS is per step.
+SACCT_USAGE_FIELDS = (
+    "JobID",
+    "State",
+    "ExitCode",
+    "ElapsedRaw",
+    "NNodes",
+    "NodeList",
+    "AllocCPUS",
+    "AllocTRES",
+    "MaxRSS",
+    "Start",
+    "End",
+)
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """What a job used, across all its attempts: for the report and the bill."""
+
+    job_id: str
+    state: JobState
+    raw_state: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    elapsed_s: int | None = None
+    #: node-seconds over every attempt (a requeued attempt was paid for too)
+    node_seconds: int | None = None
+    attempts: int = 1
+    nodes: int | None = None
+    node_list: str = ""
+    alloc_cpus: int | None = None
+    alloc_gpus: int = 0
+    max_rss_bytes: int | None = None
+    start: str = ""
+    end: str = ""
+    source: str = ""
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "state": str(self.state)}
+
+
+def parse_size(text: str) -> int | None:
+    """Slurm sizes (`1234K`, `2.5G`, `812M`, `0`) -> bytes; plain numbers are bytes as sacct prints them."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)([KMGTP]?)\s*", text or "")
+    if not match:
+        return None
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """`cpu=8,mem=64G,node=1,billing=8,gres/gpu=8` -> {"cpu": "8", "mem": "64G", ..., "gres/gpu": "8"}."""
+    return dict(item.split("=", 1) for item in (text or "").split(",") if "=" in item)
+
+
+def tres_gpus(tres: dict[str, str]) -> int:
+    """GPUs in a TRES map: `gres/gpu=8`, or typed ones (`gres/gpu:a100=8`) when untyped is absent."""
+    if tres.get("gres/gpu", "").isdigit():
+        return int(tres["gres/gpu"])
+    return sum(int(v) for k, v in tres.items() if k.startswith("gres/gpu:") and v.isdigit())
+
+
+def _timestamp(text: str) -> str:
+    return "" if text in ("", "Unknown", "None", "(null)") else text
+
+
+def parse_sacct_usage(output: str, job_id: str) -> JobUsage | None:
+    """Lines of `sacct -n -P -D -j <id> -o <SACCT_USAGE_FIELDS>` (steps included)."""
+    allocations: list[list[str]] = []
+    max_rss: int | None = None
+    for line in output.splitlines():
+        fields = line.split("|")
+        if len(fields) < len(SACCT_USAGE_FIELDS):
+            continue
+        if fields[0] == job_id:
+            allocations.append(fields)
+        elif fields[0].startswith(f"{job_id}."):
+            rss = parse_size(fields[8])
+            if rss is not None:
+                max_rss = max(rss, max_rss or 0)
+    if not allocations:
+        return None
+    last = allocations[-1][: len(SACCT_USAGE_FIELDS)]
+    _, raw, exit_text, elapsed, nnodes, node_list, cpus, tres, _, start, end = last
+    code, sig = parse_exit_code(exit_text)
+    node_seconds = 0
+    for attempt in allocations:
+        if attempt[3].isdigit() and attempt[4].isdigit():
+            node_seconds += int(attempt[3]) * int(attempt[4])
+    return JobUsage(
+        job_id=job_id,
+        state=normalise_state(raw),
+        raw_state=raw,
+        exit_code=code,
+        signal=sig,
+        elapsed_s=int(elapsed) if elapsed.isdigit() else None,
+        node_seconds=node_seconds,
+        attempts=len(allocations),
+        nodes=int(nnodes) if nnodes.isdigit() else None,
+        node_list="" if node_list in ("None assigned", "(null)") else node_list,
+        alloc_cpus=int(cpus) if cpus.isdigit() else None,
+        alloc_gpus=tres_gpus(parse_tres(tres)),
+        max_rss_bytes=max_rss,
+        start=_timestamp(start),
+        end=_timestamp(end),
+        source="sacct",
+    )
+
+
+def parse_scontrol_usage(output: str) -> JobUsage | None:
+    """`scontrol show job -o <id>` when there is no accounting: no MaxRSS, and only the last attempt."""
+    info = parse_scontrol(output)
+    if info is None:
+        return None
+    line = output.strip().splitlines()[0]
+    pairs = dict(re.findall(r"(\w+(?::\w+)?)=(.*?)(?=\s+\w+(?::\w+)?=|$)", line))
+    tres = parse_tres(pairs.get("AllocTRES", pairs.get("TRES", "")))
+    nodes = pairs.get("NumNodes", "").split("-")[0]
+    return JobUsage(
+        job_id=info.job_id,
+        state=info.state,
+        raw_state=info.raw_state,
+        exit_code=info.exit_code,
+        signal=info.signal,
+        elapsed_s=info.elapsed_s,
+        node_seconds=info.elapsed_s * int(nodes) if info.elapsed_s is not None and nodes.isdigit() else None,
+        attempts=info.restarts + 1,
+        nodes=int(nodes) if nodes.isdigit() else None,
+        node_list=info.nodes,
+        alloc_cpus=int(pairs["NumCPUs"]) if pairs.get("NumCPUs", "").isdigit() else None,
+        alloc_gpus=tres_gpus(tres),
+        start=_timestamp(pairs.get("StartTime", "")),
+        end=_timestamp(pairs.get("EndTime", "")),
+        source="scontrol",
+    )
