@@ -245,6 +245,61 @@ def check_gathered_loss_and_gradients_equal_single_process():
     assert torch.allclose(torch.cat([p["gb"] for p in parts]), b.grad, atol=1e-6)
 
 
+def _ddp_step_worker(rank: int, job: tuple) -> None:
+    import torch.distributed as dist
+    from loss import global_nt_xent
+    from model import SimCLR
+    from torch.nn.parallel import DistributedDataParallel
+
+    port, v1, v2, out = job
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = SimCLR(width=8, embedding_dim=16)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    half = slice(rank * len(v1) // 2, (rank + 1) * len(v1) // 2)
+    for _ in range(2):
+        z1, z2 = ddp(torch.cat([v1[half], v2[half]])).chunk(2)
+        loss = global_nt_xent(z1, z2, 0.2)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.save(model.state_dict(), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def check_ddp_training_steps_equal_single_process_steps():
+    """Two DDP ranks, each with half of a batch, end where one process with the whole batch ends."""
+    import socket
+
+    import torch.multiprocessing as mp
+    from augment import two_views
+    from loss import nt_xent
+    from model import SimCLR
+
+    g = torch.Generator().manual_seed(0)
+    v1, v2 = two_views(torch.rand(32, 1, 8, 8, generator=g), 12, g)
+    torch.manual_seed(0)
+    model = SimCLR(width=8, embedding_dim=16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(2):
+        z1, z2 = model(torch.cat([v1, v2])).chunk(2)
+        loss = nt_xent(z1, z2, 0.2)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_ddp_step_worker, args=((port, v1, v2, f"{tmp}/r"),), nprocs=2, join=True)
+        ranks = [torch.load(f"{tmp}/r.{r}") for r in range(2)]
+    for name, value in model.state_dict().items():
+        for state in ranks:
+            assert torch.allclose(state[name], value, atol=1e-5), name
+
+
 def main(names: list[str]) -> int:
     checks = {name: fn for name, fn in globals().items() if name.startswith("check_") and callable(fn)}
     results = {}
