@@ -124,8 +124,7 @@ def read_samples(data: bytes | str) -> Utilisation:
                 mem_used_mb=_float(record.get("mem_used_mb")),
                 mem_total_mb=_float(record.get("mem_total_mb")),
                 gpus=[
-                    {k: float(g[k]) for k in ("util", "mem_used_mb", "mem_total_mb")}
-                    for g in record.get("gpus") or []
+                    {k: float(g[k]) for k in ("util", "mem_used_mb", "mem_total_mb")} for g in record.get("gpus") or []
                 ],
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):

@@ -1,0 +1,263 @@
+"""Read everything a job left in its run directory, over SSH, into one JSON document.
+
+Sources, each optional: the job's JSON-lines metrics, VISSL's metrics.json, regex definitions over the
+log, Slurm's accounting (sacct, or scontrol without accounting), the sampler's utilisation lines. What
+could not be read is listed under `missing` with the reason; only a metric the caller declared
+required makes the harvest fail.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pcflow.metrics.definitions import MetricDefinition, scan_log
+from pcflow.metrics.jsonlines import read_metric_lines
+from pcflow.metrics.series import Objective, Point, group
+from pcflow.metrics.utilisation import read_samples
+from pcflow.slurm.states import SACCT_USAGE_FIELDS, JobUsage, parse_sacct_usage, parse_scontrol_usage
+
+#: Written into a trial's run directory by the early-stopping check when it cancels the trial.
+EARLY_STOP_FILE = "early_stop.json"
+VISSL_FILES = ("checkpoints/metrics.json", "metrics.json")
+MAX_LOG_BYTES = 32 * 1024 * 1024
+
+
+class RequiredMetricMissing(Exception):
+    """A metric the caller declared required is absent: the run's result cannot be judged."""
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """One job (or one trial of an array) as SlurmJobOperator/SlurmArrayJobOperator report it."""
+
+    job_id: str
+    run_dir: str
+    log: str
+    metrics_file: str
+    state: str | None = None
+    exit_code: int | None = None
+    elapsed_s: int | None = None
+    trial: int | None = None
+    outcome: str | None = None
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def slurm_id(self) -> str:
+        """An array element is `<array id>_<index>` in sacct and scontrol."""
+        return f"{self.job_id}_{self.trial}" if self.trial is not None and "_" not in self.job_id else self.job_id
+
+
+def load_job(job: Mapping[str, Any] | str) -> dict[str, Any]:
+    """The job XCom as a dict; a JSON string (a template rendered without native objects) is decoded."""
+    if isinstance(job, str):
+        try:
+            job = json.loads(job)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"job must be the train task's XCom (a dict or its JSON), got {job[:80]!r}") from exc
+    if not isinstance(job, Mapping) or "run_dir" not in job:
+        raise ValueError(
+            f"job must be the XCom of SlurmJobOperator or SlurmArrayJobOperator (with run_dir), got {str(job)[:120]!r}"
+        )
+    return dict(job)
+
+
+def job_refs(job: Mapping[str, Any] | str) -> list[JobRef]:
+    """One JobRef for a single job; one per trial for an array job."""
+    job = load_job(job)
+    if "trials" in job:
+        return [
+            JobRef(
+                job_id=str(job["job_id"]),
+                run_dir=t["run_dir"],
+                log=t.get("log") or posixpath.join(t["run_dir"], "job.log"),
+                metrics_file=t.get("metrics_file") or posixpath.join(t["run_dir"], "metrics.jsonl"),
+                exit_code=t.get("exit_code"),
+                trial=int(t["index"]),
+                outcome=t.get("outcome"),
+                hyperparameters=dict(t.get("hyperparameters") or {}),
+            )
+            for t in job["trials"]
+        ]
+    run_dir = job["run_dir"]
+    return [
+        JobRef(
+            job_id=str(job.get("job_id") or ""),
+            run_dir=run_dir,
+            log=job.get("log") or posixpath.join(run_dir, "job.log"),
+            metrics_file=job.get("metrics_file") or posixpath.join(run_dir, "metrics.jsonl"),
+            state=job.get("state"),
+            exit_code=job.get("exit_code"),
+            elapsed_s=job.get("elapsed_s"),
+        )
+    ]
+
+
+def job_usage(hook: Any, slurm_id: str) -> JobUsage | None:
+    """sacct (all attempts, steps for MaxRSS) with accounting; scontrol (while slurmctld remembers) otherwise."""
+    if not slurm_id:
+        return None
+    if hook.accounting_enabled:
+        out = hook.run(["sacct", "-n", "-P", "-D", "-j", slurm_id, "-o", ",".join(SACCT_USAGE_FIELDS)], check=False)
+        usage = parse_sacct_usage(out.stdout, slurm_id)
+        if usage is not None:
+            return usage
+    return parse_scontrol_usage(hook.run(["scontrol", "show", "job", "-o", slurm_id], check=False).stdout)
+
+
+def _read_optional(hook: Any, path: str, max_bytes: int | None = None) -> bytes | None:
+    """The file's bytes (its tail when larger than max_bytes), or None when it does not exist."""
+    size = hook.file_size(path)
+    if size is None:
+        return None
+    offset = max(0, size - max_bytes) if max_bytes else 0
+    return hook.read_file(path, offset)
+
+
+def read_points(
+    hook: Any, ref: JobRef, definitions: Sequence[MetricDefinition]
+) -> tuple[list[Point], dict[str, Any], list[dict[str, str]]]:
+    """Points from the JSON-lines file, VISSL's metrics.json and the log's regexes; what each gave."""
+    missing: list[dict[str, str]] = []
+    sources: dict[str, Any] = {}
+    points: list[Point] = []
+
+    data = _read_optional(hook, ref.metrics_file)
+    if data is None:
+        missing.append({"what": "metrics file", "path": ref.metrics_file, "why": "does not exist"})
+    else:
+        read = read_metric_lines(data)
+        points += read.points
+        sources["metrics_file"] = {"path": ref.metrics_file, **read.as_dict()}
+    for name in VISSL_FILES:
+        path = posixpath.join(ref.run_dir, name)
+        data = _read_optional(hook, path)
+        if data is not None:
+            read = read_metric_lines(data)
+            points += read.points
+            sources["vissl"] = {"path": path, **read.as_dict()}
+            break
+    if definitions:
+        log = _read_optional(hook, ref.log, MAX_LOG_BYTES)
+        if log is None:
+            missing.append({"what": "job log", "path": ref.log, "why": "does not exist"})
+        else:
+            found, unmatched = scan_log(log.decode("utf-8", errors="replace"), definitions)
+            points += found
+            sources["log"] = {"path": ref.log, "points": len(found), "unmatched": unmatched}
+            missing += [{"what": f"metric {n}", "path": ref.log, "why": "regex matched nothing"} for n in unmatched]
+
+    return points, sources, missing
+
+
+def harvest_job(
+    hook: Any,
+    ref: JobRef,
+    *,
+    definitions: Sequence[MetricDefinition] = (),
+    objective: Objective | None = None,
+    required: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Everything one job left behind, as the document written to S3 as metrics.json."""
+    points, sources, missing = read_points(hook, ref, definitions)
+    series = group(points)
+    modes = {objective.name: objective.mode} if objective else {}
+    metrics = {name: s.summary(modes.get(name)) for name, s in series.items()}
+    for name in required:
+        if name not in series or not series[name].finite_points():
+            raise RequiredMetricMissing(
+                f"required metric {name!r} has no finite value in {ref.run_dir} (metrics found: "
+                f"{', '.join(sorted(series)) or 'none'}); see the job log {ref.log}"
+            )
+    obj = None
+    if objective is not None:
+        obj = {**objective.as_dict(), **_objective_values(metrics.get(objective.name))}
+        if objective.name not in series:
+            missing.append({"what": f"objective {objective.name}", "path": ref.run_dir, "why": "never reported"})
+
+    usage = job_usage(hook, ref.slurm_id)
+    if usage is None:
+        missing.append({"what": "accounting", "path": ref.slurm_id, "why": "Slurm no longer knows the job"})
+    samples_data = _read_optional(hook, posixpath.join(ref.run_dir, "utilisation.jsonl"))
+    samples = read_samples(samples_data or b"")
+    if not samples.samples:
+        missing.append({"what": "utilisation samples", "path": ref.run_dir, "why": "no sample was written"})
+    early = _read_optional(hook, posixpath.join(ref.run_dir, EARLY_STOP_FILE))
+    early_stop = _json_or_none(early)
+
+    return {
+        "job": {
+            "job_id": ref.job_id,
+            "slurm_id": ref.slurm_id,
+            "run_dir": ref.run_dir,
+            "trial": ref.trial,
+            "hyperparameters": ref.hyperparameters,
+        },
+        "outcome": _outcome(ref, usage, early_stop),
+        "early_stop": early_stop,
+        "accounting": usage.as_dict() if usage else None,
+        "elapsed_s": usage.elapsed_s if usage and usage.elapsed_s is not None else ref.elapsed_s,
+        "objective": obj,
+        "metrics": metrics,
+        "series": {name: [[p.step, p.epoch, p.time, p.value] for p in s.points] for name, s in series.items()},
+        "utilisation": samples.summary(),
+        "utilisation_timeline": {k: [list(p) for p in v] for k, v in samples.timeline().items()},
+        "sources": sources,
+        "missing": missing,
+        "harvested_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _json_or_none(data: bytes | None) -> dict | None:
+    try:
+        value = json.loads(data) if data else None
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _objective_values(summary: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not summary or "final" not in summary:
+        return {"value": None, "final": None}
+    return {
+        "value": summary.get("best"),
+        "final": summary.get("final"),
+        "best_step": summary.get("best_step"),
+        "best_epoch": summary.get("best_epoch"),
+        "diverged": bool(summary.get("diverged")),
+    }
+
+
+def _outcome(ref: JobRef, usage: JobUsage | None, early_stop: dict | None) -> str:
+    """`stopped_early` (a decision, not a failure), else Slurm's state, else what the operator said."""
+    if early_stop:
+        return "stopped_early"
+    if usage is not None:
+        return str(usage.state).lower()
+    return (ref.state or ref.outcome or "unknown").lower()
+
+
+def xcom_summary(document: Mapping[str, Any], *, report_url: str | None = None) -> dict[str, Any]:
+    """The small XCom: final and best of each metric, the objective, cost, elapsed, what is missing."""
+    metrics = {
+        name: {k: s[k] for k in ("final", "best") if k in s} for name, s in document["metrics"].items() if "final" in s
+    }
+    cost = document.get("cost") or {}
+    util = document.get("utilisation") or {}
+    return {
+        "run_key": document.get("run_key"),
+        "job_id": document["job"]["job_id"],
+        "trial": document["job"]["trial"],
+        "outcome": document["outcome"],
+        "elapsed_s": document.get("elapsed_s"),
+        "objective": document.get("objective"),
+        "metrics": metrics,
+        "gpu_util_percent_mean": util.get("gpu_util_percent_mean"),
+        "cost_usd_estimate": cost.get("total_usd"),
+        "missing": [m["what"] for m in document["missing"]],
+        **({"report": report_url} if report_url else {}),
+    }

@@ -1,0 +1,313 @@
+"""The metrics stage's operators: thin shells over harvest/cost/report/publish (plain functions).
+
+`HarvestMetricsOperator` takes the train task's XCom (`job`), reads the run directory over SSH,
+publishes to S3 and CloudWatch and returns a small summary. `SweepLeaderboardOperator` does the same
+for every trial of a job array, then ranks the trials and returns the best one's hyperparameters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset
+from airflow.sdk.exceptions import AirflowFailException
+
+from pcflow.aws.base import PcflowAwsOperator
+from pcflow.metrics import cost, publish
+from pcflow.metrics.definitions import parse_definitions
+from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job, job_refs, xcom_summary
+from pcflow.metrics.leaderboard import leaderboard_csv, leaderboard_page, rank_trials
+from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
+from pcflow.metrics.report import render_report
+from pcflow.metrics.series import Objective
+from pcflow.naming import run_key_from_context, validate_stack_name
+from pcflow.slurm.hook import SlurmHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+class HarvestMetricsOperator(PcflowAwsOperator):
+    """Harvest a finished (or running) Slurm job's metrics, usage and cost; publish them.
+
+    :param job: the XCom of SlurmJobOperator (or SlurmArrayJobOperator: every trial is harvested),
+        a dict or its JSON, e.g. `"{{ ti.xcom_pull(task_ids='train') }}"`.
+    :param bucket: S3 bucket of the reports: `s3://<bucket>/runs/<run key>/{metrics.json,report.html}`.
+    :param stack: the pcflow stack (CloudWatch dimension, dashboard `pcflow-<stack>`).
+    :param objective: `{"name": "probe_accuracy", "mode": "max"}` or `"loss:min"`.
+    :param metric_definitions: SageMaker-style `[{"name": ..., "regex": ...}]` over the job log.
+    :param required_metrics: metric names whose absence fails the task (all others are optional).
+    :param instance_type: compute node type, for the cost; `capacity_type` `ondemand` or `spot`.
+    :param nodes: node count when Slurm no longer knows the job (node-hours = elapsed x nodes).
+    :param head_instance_type, fsx_storage_gib, fsx_deployment_type: priced over the run's window.
+    :param prices: overrides of include/metrics/prices.json (e.g. `{"on_demand_per_hour": {...}}`).
+    :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).
+    :param ssh_conn_id, remote_host, host_key: the head node, as for SlurmJobOperator.
+
+    Outlets that are Assets (the trained model) get an event whose extra is the summary.
+    """
+
+    template_fields: Sequence[str] = (
+        "job",
+        "bucket",
+        "stack",
+        "objective",
+        "metric_definitions",
+        "required_metrics",
+        "instance_type",
+        "capacity_type",
+        "nodes",
+        "head_instance_type",
+        "fsx_storage_gib",
+        "remote_host",
+        "host_key",
+        "prices",
+    )
+    template_fields_renderers = {"job": "json", "metric_definitions": "json", "prices": "json"}  # noqa: RUF012
+    operator_extra_links = (MetricsReportLink(), MetricsDashboardLink())
+    ui_color = "#f3d9a4"
+
+    def __init__(
+        self,
+        *,
+        job: Mapping[str, Any] | str,
+        bucket: str,
+        stack: str,
+        objective: Mapping[str, str] | str | None = None,
+        metric_definitions: list[Mapping[str, str]] | str | None = None,
+        required_metrics: Sequence[str] = (),
+        instance_type: str | None = None,
+        capacity_type: str = "ondemand",
+        nodes: int | str | None = None,
+        head_instance_type: str | None = None,
+        fsx_storage_gib: float | str | None = None,
+        fsx_deployment_type: str = "SCRATCH_2",
+        prices: Mapping[str, Any] | None = None,
+        cloudwatch: bool = True,
+        ssh_conn_id: str = SlurmHook.default_conn_name,
+        remote_host: str | None = None,
+        host_key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.bucket = bucket
+        self.stack = stack
+        self.objective = objective
+        self.metric_definitions = metric_definitions or []
+        self.required_metrics = required_metrics
+        self.instance_type = instance_type
+        self.capacity_type = capacity_type
+        self.nodes = nodes
+        self.head_instance_type = head_instance_type
+        self.fsx_storage_gib = fsx_storage_gib
+        self.fsx_deployment_type = fsx_deployment_type
+        self.prices = prices
+        self.cloudwatch = cloudwatch
+        self.ssh_conn_id = ssh_conn_id
+        self.remote_host = remote_host
+        self.host_key = host_key
+        # Refuse bad definitions and objectives when the DAG is parsed, not after the training ran.
+        if not _is_template(self.metric_definitions):
+            parse_definitions(self.metric_definitions)
+        if not _is_template(self.objective):
+            Objective.parse(self.objective)
+
+    @cached_property
+    def slurm(self) -> SlurmHook:
+        return SlurmHook(
+            ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
+        )
+
+    # -- the parts -------------------------------------------------------------------------------
+
+    def settings(self) -> tuple[Objective | None, list, str]:
+        try:
+            definitions = self.metric_definitions
+            if isinstance(definitions, str):
+                definitions = json.loads(definitions)
+            return (
+                Objective.parse(self.objective),
+                parse_definitions(definitions),
+                validate_stack_name(self.stack),
+            )
+        except ValueError as exc:
+            raise AirflowFailException(f"Task {self.task_id}: {exc}") from exc
+
+    def cost_of(self, document: Mapping[str, Any], context: Context) -> dict[str, Any]:
+        usage = document.get("accounting") or {}
+        node_seconds = usage.get("node_seconds")
+        if node_seconds is None and document.get("elapsed_s") is not None and self.nodes:
+            node_seconds = int(document["elapsed_s"]) * int(self.nodes)
+        start, end = _parse_time(usage.get("start")), _parse_time(usage.get("end"))
+        window_s = document.get("elapsed_s")
+        dag_run = context.get("dag_run")
+        if dag_run is not None and getattr(dag_run, "start_date", None):
+            window_s = (dt.datetime.now(dt.UTC) - dag_run.start_date).total_seconds()
+        inputs = cost.CostInputs(
+            instance_type=self.instance_type,
+            capacity_type=self.capacity_type,
+            node_seconds=node_seconds,
+            window_s=window_s,
+            head_instance_type=self.head_instance_type,
+            fsx_storage_gib=float(self.fsx_storage_gib) if self.fsx_storage_gib else None,
+            fsx_deployment_type=self.fsx_deployment_type,
+            start=start,
+            end=end,
+        )
+        ec2 = self.client("ec2") if self.capacity_type == "spot" else None
+        return cost.estimate(inputs, cost.price_table(self.prices), ec2=ec2)
+
+    def harvest_one(self, context: Context, ref: JobRef, key: str, objective, definitions) -> dict[str, Any]:
+        """Harvest one job and publish it under `runs/<key>/`; returns (document, summary)."""
+        ti = context["ti"]
+        try:
+            document = harvest_job(
+                self.slurm, ref, definitions=definitions, objective=objective, required=list(self.required_metrics)
+            )
+        except RequiredMetricMissing as exc:
+            raise AirflowFailException(str(exc)) from exc
+        document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id)
+        document["cost"] = self.cost_of(document, context)
+        s3 = self.client("s3")
+        prefix = publish.run_prefix(key)
+        publish.put_object(s3, self.bucket, prefix + "metrics.json", json.dumps(document, indent=1), "application/json")
+        report_url = publish.put_object(
+            s3, self.bucket, prefix + "report.html", render_report(document), "text/html; charset=utf-8"
+        )
+        if self.cloudwatch:
+            dims = publish.dimensions(stack=self.stack, dag_id=ti.dag_id, run_key=key, trial=ref.trial)
+            data = publish.metric_data(document, dims, dt.datetime.now(dt.UTC))
+            sent = publish.publish_metric_data(
+                self.client("cloudwatch"), s3, self.bucket, prefix + "cloudwatch.json", data
+            )
+            self.log.info("CloudWatch: %d datapoints sent, %d sent before", sent["sent"], sent["already_sent"])
+        self.log.info("Harvested %s (%s): report %s", ref.run_dir, document["outcome"], report_url)
+        for item in document["missing"]:
+            self.log.warning("Not harvested: %s (%s): %s", item["what"], item["path"], item["why"])
+        return document, xcom_summary(document, report_url=report_url)
+
+    def publish_dashboard(self, documents: Sequence[Mapping[str, Any]]) -> str | None:
+        if not self.cloudwatch:
+            return None
+        names: list[str] = []
+        for doc in documents:
+            obj = doc.get("objective") or {}
+            if obj.get("name"):
+                names.append(f"{obj['name']}_best")
+                names.append(obj["name"])
+            names += [n for n in ("loss", "gpu_util_percent", "cost_usd_estimate") if n not in names]
+        return publish.publish_dashboard(
+            self.client("cloudwatch"), self.stack, self.hook.region_name, dict.fromkeys(names)
+        )
+
+    def link(self, context: Context, report_key: str, dashboard: str | None) -> None:
+        region = self.hook.region_name
+        MetricsReportLink.persist(context, publish.s3_console_url(self.bucket, report_key, region))
+        if dashboard:
+            MetricsDashboardLink.persist(context, publish.dashboard_url(region, dashboard))
+
+    def asset_events(self, context: Context, extra: Mapping[str, Any]) -> None:
+        events = context.get("outlet_events")
+        for outlet in self.outlets or []:
+            if events is not None and isinstance(outlet, Asset):
+                events[outlet].extra.update(json.loads(json.dumps(extra, default=str)))
+
+    # -- execute -----------------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        objective, definitions, _ = self.settings()
+        try:
+            refs = job_refs(self.job)
+        except ValueError as exc:
+            raise AirflowFailException(f"Task {self.task_id}: {exc}") from exc
+        key = run_key_from_context(context)
+        try:
+            if len(refs) == 1 and refs[0].trial is None:
+                document, summary = self.harvest_one(context, refs[0], key, objective, definitions)
+                documents, result = [document], summary
+                report_key = publish.run_prefix(key) + "report.html"
+            else:
+                documents, result, report_key = self.harvest_trials(context, refs, key, objective, definitions)
+            dashboard = self.publish_dashboard(documents)
+        finally:
+            self.slurm.close()
+        self.link(context, report_key, dashboard)
+        extra = {"run_key": key, "checkpoints": f"{documents[0]['job']['run_dir']}/checkpoints", **result}
+        self.asset_events(context, extra)
+        return result
+
+    def harvest_trials(self, context, refs, key, objective, definitions):
+        documents, summaries = [], []
+        for ref in refs:
+            document, summary = self.harvest_one(context, ref, f"{key}/trials/{ref.trial}", objective, definitions)
+            documents.append(document)
+            summaries.append(summary)
+        return (
+            documents,
+            {"run_key": key, "trials": summaries},
+            publish.run_prefix(f"{key}/trials/{refs[0].trial}") + "report.html",
+        )
+
+
+class SweepLeaderboardOperator(HarvestMetricsOperator):
+    """Every trial of a sweep harvested and published, then ranked by the objective:
+    `s3://<bucket>/runs/<run key>/leaderboard.csv` and `leaderboard.html` (the trials' curves overlaid).
+
+    Returns `{"run_key", "objective", "leaderboard": [...], "best": {"trial", "value",
+    "hyperparameters"}, "leaderboard_csv", "leaderboard_html"}`; `best` is None when no trial
+    reported the objective.
+    """
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        objective, definitions, _ = self.settings()
+        if objective is None:
+            raise AirflowFailException(f"Task {self.task_id}: a leaderboard needs an objective (name and mode)")
+        try:
+            refs = job_refs(self.job)
+        except ValueError as exc:
+            raise AirflowFailException(f"Task {self.task_id}: {exc}") from exc
+        key = run_key_from_context(context)
+        try:
+            documents, _, _ = self.harvest_trials(context, refs, key, objective, definitions)
+            dashboard = self.publish_dashboard(documents)
+        finally:
+            self.slurm.close()
+        rows = rank_trials(documents, objective)
+        s3 = self.client("s3")
+        prefix = publish.run_prefix(key)
+        csv_url = publish.put_object(s3, self.bucket, prefix + "leaderboard.csv", leaderboard_csv(rows), "text/csv")
+        html_url = publish.put_object(
+            s3,
+            self.bucket,
+            prefix + "leaderboard.html",
+            leaderboard_page(rows, documents, objective, key),
+            "text/html; charset=utf-8",
+        )
+        self.link(context, prefix + "leaderboard.html", dashboard)
+        best = next((r for r in rows if r["value"] is not None), None)
+        result = {
+            "run_key": key,
+            "objective": objective.as_dict(),
+            "leaderboard": rows,
+            "best": {k: best[k] for k in ("trial", "value", "hyperparameters")} if best else None,
+            "leaderboard_csv": csv_url,
+            "leaderboard_html": html_url,
+        }
+        self.asset_events(context, {k: v for k, v in result.items() if k != "leaderboard"})
+        return result
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC) if text else None
+    except ValueError:
+        return None

@@ -1,0 +1,75 @@
+"""The run's report: one self-contained HTML page (inline SVG plots, no scripts, no remote assets)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from pcflow.metrics.svg import line_chart
+from pcflow.paths import include_dir
+
+MAX_METRIC_CHARTS = 12
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(include_dir() / "metrics"),
+        undefined=jinja2.ChainableUndefined,
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def fmt(value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def curve(points: list[list[Any]]) -> tuple[list[tuple[float, float]], str]:
+    """[[step, epoch, time, value], ...] -> (x, y) by step, else epoch, else order; and the x label."""
+    if points and all(p[0] is not None for p in points):
+        return [(p[0], p[3]) for p in points], "step"
+    if points and all(p[1] is not None for p in points):
+        return [(p[1], p[3]) for p in points], "epoch"
+    return [(i, p[3]) for i, p in enumerate(points)], "report #"
+
+
+def metric_charts(series: Mapping[str, list[list[Any]]]) -> list[str]:
+    charts = []
+    for name, points in list(series.items())[:MAX_METRIC_CHARTS]:
+        xy, label = curve(points)
+        charts.append(line_chart({name: xy}, title=name, x_label=label))
+    return charts
+
+
+def utilisation_charts(timeline: Mapping[str, list[list[float]]]) -> list[str]:
+    gpu = {k: [tuple(p) for p in v] for k, v in timeline.items() if k.startswith("gpu")}
+    cpu = {k: [tuple(p) for p in v] for k, v in timeline.items() if k.startswith("cpu")}
+    charts = [line_chart(cpu, title="CPU use per node (%)", x_label="seconds")]
+    if gpu:
+        charts.insert(0, line_chart(gpu, title="GPU use (% of one GPU, summed) and GPU memory (%)", x_label="seconds"))
+    return charts
+
+
+def render_report(document: Mapping[str, Any], *, title: str | None = None) -> str:
+    return (
+        _environment()
+        .get_template("report.html.j2")
+        .render(
+            doc=document,
+            title=title or f"pcflow run {document.get('run_key', '')}",
+            fmt=fmt,
+            mib=lambda b: round(b / 1024**2, 1) if isinstance(b, int | float) else None,
+            metric_charts=[Markup(c) for c in metric_charts(document.get("series", {}))],
+            utilisation_charts=[Markup(c) for c in utilisation_charts(document.get("utilisation_timeline", {}))],
+        )
+    )
