@@ -1,0 +1,194 @@
+"""Early stopping: cancel a trial whose objective stopped improving or diverged, as a decision, not a failure.
+
+`decide` is the rule (plain, tested alone). `EarlyStoppingTrigger` applies it in the triggerer while
+the job runs: it finds the job from the run directory's `submitted` file (SlurmJobOperator writes it
+at sbatch time, so the check can start beside the train task), re-reads the metrics file each poll,
+and on a stop writes `early_stop.json` into the run directory before `scancel` — the harvest then
+reports the trial as `stopped_early`. `EarlyStoppingOperator` defers to it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import asyncssh
+from airflow.sdk import BaseOperator
+
+from pcflow.metrics.harvest import EARLY_STOP_FILE
+from pcflow.metrics.jsonlines import read_metric_lines
+from pcflow.metrics.series import Objective, group
+from pcflow.naming import run_key_from_context, slug
+from pcflow.slurm.hook import SlurmHook
+from pcflow.slurm.spec import RunDir
+from pcflow.slurm.trigger import HeadNodeTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: bool
+    reason: str = ""  # "diverged" | "no_improvement" | ""
+    evaluations: int = 0
+    best: float | None = None
+    last: float | None = None
+
+
+def decide(values: Sequence[float], objective: Objective, *, patience: int, min_delta: float = 0.0) -> Decision:
+    """Stop when the last value is NaN/inf, or when none of the last `patience` evaluations beat the
+    best before them by more than `min_delta`."""
+    if patience < 1:
+        raise ValueError("patience must be at least 1 evaluation")
+    if not values:
+        return Decision(False)
+    last = values[-1]
+    if not math.isfinite(last):
+        return Decision(True, "diverged", len(values), None, last)
+    finite = [v for v in values if math.isfinite(v)]
+    best_at, best = 0, finite[0]
+    for i, v in enumerate(finite):
+        if i and (v - best if objective.mode == "max" else best - v) > min_delta:
+            best_at, best = i, v
+    stale = len(finite) - 1 - best_at
+    return Decision(stale >= patience, "no_improvement" if stale >= patience else "", len(values), best, last)
+
+
+class EarlyStoppingTrigger(HeadNodeTrigger):
+    """Fires when the trial was stopped (payload outcome `stopped_early`) or ended by itself (`finished`)."""
+
+    def __init__(
+        self, *, objective: dict[str, str], patience: int, min_delta: float = 0.0, element: int | None = None, **kwargs
+    ) -> None:
+        super().__init__(**kwargs)
+        self.objective = objective
+        self.patience = patience
+        self.min_delta = min_delta
+        self.element = element
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            **super().kwargs(),
+            "objective": self.objective,
+            "patience": self.patience,
+            "min_delta": self.min_delta,
+            "element": self.element,
+        }
+
+    @property
+    def trial_dir(self) -> str:
+        return self.run_dir if self.element is None else posixpath.join(self.run_dir, str(self.element))
+
+    async def read(self, sftp: asyncssh.SFTPClient, path: str) -> bytes | None:
+        try:
+            async with sftp.open(path, "rb") as fh:
+                return await fh.read()
+        except asyncssh.SFTPNoSuchFile:
+            return None
+
+    async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
+        submitted = (await self.read(sftp, posixpath.join(self.run_dir, "submitted")) or b"").decode().strip()
+        if not submitted.isdigit():
+            return None  # not submitted yet
+        job_id = submitted if self.element is None else f"{submitted}_{self.element}"
+        marker = await self.read_json(sftp, posixpath.join(self.trial_dir, "exit.json"))
+        objective = Objective.parse(self.objective)
+        points = read_metric_lines(await self.read(sftp, posixpath.join(self.trial_dir, "metrics.jsonl")) or b"")
+        series = group(points.points).get(objective.name)
+        values = [p.value for p in series.points] if series else []
+        decision = decide(values, objective, patience=self.patience, min_delta=self.min_delta)
+        base = {"job_id": job_id, "run_dir": self.trial_dir, "decision": asdict(decision)}
+        if decision.stop and not marker:
+            record = {**base, "objective": objective.as_dict(), "time": time.time()}
+            async with sftp.open(posixpath.join(self.trial_dir, EARLY_STOP_FILE), "wb") as fh:
+                await fh.write(json.dumps(record, default=str).encode())
+            await self.run_command(conn, ["scancel", job_id])
+            return {**base, "status": "success", "outcome": "stopped_early"}
+        if marker and str(marker.get("job_id")) == job_id:
+            return {**base, "status": "success", "outcome": "finished"}
+        return None
+
+    async def on_kill(self) -> None:
+        """The check is advisory: killing it leaves the training alone."""
+
+
+class EarlyStoppingOperator(BaseOperator):
+    """Watch a running trial and scancel it when its objective has not improved for `patience`
+    evaluations or has diverged (NaN/inf). Succeeds either way; returns `{"outcome":
+    "stopped_early"|"finished", "job_id", "run_dir", "decision"}`.
+
+    :param train_task_id: the SlurmJobOperator/SlurmArrayJobOperator task of the same DAG run.
+    :param element: the trial's index when the train task is a job array.
+    """
+
+    template_fields: Sequence[str] = ("objective", "patience", "min_delta", "element", "remote_host", "host_key")
+
+    def __init__(
+        self,
+        *,
+        train_task_id: str,
+        objective: dict[str, str] | str,
+        patience: int = 5,
+        min_delta: float = 0.0,
+        element: int | None = None,
+        ssh_conn_id: str = SlurmHook.default_conn_name,
+        remote_host: str | None = None,
+        host_key: str | None = None,
+        shared_root: str | None = None,
+        poll_interval: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.train_task_id = train_task_id
+        self.objective = objective
+        self.patience = patience
+        self.min_delta = min_delta
+        self.element = element
+        self.ssh_conn_id = ssh_conn_id
+        self.remote_host = remote_host
+        self.host_key = host_key
+        self.shared_root = shared_root
+        self.poll_interval = poll_interval
+        if not (isinstance(objective, str) and "{{" in objective):
+            Objective.parse(objective)
+
+    @cached_property
+    def hook(self) -> SlurmHook:
+        return SlurmHook(
+            ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
+        )
+
+    def make_trigger(self, context: Context) -> EarlyStoppingTrigger:
+        root = self.shared_root or self.hook.shared_root
+        run_dir = RunDir.for_job(root, run_key_from_context(context), slug(self.train_task_id, 64) or "job")
+        return EarlyStoppingTrigger(
+            ssh_conn_id=self.ssh_conn_id,
+            job_id="",
+            run_dir=run_dir.root,
+            remote_host=self.hook.remote_host,
+            host_key=self.hook.host_key,
+            slurm_bin=self.hook.extras.get("slurm_bin"),
+            policy={"poll_interval": self.poll_interval},
+            objective=Objective.parse(self.objective).as_dict(),
+            patience=int(self.patience),
+            min_delta=float(self.min_delta),
+            element=None if self.element in (None, "") else int(self.element),
+        )
+
+    def execute(self, context: Context) -> None:
+        self.defer(trigger=self.make_trigger(context), method_name="execute_complete")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") != "success":
+            self.log.warning("Early-stopping check gave up: %s", event.get("message"))
+            return {"outcome": "unchecked", "message": event.get("message")}
+        if event["outcome"] == "stopped_early":
+            self.log.info("Stopped trial %s early (%s)", event["job_id"], event["decision"]["reason"])
+        return {k: event[k] for k in ("outcome", "job_id", "run_dir", "decision")}

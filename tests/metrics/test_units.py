@@ -1,0 +1,146 @@
+"""Parsing and decision units of the metrics stage: no stack needed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pcflow.metrics.cost import CostInputs, estimate, price_table
+from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
+from pcflow.metrics.early_stop import decide
+from pcflow.metrics.jsonlines import read_metric_lines
+from pcflow.metrics.leaderboard import leaderboard_csv, rank_trials
+from pcflow.metrics.series import Objective, group
+from pcflow.metrics.utilisation import read_samples
+from pcflow.slurm.states import JobState, parse_sacct_usage, parse_scontrol_usage, parse_size
+
+
+def line(name, value, step, epoch=0, split="train"):
+    return json.dumps({"time": 1.0 + step, "epoch": epoch, "step": step, "name": name, "value": value, "split": split})
+
+
+def test_pcflow_lines_bad_lines_nan_and_truncated_tail():
+    text = "\n".join(
+        [line("loss", 2.0, 0), "garbage", line("loss", 1.0, 1), '{"name": "loss"}', line("loss", math.nan, 2)]
+    )
+    text += '\n{"time": 3, "name": "lo'
+    read = read_metric_lines(text)
+    assert read.lines == 6 and read.bad_lines == 3 and read.truncated_tail
+    summary = group(read.points)["loss"].summary()
+    assert summary["final"] == 1.0 and summary["best"] == 1.0 and summary["diverged"] and summary["non_finite"] == 1
+
+
+def test_requeued_step_keeps_the_later_point_and_splits_stay_apart():
+    points = read_metric_lines(
+        "\n".join([line("loss", 5.0, 1), line("loss", 4.0, 1), line("acc", 0.5, 1, split="eval")])
+    )
+    series = group(points.points)
+    assert [p.value for p in series["loss"].points] == [4.0] and series["acc"].split == "eval"
+
+
+def test_vissl_metrics_json():
+    record = {
+        "iteration": 500,
+        "phase_idx": 1,
+        "train_phase_idx": 0,
+        "test_accuracy_list_meter": {"top_1": {"res5": 41.2}, "top_5": {"res5": 70.3}},
+    }
+    read = read_metric_lines(json.dumps(record) + "\n")
+    by_name = {p.name: p for p in read.points}
+    point = by_name["test_accuracy_list_meter/top_1/res5"]
+    assert (point.value, point.step, point.epoch, point.split) == (41.2, 500, 0, "eval")
+
+
+def test_regex_definitions_validated_and_scanned():
+    with pytest.raises(ValueError, match="invalid regex"):
+        MetricDefinition("acc", "acc=([0-9")
+    with pytest.raises(ValueError, match="exactly one capturing group"):
+        MetricDefinition("acc", r"(acc)=(\d+)")
+    with pytest.raises(ValueError, match="unique"):
+        parse_definitions([{"Name": "a", "Regex": r"a=(\d)"}, {"name": "a", "regex": r"b=(\d)"}])
+    defs = parse_definitions([{"Name": "acc", "Regex": r"acc=([0-9.eE+-]+|nan)"}, {"name": "none", "regex": r"x=(\d)"}])
+    points, unmatched = scan_log("epoch 1 acc=0.5\nepoch 2 acc=0.6\nacc=nan\n", defs)
+    assert [p.value for p in points][:2] == [0.5, 0.6] and math.isnan(points[2].value) and unmatched == ["none"]
+
+
+SACCT = """\
+77|NODE_FAIL|0:0|100|2|gpu-[1-2]|16|billing=16,cpu=16,gres/gpu=16,node=2||2026-01-01T00:00:00|2026-01-01T00:01:40
+77|COMPLETED|0:0|3600|2|gpu-[1-2]|16|billing=16,cpu=16,gres/gpu=16,node=2||2026-01-01T00:02:00|2026-01-01T01:02:00
+77.batch|COMPLETED|0:0|3600|1|gpu-1|8|cpu=8,mem=0,node=1|11952K|2026-01-01T00:02:00|2026-01-01T01:02:00
+77.0|COMPLETED|0:0|3600|2|gpu-[1-2]|16|cpu=16,node=2|1.5G|2026-01-01T00:02:00|2026-01-01T01:02:00
+"""
+
+
+def test_sacct_usage_sums_attempts_and_takes_step_rss():
+    usage = parse_sacct_usage(SACCT, "77")
+    assert usage.state is JobState.COMPLETED and usage.attempts == 2 and usage.node_seconds == 2 * 100 + 2 * 3600
+    assert usage.alloc_gpus == 16 and usage.alloc_cpus == 16 and usage.max_rss_bytes == parse_size("1.5G")
+    assert parse_sacct_usage(SACCT, "78") is None
+
+
+def test_scontrol_usage():
+    out = (
+        "JobId=9 JobName=t JobState=COMPLETED Reason=None ExitCode=0:0 RunTime=00:10:00 Restarts=0 "
+        "StartTime=2026-01-01T00:00:00 EndTime=2026-01-01T00:10:00 NodeList=gpu-1 NumNodes=1 NumCPUs=8 "
+        "AllocTRES=cpu=8,mem=10G,node=1,billing=8,gres/gpu:a100=4"
+    )
+    usage = parse_scontrol_usage(out)
+    assert usage.node_seconds == 600 and usage.alloc_gpus == 4 and usage.max_rss_bytes is None
+
+
+def test_utilisation_gpu_sum_as_the_seeds_count_it():
+    lines = [
+        json.dumps(
+            {
+                "time": t,
+                "host": h,
+                "cpu_percent": 50,
+                "mem_used_mb": 1,
+                "mem_total_mb": 2,
+                "gpus": [{"index": i, "util": 80, "mem_used_mb": 30, "mem_total_mb": 40} for i in range(4)],
+            }
+        )
+        for t in (0, 5)
+        for h in ("a", "b")
+    ]
+    summary = read_samples("\n".join([*lines, "{torn"])).summary()
+    assert (
+        summary["gpus"] == 8 and summary["gpu_util_percent_mean"] == 640 and summary["gpu_util_capacity_percent"] == 800
+    )
+    assert summary["gpu_memory_percent_mean"] == 75 and summary["bad_lines"] == 1
+
+
+def test_cost_spot_falls_back_to_discount_and_reports_savings():
+    bill = estimate(CostInputs("p4d.24xlarge", "spot", node_seconds=2 * 3600), price_table())
+    assert bill["estimate"] and bill["spot_savings"]["percent"] == 70.0
+    unknown = estimate(CostInputs("x9.huge", node_seconds=3600), price_table())
+    assert unknown["total_usd"] is None and "not in the price table" in unknown["unknown"][0]
+    custom = estimate(CostInputs("x9.huge", node_seconds=3600), price_table({"on_demand_per_hour": {"x9.huge": 2.0}}))
+    assert custom["total_usd"] == 2.0
+
+
+def test_objective_and_leaderboard():
+    assert Objective.parse("loss:min") == Objective("loss", "min")
+    with pytest.raises(ValueError):
+        Objective.parse({"name": "acc", "mode": "up"})
+    docs = [
+        {
+            "job": {"trial": i, "hyperparameters": {"lr": lr}},
+            "outcome": "completed",
+            "objective": {"value": v, "final": v},
+        }
+        for i, (lr, v) in enumerate([(0.1, 0.5), (0.2, None), (0.3, 0.7)])
+    ]
+    rows = rank_trials(docs, Objective("acc", "max"))
+    assert [r["trial"] for r in rows] == [2, 0, 1] and rows[2]["rank"] is None
+    assert leaderboard_csv(rows).splitlines()[1].startswith("1,2,completed,0.7")
+
+
+def test_early_stop_decision():
+    obj = Objective("acc", "max")
+    assert not decide([0.1, 0.2, 0.3], obj, patience=2).stop
+    assert decide([0.1, 0.5, 0.4, 0.45], obj, patience=2).reason == "no_improvement"
+    assert decide([0.1, math.nan], obj, patience=5).reason == "diverged"
+    assert not decide([1.0, 0.9, 0.95], Objective("loss", "min"), patience=2).stop
