@@ -142,6 +142,7 @@ def check_distenv_from_slurm_torchrun_and_alone():
     assert env.master_addr == "node3" and env.master_port == rendezvous_port("12345") != rendezvous_port("12346")
     assert 1024 < env.master_port < 32768
     assert threads_per_task(0, slurm) == 3 and threads_per_task(5, slurm) == 5
+    assert threads_per_task(0, {"SLURM_CPUS_PER_TASK": "8"}, local_world_size=4, per_node_agent=True) == 2
     assert detect({**slurm, "MASTER_ADDR": "h", "MASTER_PORT": "999"}).master_addr == "h"
 
     torchrun = {

@@ -148,7 +148,8 @@ def test_injected_failure_fails_the_job_and_a_retry_resumes(slurm: SlurmHook, pa
     hparams = {"data_dir": str(digits_dir), "epochs": 2, "fail_at_epoch": 1}
     context = make_context("simclr-flaky")
     op = simclr_op("simclr-flaky", payload_python, hparams)
-    with pytest.raises(AirflowException, match=r"(?s)exit code 1.*fail_at_epoch=1"):
+    # Every rank fails; srun's status is 1, or 143 when it stopped a rank that had not exited yet.
+    with pytest.raises(AirflowException, match=r"(?s)exit code (1|143)\b.*fail_at_epoch=1: failing on purpose"):
         op.execute_complete(context, first_event(defer(op, context)))
 
     retry = simclr_op("simclr-flaky", payload_python, hparams)  # what Airflow's retry does: a new job
@@ -162,3 +163,21 @@ def test_bad_hyperparameters_fail_fast_with_the_reason(slurm: SlurmHook, payload
     context = make_context("simclr-bad")
     with pytest.raises(AirflowException, match=r"(?s)exit code 2.*unknown hyperparameter\(s\): lrr"):
         op.execute_complete(context, first_event(defer(op, context)))
+
+
+def test_torchrun_launcher_runs_the_same_payload(slurm: SlurmHook, payload_python: Path, digits_dir: Path):
+    """torchrun starts the workers (one agent per node); the payload reads torchrun's environment."""
+    op = SlurmJobOperator(
+        task_id="simclr-torchrun",
+        launcher="torchrun",
+        program=[str(TRAIN)],
+        python=str(payload_python),
+        allocation={"tasks_per_node": 2, "time_limit": "10"},
+        hyperparameters={"data_dir": str(digits_dir), "epochs": 1},
+        **FAST,
+    )
+    context = make_context("simclr-torchrun")
+    result = op.execute_complete(context, first_event(defer(op, context)))
+    assert_trained(slurm, result, epochs=1)
+    log = slurm.read_file(result["log"]).decode()
+    assert log.count("joining gloo process group at env:// (torchrun)") == 2

@@ -107,11 +107,16 @@ def detect(env: Mapping[str, str] | None = None, expand: Callable[[str], list[st
     return DistEnv(launcher="single")
 
 
-def threads_per_task(requested: int, env: Mapping[str, str] | None = None, local_world_size: int = 1) -> int:
-    """Torch threads: the request, else the task's Slurm CPUs, else this machine's cores shared out."""
+def threads_per_task(
+    requested: int, env: Mapping[str, str] | None = None, *, local_world_size: int = 1, per_node_agent: bool = False
+) -> int:
+    """Torch threads: the request, else the task's Slurm CPUs, else this machine's cores shared out.
+
+    Under torchrun the Slurm task is the per-node agent: its CPUs are shared by its local workers.
+    """
     env = os.environ if env is None else env
     if requested > 0:
         return requested
     if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
-        return max(1, int(env["SLURM_CPUS_PER_TASK"]))
+        return max(1, int(env["SLURM_CPUS_PER_TASK"]) // (max(1, local_world_size) if per_node_agent else 1))
     return max(1, (os.cpu_count() or 1) // max(1, local_world_size))

@@ -181,7 +181,9 @@ def run_epoch(epoch: int, step: int, *, ddp, optimizer, loader, hp: Hparams, env
 
 def train(hp: Hparams, env: DistEnv) -> None:
     device = setup_process_group(env)
-    torch.set_num_threads(threads_per_task(hp.threads, local_world_size=env.local_world_size))
+    torch.set_num_threads(
+        threads_per_task(hp.threads, local_world_size=env.local_world_size, per_node_agent=env.launcher == "torchrun")
+    )
     torch.manual_seed(hp.seed)
     metrics = MetricsWriter(os.environ.get("PCFLOW_METRICS_FILE"), enabled=env.is_main)
 
