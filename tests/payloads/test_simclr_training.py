@@ -17,7 +17,7 @@ from taskcontext import first_event, make_context
 
 from pcflow.dataset.digits import materialize_digits
 from pcflow.slurm.hook import SlurmHook
-from pcflow.slurm.operator import SlurmJobOperator
+from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.slurm.states import JobState
 
 pytestmark = pytest.mark.stack
@@ -148,9 +148,11 @@ def test_injected_failure_fails_the_job_and_a_retry_resumes(slurm: SlurmHook, pa
     hparams = {"data_dir": str(digits_dir), "epochs": 2, "fail_at_epoch": 1}
     context = make_context("simclr-flaky")
     op = simclr_op("simclr-flaky", payload_python, hparams)
+    trigger = defer(op, context)
     # Every rank fails; srun's status is 1, or 143 when it stopped a rank that had not exited yet.
-    with pytest.raises(AirflowException, match=r"(?s)exit code (1|143)\b.*fail_at_epoch=1: failing on purpose"):
-        op.execute_complete(context, first_event(defer(op, context)))
+    with pytest.raises(AirflowException, match=r"exit code (1|143)\b"):
+        op.execute_complete(context, first_event(trigger))
+    assert "fail_at_epoch=1: failing on purpose" in slurm.read_file(trigger.run_dir + "/job.log").decode()
 
     retry = simclr_op("simclr-flaky", payload_python, hparams)  # what Airflow's retry does: a new job
     result = retry.execute_complete(context, first_event(defer(retry, context)))
