@@ -5,13 +5,13 @@
 Names: loss and lr (every logged step), epoch_loss, epoch_time and throughput (images per second,
 all ranks) at the end of each epoch, resumed_from_epoch when an attempt resumes, probe_accuracy,
 probe_train_accuracy and probe_loss at the end (split eval), probe_baseline_accuracy when asked for.
+A diverging loss is written (as NaN) before the payload fails.
 A step of an epoch interrupted by a requeue appears twice: the later line is the one that counted.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import IO
@@ -22,9 +22,7 @@ SPLITS = ("train", "eval")
 def metric_line(name: str, value: float, *, epoch: int, step: int, split: str, now: float | None = None) -> str:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"metric {name} is not finite: {value}")
+    value = float(value)  # NaN/inf are written as JSON's NaN/Infinity: a diverging run is news, not noise
     record = {
         "time": round(time.time() if now is None else now, 3),
         "epoch": int(epoch),
@@ -33,7 +31,7 @@ def metric_line(name: str, value: float, *, epoch: int, step: int, split: str, n
         "value": value,
         "split": split,
     }
-    return json.dumps(record, allow_nan=False) + "\n"
+    return json.dumps(record) + "\n"
 
 
 class MetricsWriter:

@@ -159,12 +159,12 @@ def run_epoch(epoch: int, step: int, *, ddp, optimizer, loader, hp: Hparams, env
         loss.backward()
         optimizer.step()
         value = loss.item()
-        if not math.isfinite(value):
-            raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step}: lower lr")
         loss_sum += value
-        if i % hp.log_every_steps == 0 or i == steps_per_epoch - 1:
+        if i % hp.log_every_steps == 0 or i == steps_per_epoch - 1 or not math.isfinite(value):
             metrics.write("loss", value, epoch=epoch, step=step)
             metrics.write("lr", lr, epoch=epoch, step=step)
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step}: the run diverged, lower lr")
         step += 1
     seconds = time.perf_counter() - started
     throughput = steps_per_epoch * loader.batch_size * env.world_size / seconds
