@@ -15,6 +15,10 @@ class FakeTI:
     task_id: str
     map_index: int = -1
     try_number: int = 1
+    xcoms: dict[str, Any] = field(default_factory=dict)
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
 
 
 @dataclass

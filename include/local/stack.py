@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")).resolve()
 CLUSTER_NAME = "pcflow-local"
 REGION = "us-east-1"
+BUILDER_PROFILE = "pcflow-ami-builder"
+PCLUSTER_VERSION = "3.16.1"
 READY_TIMEOUT_S = 90
 STOP_TIMEOUT_S = 20
 PORT_NAMES = ("moto", "sshd", "slurmctld", "slurmd", "slurmdbd", "mariadb")
@@ -497,6 +499,43 @@ def moto_ready(lay: Layout) -> bool:
         return False
 
 
+def seed_emulated_account(lay: Layout) -> None:
+    """What an administrator prepares once in a real account, made in the empty emulated one: the AMI
+    builder's instance profile (on AWS it also carries AmazonSSMManagedInstanceCore, which the
+    emulator does not know), and a stand-in for the ParallelCluster base image (moto has none)."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
+    options = {"endpoint_url": lay.aws_endpoint, "verify": str(lay.ca_bundle)}
+    iam, ec2 = session.client("iam", **options), session.client("ec2", **options)
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+    }
+    steps = (
+        lambda: iam.create_role(RoleName=BUILDER_PROFILE, AssumeRolePolicyDocument=json.dumps(trust)),
+        lambda: iam.create_instance_profile(InstanceProfileName=BUILDER_PROFILE),
+        lambda: iam.add_role_to_instance_profile(InstanceProfileName=BUILDER_PROFILE, RoleName=BUILDER_PROFILE),
+    )
+    for step in steps:  # each one idempotent on its own, so a half-done seeding completes
+        try:
+            step()
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] not in ("EntityAlreadyExists", "LimitExceeded"):
+                raise
+    name = f"aws-parallelcluster-{PCLUSTER_VERSION}-alinux2023-hvm-x86_64-local-standin"
+    if not ec2.describe_images(Owners=["self"], Filters=[{"Name": "name", "Values": [name]}])["Images"]:
+        ec2.register_image(
+            Name=name,
+            Description="stand-in for the ParallelCluster base image (the emulator ships none)",
+            RootDeviceName="/dev/xvda",
+            Architecture="x86_64",
+            VirtualizationType="hvm",
+            BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 40}}],
+        )
+
+
 def register_cluster(lay: Layout) -> None:
     env = lay.slurm_env()
     listed = run(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], env=env, check=False).stdout
@@ -594,6 +633,7 @@ SERVICES: list[Service] = [
             str(lay.path("tls", "server.key")),
         ],
         moto_ready,
+        after_start=seed_emulated_account,
     ),
 ]
 
@@ -644,6 +684,8 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 def start(lay: Layout, svc: Service) -> str:
     if running_pid(lay, svc) and svc.ready(lay):
+        if svc.after_start:  # idempotent set-up steps: re-applied, in case the service lost its state
+            svc.after_start(lay)
         return "already up"
     stop(lay, svc)  # a half-dead previous instance: clear it before starting afresh
     argv = svc.argv(lay)

@@ -50,7 +50,7 @@ def gpus(nvidia_smi):
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        print("pcflow sampler: nvidia-smi failed: %s" % exc, file=sys.stderr)
+        print(f"pcflow sampler: nvidia-smi failed: {exc}", file=sys.stderr)
         return None
     found = []
     for line in out.strip().splitlines():
@@ -93,7 +93,7 @@ def main():
             # One write of one whole line on an O_APPEND descriptor: nodes never interleave lines.
             os.write(fd, (json.dumps(record) + "\n").encode())
         except (OSError, ValueError, KeyError) as exc:
-            print("pcflow sampler: %s" % exc, file=sys.stderr)
+            print(f"pcflow sampler: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from taskcontext import make_context
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.operators import HarvestMetricsOperator
 from pcflow.metrics.publish import NAMESPACE, dashboard_name
-from pcflow.slurm.operator import SlurmJobOperator
+from pcflow.slurm.operators import SlurmJobOperator
 
 pytestmark = pytest.mark.stack
 

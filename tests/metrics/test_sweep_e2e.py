@@ -12,7 +12,7 @@ from taskcontext import first_event, make_context
 
 from pcflow.metrics.early_stop import EarlyStoppingOperator
 from pcflow.metrics.operators import SweepLeaderboardOperator
-from pcflow.slurm.operator import SlurmArrayJobOperator
+from pcflow.slurm.operators import SlurmArrayJobOperator
 
 pytestmark = pytest.mark.stack
 

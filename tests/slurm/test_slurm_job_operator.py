@@ -16,7 +16,7 @@ from stacktools import LocalStack
 from taskcontext import MemoryStateStore, first_event, make_context
 
 from pcflow.slurm.hook import SlurmConnectionError, SlurmHook
-from pcflow.slurm.operator import STATE_KEY, SlurmArrayJobOperator, SlurmJobOperator
+from pcflow.slurm.operators import STATE_KEY, SlurmArrayJobOperator, SlurmJobOperator
 from pcflow.slurm.states import JobState
 
 pytestmark = pytest.mark.stack

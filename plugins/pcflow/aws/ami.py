@@ -378,7 +378,8 @@ class BakeImageOperator(PcflowAwsOperator):
 
     template_fields = (
         *PcflowAwsOperator.template_fields, "stack", "pcluster_version", "subnet_id", "security_group_ids",
-        "instance_type", "base_image_id", "extra_inputs",
+        "instance_type", "base_image_id", "extra_inputs", "bootstrap_script_path", "instance_profile", "os",
+        "base_image_owners", "wait_for_ssm_agent", "enabled",
     )  # fmt: skip
 
     def __init__(
@@ -392,19 +393,23 @@ class BakeImageOperator(PcflowAwsOperator):
         security_group_ids: Sequence[str] = (),
         instance_type: str = "c5.xlarge",
         base_image_id: str | None = None,
+        base_image_owners: Sequence[str] = ("amazon",),
         os: str = "alinux2023",
         architecture: str = "x86_64",
         extra_inputs: Mapping[str, Any] | None = None,
         deferrable: bool = True,
         waiter_delay: int = 30,
         wait_for_ssm_agent: bool = True,
+        enabled: bool = True,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self.enabled = enabled
         self.stack, self.pcluster_version = stack, pcluster_version
         self.bootstrap_script_path, self.instance_profile = bootstrap_script_path, instance_profile
         self.subnet_id, self.security_group_ids = subnet_id, security_group_ids
         self.instance_type, self.base_image_id = instance_type, base_image_id
+        self.base_image_owners = base_image_owners
         self.os, self.architecture, self.extra_inputs = os, architecture, extra_inputs
         self.deferrable, self.waiter_delay, self.wait_for_ssm_agent = deferrable, waiter_delay, wait_for_ssm_agent
         self._builder: str | None = None
@@ -416,11 +421,15 @@ class BakeImageOperator(PcflowAwsOperator):
             bootstrap_script=load_script(self.bootstrap_script_path), instance_profile=self.instance_profile,
             subnet_id=self.subnet_id, security_group_ids=tuple(self.security_group_ids or ()),
             instance_type=self.instance_type, base_image_id=self.base_image_id or None, os=self.os,
+            base_image_owners=tuple(self.base_image_owners or ("amazon",)),
             architecture=self.architecture, extra_inputs=dict(self.extra_inputs or {}),
             wait_for_ssm_agent=self.wait_for_ssm_agent,
         )  # fmt: skip
 
     def execute(self, context: Any) -> dict[str, Any]:
+        if not self.enabled:
+            self.log.info("No image wanted (a static cluster brings its own software); nothing baked")
+            return {"image_id": None, "recipe_hash": None, "reused": False}
         spec = self.spec()
         if not self.deferrable:
             return bake_image(self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay)

@@ -470,7 +470,7 @@ class EnsureNetworkOperator(PcflowAwsOperator):
     :param ttl_hours: `pcflow:expires` for the janitor; None = never.
     """
 
-    template_fields = (*PcflowAwsOperator.template_fields, "stack", "network")
+    template_fields = (*PcflowAwsOperator.template_fields, "stack", "network", "ttl_hours")
     template_fields_renderers: ClassVar[dict[str, str]] = {"network": "json"}
     ui_color = "#c6e2ff"
 

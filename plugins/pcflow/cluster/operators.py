@@ -19,7 +19,7 @@ from pcflow.cluster.static import StaticProvider
 
 
 class _ClusterOperator(BaseOperator):
-    template_fields: Sequence[str] = ("provider", "cluster", "stack", "ssh_conn_id")
+    template_fields: Sequence[str] = ("provider", "cluster", "stack", "ssh_conn_id", "suppress_validators", "ttl_hours")
     template_fields_renderers: ClassVar[dict[str, str]] = {"cluster": "json"}
 
     def __init__(
@@ -45,7 +45,7 @@ class _ClusterOperator(BaseOperator):
         self.region_name = region_name
         self.ssh_conn_id = ssh_conn_id
         self.pcluster_path = pcluster_path
-        self.suppress_validators = tuple(suppress_validators)
+        self.suppress_validators = suppress_validators
         self.run_scoped = run_scoped
         self.ttl_hours = ttl_hours
 
@@ -60,7 +60,7 @@ class _ClusterOperator(BaseOperator):
             region_name=self.region_name,
             ssh_conn_id=self.ssh_conn_id,
             pcluster_path=self.pcluster_path,
-            suppress_validators=self.suppress_validators,
+            suppress_validators=tuple(self.suppress_validators or ()),
         )
 
     def _run_and_ttl(self, context: Any) -> tuple[str | None, dt.timedelta | None]:

@@ -46,7 +46,7 @@ class DatasetLoadOperator(AwsBaseOperator[S3Hook]):
 
     aws_hook_class = S3Hook
     template_fields: Sequence[str] = aws_template_fields(
-        "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id"
+        "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id", "stack"
     )
     ui_color = "#c9e4f5"
 

@@ -67,9 +67,11 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         "nodes",
         "head_instance_type",
         "fsx_storage_gib",
+        "ssh_conn_id",
         "remote_host",
         "host_key",
         "prices",
+        "cloudwatch",
     )
     template_fields_renderers = {"job": "json", "metric_definitions": "json", "prices": "json"}  # noqa: RUF012
     operator_extra_links = (MetricsReportLink(), MetricsDashboardLink())

@@ -210,8 +210,8 @@ class SlurmHook(BaseHook):
         result = CommandResult(tuple(argv), stdout.channel.recv_exit_status(), out, err)
         return result.check() if check else result
 
-    def makedirs(self, path: str) -> None:
-        self.run(["mkdir", "-p", "--", path])
+    def makedirs(self, *paths: str) -> None:
+        self.run(["mkdir", "-p", "--", *paths])
 
     def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Write through a temporary name and rename, so a reader never sees half a file."""

@@ -63,8 +63,11 @@ class SlurmJobOperator(BaseOperator):
         "env",
         "python",
         "shared_root",
+        "ssh_conn_id",
         "remote_host",
         "host_key",
+        "max_restarts",
+        "pending_timeout",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -330,10 +333,10 @@ class SlurmArrayJobOperator(SlurmJobOperator):
             raise AirflowFailException(f"Invalid trial for task {self.task_id}: {exc}") from exc
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
-        for index, trial_spec in enumerate(self.trial_specs(spec)):
-            element = run_dir.element(index)
-            self.hook.makedirs(element.root)
-            self.hook.write_file(element.hparams, render_hparams(trial_spec))
+        trial_specs = self.trial_specs(spec)
+        self.hook.makedirs(*(run_dir.element(i).root for i in range(len(trial_specs))))
+        for index, trial_spec in enumerate(trial_specs):
+            self.hook.write_file(run_dir.element(index).hparams, render_hparams(trial_spec))
 
     def job_status(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
         """The array as one job: active while any element is, completed when enough elements are."""

@@ -60,6 +60,7 @@ class HeadNodeTrigger(BaseTrigger):
         self.max_reconnect_attempts = max_reconnect_attempts
         self.command_timeout = command_timeout
         self.queries_sent = 0
+        self.next_confirm: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
@@ -81,6 +82,12 @@ class HeadNodeTrigger(BaseTrigger):
     @functools.cached_property
     def watch_policy(self) -> WatchPolicy:
         return WatchPolicy(**self.policy)
+
+    def confirm_due(self, now: float) -> bool:
+        """The first question to slurmctld waits a full interval: until then the files tell us enough."""
+        if self.next_confirm is None:
+            self.next_confirm = now + self.watch_policy.confirm_interval
+        return now >= self.next_confirm
 
     # -- remote access -------------------------------------------------------------------------
 
@@ -195,7 +202,6 @@ class SlurmJobTrigger(HeadNodeTrigger):
         self.log_offset = log_offset
         self.watch = JobWatch(self.job_id, self.watch_policy)
         self.cursor = LogCursor(offset=log_offset)
-        self.next_confirm = 0.0
         self.last_marker: dict | None = None
 
     def kwargs(self) -> dict[str, Any]:
@@ -222,7 +228,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
         marker = await self.read_json(sftp, posixpath.join(self.run_dir, "exit.json"))
         if marker and marker != self.last_marker:
             self.last_marker, self.next_confirm = marker, now
-        if now < self.next_confirm:
+        if not self.confirm_due(now):
             return None
         info = await self.ask_slurm(conn, queries.job_info(self.job_id, self.accounting))
         verdict = self.watch.assess(info, marker, now)
@@ -262,7 +268,6 @@ class SlurmArrayTrigger(HeadNodeTrigger):
         self.size = size
         self.min_success_ratio = min_success_ratio
         self.watch = ArrayWatch(self.job_id, size, self.watch_policy, min_success_ratio)
-        self.next_confirm = 0.0
         self.done_size = 0
 
     def kwargs(self) -> dict[str, Any]:
@@ -272,7 +277,7 @@ class SlurmArrayTrigger(HeadNodeTrigger):
         done_size = await self.size_of(sftp, posixpath.join(self.run_dir, "done")) or 0
         if done_size != self.done_size:
             self.done_size, self.next_confirm = done_size, now
-        if now < self.next_confirm:
+        if not self.confirm_due(now):
             return None
         elements = await self.ask_slurm(conn, queries.array_elements(self.job_id, self.accounting))
         # squeue knows no exit codes and forgets finished elements: their markers fill both gaps.

@@ -1,0 +1,25 @@
+"""Hourly: delete pcflow resources whose `pcflow:expires` has passed. Triggered by hand it only
+reports what it would delete, unless the trigger form's `dry_run` is turned off."""
+
+from airflow.sdk import DAG, Param
+
+from pcflow.aws.janitor import JanitorOperator
+
+with DAG(
+    dag_id="janitor",
+    schedule="@hourly",
+    catchup=False,
+    params={
+        "dry_run": Param(
+            None,
+            type=["null", "boolean"],
+            title="Dry run",
+            description="Empty: dry run when triggered by hand, delete when scheduled.",
+        )
+    },
+    render_template_as_native_obj=True,
+    max_active_runs=1,
+    tags=["pcflow", "cleanup"],
+    doc_md=__doc__,
+):
+    JanitorOperator(task_id="reap", dry_run="{{ params.dry_run }}", handler_sets=("pcluster", "ec2", "fsx"))

@@ -1,0 +1,23 @@
+"""Nightly pretraining on the data partition of the run's logical date (YYYY-MM-DD).
+
+Network, image and cluster are shared by the stack and kept between nights; one run at a time, so a
+backfill (`airflow backfill create --dag-id pretrain_nightly --from-date ... --to-date ...
+--dag-run-conf '{...}'`) retrains past partitions one after another without a cluster per day.
+Each run writes under its own run key, so two runs never write the same place.
+"""
+
+from airflow.sdk import DAG
+
+from pcflow.pipeline import build_training_pipeline, training_params
+
+with DAG(
+    dag_id="pretrain_nightly",
+    schedule="0 2 * * *",
+    catchup=False,
+    params=training_params(profile="local"),
+    render_template_as_native_obj=True,
+    max_active_runs=1,
+    tags=["pcflow", "training", "nightly"],
+    doc_md=__doc__,
+):
+    build_training_pipeline(run_scoped=False)

@@ -1,0 +1,432 @@
+"""The training pipeline's stages, composed once and shared by every DAG (pretrain, nightly, sweep).
+
+The first task resolves the run's settings (profile + Params/conf) into one validated document and
+returns it; every later operator reads its arguments from that document through templates rendered
+as native objects (the DAGs set `render_template_as_native_obj=True`). Nothing here does I/O when a
+DAG file is parsed: the functions only declare tasks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param, task
+from airflow.sdk.exceptions import AirflowFailException
+
+from pcflow.runspec import INSTANCE_TYPE, RunSpec, RunSpecError, resolve_run_spec
+
+PROFILES = ["local", "aws-gpu"]
+VALIDATE_TASK = "validate"
+
+
+def run_value(path: str) -> str:
+    """A template for one value of the resolved run settings, e.g. `run_value("dataset.bucket")`."""
+    lookup = "".join(f"[{part!r}]" for part in path.split("."))
+    return f"{{{{ ti.xcom_pull(task_ids={VALIDATE_TASK!r}){lookup} }}}}"
+
+
+def task_value(task_id: str, key: str) -> str:
+    """A template for one key of another task's returned dict."""
+    return f"{{{{ ti.xcom_pull(task_ids={task_id!r})[{key!r}] }}}}"
+
+
+# -- the trigger form ----------------------------------------------------------------------------
+
+
+def training_params(*, profile: str = "local", partition: str | None = None) -> dict[str, Param]:
+    """The trigger form: every field optional except the profile; empty means "as the profile says"."""
+
+    def optional(kind: str, **schema: Any) -> dict[str, Any]:
+        return {"type": ["null", kind], **schema}
+
+    return {
+        "profile": Param(
+            profile,
+            type="string",
+            enum=PROFILES,
+            title="Profile",
+            description="Where the run happens: `local` (emulated AWS + local Slurm) or `aws-gpu` (ParallelCluster).",
+            section="Where",
+        ),
+        "stack": Param(
+            None,
+            **optional("string", pattern=r"^[a-z][a-z0-9-]{0,22}[a-z0-9]$"),
+            title="Stack",
+            description="Groups shared resources (network, image, cluster); empty: the profile's.",
+            section="Where",
+        ),
+        "dataset_source": Param(
+            None,
+            **optional("string", maxLength=1024),
+            title="Dataset source",
+            description="A local directory, `s3://bucket/prefix`, or `builtin:digits`; empty: the profile's.",
+            section="Data",
+        ),
+        "partition": Param(
+            partition,
+            **optional("string", pattern=r"^[A-Za-z0-9=_.-]{1,64}$"),
+            title="Data partition",
+            description="Folder of this run's data under the dataset prefix; scheduled runs use their date.",
+            section="Data",
+        ),
+        "instance_type": Param(
+            None,
+            **optional("string", pattern=INSTANCE_TYPE.pattern),
+            title="Instance type",
+            description="EC2 type of the compute nodes, e.g. g5.12xlarge or p4d.24xlarge.",
+            examples=["g5.12xlarge", "g5.48xlarge", "p4d.24xlarge", "p5.48xlarge"],
+            section="Resources",
+        ),
+        "capacity_type": Param(
+            None,
+            type=["null", "string"],
+            enum=[None, "spot", "ondemand"],
+            title="Capacity",
+            description="Spot (cheaper, may be interrupted: jobs requeue and resume) or on-demand.",
+            section="Resources",
+        ),
+        "nodes": Param(None, **optional("integer", minimum=1, maximum=512), title="Nodes", section="Resources"),
+        "gpus_per_node": Param(
+            None, **optional("integer", minimum=0, maximum=16), title="GPUs per node", section="Resources"
+        ),
+        "tasks_per_node": Param(
+            None,
+            **optional("integer", minimum=1, maximum=128),
+            title="Processes per node",
+            description="One per GPU for DDP; on CPU, the number of workers per node.",
+            section="Resources",
+        ),
+        "launcher": Param(
+            None,
+            type=["null", "string"],
+            enum=[None, "srun", "torchrun", "vissl", "mpirun"],
+            title="Launcher",
+            section="Training",
+        ),
+        "hyperparameters": Param(
+            {},
+            type="object",
+            title="Hyperparameters",
+            description="Merged over the profile's (epochs, batch_size, lr, temperature, ...). Written to a JSON "
+            "file the job reads; never passed through a shell.",
+            section="Training",
+        ),
+        "teardown_policy": Param(
+            None,
+            type=["null", "string"],
+            enum=[None, "always", "never"],
+            title="Teardown",
+            description="`always`: delete this run's resources when it ends, failed or not; `never`: keep them "
+            "(the janitor removes them when their TTL expires).",
+            section="Cleanup",
+        ),
+        "overrides": Param(
+            {},
+            type="object",
+            title="Advanced overrides",
+            description='Any run setting by its path, deep-merged last, e.g. {"training": {"time_limit": "2:00:00"}}.',
+            section="Advanced",
+        ),
+    }
+
+
+def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The run's Params as a partial run-spec document (empty fields leave the profile's value)."""
+    from pcflow.runspec import deep_merge
+
+    layout = {
+        "stack": ("stack",),
+        "dataset_source": ("dataset", "source"),
+        "partition": ("dataset", "partition"),
+        "instance_type": ("instance_type",),
+        "capacity_type": ("capacity_type",),
+        "nodes": ("training", "nodes"),
+        "gpus_per_node": ("training", "gpus_per_node"),
+        "tasks_per_node": ("training", "tasks_per_node"),
+        "launcher": ("training", "launcher"),
+        "teardown_policy": ("teardown", "policy"),
+    }
+    document: dict[str, Any] = {}
+    for param, path in layout.items():
+        value = params.get(param)
+        if value is None:
+            continue
+        node = document
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    if params.get("hyperparameters"):
+        document.setdefault("training", {})["hyperparameters"] = params["hyperparameters"]
+    return deep_merge(document, params.get("overrides") or {})
+
+
+# -- stage functions (run in tasks) --------------------------------------------------------------
+
+
+def resolve_for_run(params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    """The resolved settings plus what the run itself contributes (run key, partition)."""
+    from pcflow.dataset.partition import resolve_partition
+    from pcflow.naming import run_key_from_context
+
+    try:
+        spec = resolve_run_spec(params["profile"], overrides_from_params(params))
+    except RunSpecError as exc:
+        raise AirflowFailException(str(exc)) from None
+    document = spec.model_dump(mode="json")
+    document["training"]["allocation"] = spec.training.allocation()
+    try:
+        partition = resolve_partition(context, spec.dataset.partition)
+    except ValueError as exc:
+        raise AirflowFailException(str(exc)) from None
+    document["dataset"]["partition"] = partition
+    document["run_key"] = run_key_from_context(context)
+    document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}
+    document["run_scoped"] = spec.teardown.policy == "always"
+    return document
+
+
+def check_against_aws(spec: RunSpec, aws_conn_id: str = "aws_default") -> None:
+    """What only AWS can answer, asked before anything is created: does the instance type exist here?"""
+    from botocore.exceptions import ClientError
+
+    from pcflow.aws.clients import aws_client
+
+    ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=spec.region)
+    try:
+        ec2.describe_instance_types(InstanceTypes=[spec.instance_type])
+    except ClientError as exc:
+        if exc.response["Error"]["Code"].startswith("InvalidInstanceType"):
+            raise AirflowFailException(
+                f"instance_type: {spec.instance_type} is not offered in {spec.region}; pick another type or region"
+            ) from None
+        raise
+
+
+@task(task_id=VALIDATE_TASK, multiple_outputs=False)
+def validate_run(params: dict[str, Any] | None = None, **context: Any) -> dict[str, Any]:
+    """Refuse bad settings before anything costs money; the resolved document is kept with the run."""
+    document = resolve_for_run(params or {}, context)
+    spec = resolve_run_spec(params["profile"], overrides_from_params(params or {}))
+    check_against_aws(spec)
+    return document
+
+
+@task(multiple_outputs=False)
+def ensure_dataset_bucket(run: dict[str, Any]) -> dict[str, Any]:
+    """The dataset/report bucket: created with pcflow's settings, or adopted."""
+    from pcflow.aws.clients import aws_client
+    from pcflow.aws.storage import ensure_bucket
+    from pcflow.naming import Component, standard_tags
+
+    s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
+    tags = standard_tags(stack=run["stack"], component=Component.STORAGE)
+    return ensure_bucket(s3, run["dataset"]["bucket"], region=run["region"], tags=tags)
+
+
+@task
+def dataset_source(run: dict[str, Any]) -> str:
+    """Where the loader reads from: `builtin:digits` becomes the digits as PNG class folders."""
+    source = run["dataset"]["source"]
+    if source != "builtin:digits":
+        return source
+    import os
+    from pathlib import Path
+
+    from pcflow.dataset.digits import materialize_digits
+
+    cache = Path(os.environ.get("PCFLOW_CACHE_DIR", Path.home() / ".cache" / "pcflow")) / "digits"
+    return str(materialize_digits(cache))
+
+
+@task(multiple_outputs=False)
+def cluster_settings(run: dict[str, Any], network: dict[str, Any], image: dict[str, Any] | None) -> dict[str, Any]:
+    """The provider's settings for this run: the profile's, plus what earlier stages produced."""
+    settings = dict(run["cluster"]["config"])
+    if run["cluster"]["provider"] != "parallelcluster":
+        return settings
+    from pcflow.naming import resource_name
+
+    training = run["training"]
+    return {
+        "name": resource_name(run["stack"], "cluster", max_len=40),
+        "region": run["region"],
+        "custom_ami": (image or {}).get("image_id"),
+        "head_subnet_id": network["head_subnet_id"],
+        "compute_subnet_ids": network["compute_subnet_ids"],
+        "instance_type": run["instance_type"],
+        "capacity_type": "SPOT" if run["capacity_type"] == "spot" else "ONDEMAND",
+        "max_count": max(training["nodes"], settings.pop("max_count", 0)),
+        "job_nodes": training["nodes"],
+        "gpus_required": training["gpus_per_node"] > 0,
+        "s3_bucket": run["dataset"]["bucket"],
+        "s3_prefix": run["dataset"]["prefix"],
+        **settings,
+    }
+
+
+def cluster_hook(cluster: dict[str, Any]):
+    from pcflow.slurm.hook import SlurmHook
+
+    head = cluster.get("head_node") or {}
+    return SlurmHook(cluster["ssh_conn_id"], remote_host=head.get("address"), host_key=head.get("host_key"))
+
+
+@task
+def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, Any]) -> str:
+    """The partition where the cluster's jobs read it (copied for a static cluster; FSx does it on AWS)."""
+    import logging
+
+    from pcflow.aws.clients import aws_client
+    from pcflow.dataset.stage_in import copy_partition, data_dir_on_cluster
+
+    data_dir = data_dir_on_cluster(run, cluster, dataset)
+    if cluster["provider"] == "static":
+        hook = cluster_hook(cluster)
+        s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
+        log = logging.getLogger("airflow.task")
+        copy_partition(s3, hook, bucket=dataset["bucket"], root=dataset["root"], dest=data_dir, log=log)
+        hook.close()
+    return data_dir
+
+
+@task(multiple_outputs=True)
+def training_inputs(
+    run: dict[str, Any], cluster: dict[str, Any], data_dir: str, trials: list[dict] | None = None
+) -> dict[str, Any]:
+    """Where and how to reach the cluster, and the data's path there, for the train task."""
+    head = cluster.get("head_node") or {}
+    hyperparameters = {**run["training"]["hyperparameters"], "data_dir": data_dir}
+    return {
+        "ssh_conn_id": cluster["ssh_conn_id"],
+        "remote_host": head.get("address"),
+        "host_key": head.get("host_key"),
+        "shared_root": cluster.get("shared_root"),
+        "hyperparameters": hyperparameters,
+        "trials": [{**hyperparameters, **trial} for trial in (trials or [])],
+    }
+
+
+def build_training_pipeline(*, run_scoped: bool = True, sweep: bool = False) -> dict[str, Any]:
+    """Declare the stages in the DAG being defined; returns its tasks by name.
+
+    validate -> (network, bucket -> dataset) -> image -> cluster -> stage_in -> train, with the cluster
+    and (for run-scoped infrastructure) the network as setups whose teardowns run even when training
+    fails. `run_scoped=False` keeps the network, image and cluster for the next run (nightly).
+    """
+    import pcflow.cluster.teardown  # noqa: F401 - registers the "pcluster" teardown handlers
+    from pcflow.aws.ami import BakeImageOperator
+    from pcflow.aws.network import EnsureNetworkOperator
+    from pcflow.aws.teardown import TeardownOperator
+    from pcflow.cluster.operators import DeleteClusterOperator, EnsureClusterOperator
+    from pcflow.dataset.operators import DatasetLoadOperator
+    from pcflow.metrics.operators import HarvestMetricsOperator, SweepLeaderboardOperator
+    from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
+
+    ttl_hours = run_value("ttl_hours") if run_scoped else None
+    run = validate_run()
+    network = EnsureNetworkOperator(
+        task_id="network",
+        stack=run_value("stack"),
+        network=run_value("network"),
+        run_scoped=run_scoped,
+        ttl_hours=ttl_hours,
+    )
+    bucket = ensure_dataset_bucket(run)
+    dataset = DatasetLoadOperator(
+        task_id="dataset",
+        source=dataset_source(run),
+        bucket=run_value("dataset.bucket"),
+        prefix=run_value("dataset.prefix"),
+        stack=run_value("stack"),
+        partition=run_value("dataset.partition"),
+        mode=run_value("dataset.mode"),
+    )
+    bucket >> dataset
+    image = BakeImageOperator(
+        task_id="image",
+        stack=run_value("stack"),
+        pcluster_version=run_value("ami.pcluster_version"),
+        bootstrap_script_path=run_value("ami.bootstrap_script"),
+        instance_profile=run_value("ami.instance_profile"),
+        subnet_id=task_value("network", "head_subnet_id"),
+        security_group_ids=[task_value("network", "cluster_security_group_id")],
+        instance_type=run_value("ami.instance_type"),
+        base_image_id=run_value("ami.base_image_id"),
+        base_image_owners=run_value("ami.base_image_owners"),
+        os=run_value("ami.os"),
+        wait_for_ssm_agent=run_value("ami.wait_for_ssm_agent"),
+        enabled=run_value("ami.enabled"),
+    )
+    network >> image
+    settings = cluster_settings(run, network.output, image.output)
+    cluster = EnsureClusterOperator(
+        task_id="cluster",
+        provider=run_value("cluster.provider"),
+        cluster=settings,
+        stack=run_value("stack"),
+        ssh_conn_id=run_value("cluster.ssh_conn_id"),
+        suppress_validators=run_value("cluster.suppress_validators"),
+        run_scoped=run_scoped,
+        ttl_hours=ttl_hours,
+    )
+    data_dir = stage_in(run, cluster.output, dataset.output)
+    trials = "{{ params.trials }}" if sweep else None
+    inputs = training_inputs(run, cluster.output, data_dir, trials)
+    job = {
+        "program": run_value("training.program"),
+        "launcher": run_value("training.launcher"),
+        "python": run_value("training.python"),
+        "allocation": run_value("training.allocation"),
+        "env": run_value("training.env"),
+        "ssh_conn_id": inputs["ssh_conn_id"],
+        "remote_host": inputs["remote_host"],
+        "host_key": inputs["host_key"],
+        "shared_root": inputs["shared_root"],
+        "max_restarts": run_value("training.max_restarts"),
+        "pending_timeout": run_value("training.pending_timeout_s"),
+    }
+    if sweep:
+        train = SlurmArrayJobOperator(task_id="train", trials=inputs["trials"], min_success_ratio=0.5, **job)
+    else:
+        train = SlurmJobOperator(task_id="train", hyperparameters=inputs["hyperparameters"], **job)
+    inputs >> train
+    harvest = SweepLeaderboardOperator if sweep else HarvestMetricsOperator
+    metrics = harvest(
+        task_id="metrics",
+        job=train.output,
+        bucket=run_value("dataset.bucket"),
+        stack=run_value("stack"),
+        objective=run_value("objective"),
+        instance_type=run_value("instance_type"),
+        capacity_type=run_value("capacity_type"),
+        nodes=run_value("training.nodes"),
+        cloudwatch=run_value("metrics.publish_cloudwatch"),
+        ssh_conn_id=inputs["ssh_conn_id"],
+        remote_host=inputs["remote_host"],
+        host_key=inputs["host_key"],
+    )
+
+    delete_cluster = DeleteClusterOperator(
+        task_id="delete_cluster",
+        provider=run_value("cluster.provider"),
+        cluster=settings,
+        cluster_name=task_value("cluster", "name"),
+        stack=run_value("stack"),
+        ssh_conn_id=run_value("cluster.ssh_conn_id"),
+    )
+    metrics >> delete_cluster.as_teardown(setups=cluster)
+    tasks = {"validate": run, "network": network, "dataset": dataset, "image": image, "cluster": cluster}
+    tasks |= {"train": train, "metrics": metrics, "delete_cluster": delete_cluster}
+    if run_scoped:
+        teardown = TeardownOperator(
+            task_id="teardown",
+            stack=run_value("stack"),
+            run=run_value("run_key"),
+            handler_sets=("pcluster", "ec2", "fsx"),
+            dry_run="{{ ti.xcom_pull(task_ids='validate')['teardown']['policy'] == 'never' }}",
+        )
+        delete_cluster >> teardown.as_teardown(setups=network)
+        tasks["teardown"] = teardown
+    # Operators read the resolved settings through templates: they must run after validate.
+    run >> [task for name, task in tasks.items() if name != "validate"]
+    return tasks

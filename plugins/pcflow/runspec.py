@@ -1,0 +1,216 @@
+"""A training run, fully resolved: a profile from `include/profiles/` with the run's conf laid over it.
+
+Every stage reads its settings from this one validated document, so a bad value is refused once,
+up front, with the field's path and the values it may take — before anything costs money.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pcflow.naming import validate_stack_name
+from pcflow.paths import include_dir
+
+PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
+BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]{1,512}$")
+INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
+REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+
+
+class RunSpecError(ValueError):
+    """The run's settings are invalid; the message lists every field that is wrong and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetSettings(_Section):
+    source: str = Field("builtin:digits", description="local directory, s3://bucket/prefix, or builtin:digits")
+    bucket: str
+    prefix: str = "datasets/digits"
+    mode: Literal["sync", "shard"] = "sync"
+    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9=_.-]{1,64}$")
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, value: str) -> str:
+        if not BUCKET_NAME.match(value) or ".." in value:
+            raise ValueError("must be an S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens")
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not PREFIX.match(value) or ".." in value.split("/"):
+            raise ValueError("must be an S3 key prefix of letters, digits and !_.*'()/-")
+        return value.strip("/")
+
+
+class AmiSettings(_Section):
+    enabled: bool = True
+    pcluster_version: str = Field("3.16.1", pattern=r"^\d+\.\d+\.\d+$")
+    bootstrap_script: str = Field("ami/bootstrap.sh", validate_default=True, description="relative: under include/")
+    instance_type: str = "c5.xlarge"
+    instance_profile: str = Field("pcflow-ami-builder", pattern=r"^[\w+=,.@-]{1,128}$")
+    base_image_id: str | None = Field(None, pattern=r"^ami-[0-9a-f]{8,17}$")
+    base_image_owners: list[str] = Field(["amazon"], description="who publishes the ParallelCluster images")
+    os: Literal["alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9"] = "alinux2023"
+    wait_for_ssm_agent: bool = True
+
+    @field_validator("bootstrap_script")
+    @classmethod
+    def _under_include(cls, value: str) -> str:
+        return value if value.startswith("/") else str(include_dir() / value)
+
+
+class ClusterSettings(_Section):
+    provider: Literal["static", "parallelcluster"]
+    ssh_conn_id: str = Field("slurm_default", pattern=r"^[A-Za-z0-9_.-]{1,250}$")
+    config: dict[str, Any] = Field(default_factory=dict, description="the provider's own settings")
+    suppress_validators: list[str] = Field(default_factory=list)
+
+
+class TrainingSettings(_Section):
+    launcher: Literal["srun", "torchrun", "vissl", "mpirun"] = "srun"
+    program: list[str] = Field(min_length=1)
+    python: str = "python3"
+    nodes: int = Field(1, ge=1, le=512)
+    tasks_per_node: int = Field(1, ge=1, le=128)
+    gpus_per_node: int = Field(0, ge=0, le=16)
+    cpus_per_task: int = Field(1, ge=1, le=256)
+    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    time_limit: str | None = None
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    max_restarts: int = Field(3, ge=0, le=100)
+    pending_timeout_s: float | None = Field(None, gt=0)
+
+    def allocation(self) -> dict[str, Any]:
+        """The Slurm resources, in `SlurmJobOperator(allocation=...)`'s shape."""
+        allocation = {
+            "nodes": self.nodes,
+            "tasks_per_node": self.tasks_per_node,
+            "gpus_per_node": self.gpus_per_node,
+            "cpus_per_task": self.cpus_per_task,
+            "partition": self.partition,
+            "time_limit": self.time_limit,
+        }
+        return {k: v for k, v in allocation.items() if v is not None}
+
+
+class TeardownSettings(_Section):
+    policy: Literal["always", "on_success", "never"] = "always"
+    delete_image: bool = False
+
+
+class MetricsSettings(_Section):
+    objective: str = Field("probe_accuracy", pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")
+    mode: Literal["max", "min"] = "max"
+    publish_cloudwatch: bool = True
+
+
+class RunSpec(_Section):
+    profile: str
+    stack: str
+    region: str
+    instance_type: str
+    capacity_type: Literal["spot", "ondemand"] = "ondemand"
+    ttl_hours: float = Field(24, gt=0, le=24 * 30)
+    network: dict[str, Any] = Field(default_factory=dict, description="NetworkSpec fields (aws/network.py)")
+    dataset: DatasetSettings
+    ami: AmiSettings = Field(default_factory=AmiSettings)
+    cluster: ClusterSettings
+    training: TrainingSettings
+    teardown: TeardownSettings = Field(default_factory=TeardownSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @field_validator("stack")
+    @classmethod
+    def _stack(cls, value: str) -> str:
+        return validate_stack_name(value)
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not REGION.match(value):
+            raise ValueError("must be an AWS region name such as us-east-1")
+        return value
+
+    @field_validator("instance_type")
+    @classmethod
+    def _instance_type(cls, value: str) -> str:
+        if not INSTANCE_TYPE.match(value):
+            raise ValueError("must be an EC2 instance type such as g5.12xlarge")
+        return value
+
+    @property
+    def ttl(self) -> dt.timedelta:
+        return dt.timedelta(hours=self.ttl_hours)
+
+
+def profiles_dir() -> Path:
+    return include_dir() / "profiles"
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+
+
+def load_profile(name: str) -> dict[str, Any]:
+    if not isinstance(name, str) or not PROFILE_NAME.match(name):
+        raise RunSpecError(f"profile: {name!r} is not a profile name; available: {', '.join(available_profiles())}")
+    path = profiles_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise RunSpecError(
+            f"profile: no profile {name!r} in {profiles_dir()}; available: {', '.join(available_profiles())}"
+        )
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Dicts merge key by key; anything else in `override` (lists included) replaces the base value."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def expand_paths(value: Any) -> Any:
+    """`{include}` in a profile's strings stands for pcflow's include directory (payloads, scripts)."""
+    if isinstance(value, str):
+        return value.replace("{include}", str(include_dir()))
+    if isinstance(value, list):
+        return [expand_paths(v) for v in value]
+    if isinstance(value, dict):
+        return {k: expand_paths(v) for k, v in value.items()}
+    return value
+
+
+def format_errors(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(f"{where}: {error['msg']}")
+    return "invalid run settings:\n  " + "\n  ".join(lines)
+
+
+def resolve_run_spec(profile: str, overrides: dict[str, Any] | None = None) -> RunSpec:
+    """The profile, overridden by the run's settings, validated; raises RunSpecError naming each bad field."""
+    document = deep_merge(load_profile(profile), overrides or {})
+    document["profile"] = profile
+    try:
+        return RunSpec.model_validate(expand_paths(document))
+    except ValidationError as exc:
+        raise RunSpecError(format_errors(exc)) from None
