@@ -18,7 +18,7 @@ with DAG(
             maxItems=1000,
             items={"type": "object"},
             title="Trials",
-            description="One hyperparameter object per trial, e.g. [{\"lr\": 0.001}, {\"lr\": 0.01}].",
+            description='One hyperparameter object per trial, e.g. [{"lr": 0.001}, {"lr": 0.01}].',
             section="Training",
         ),
     },

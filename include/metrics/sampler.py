@@ -47,7 +47,10 @@ def gpus(nvidia_smi):
     try:
         out = subprocess.run(
             [nvidia_smi, "--query-gpu=" + NVIDIA_QUERY, "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"pcflow sampler: nvidia-smi failed: {exc}", file=sys.stderr)
@@ -58,8 +61,14 @@ def gpus(nvidia_smi):
         if len(parts) != 4:
             continue
         try:
-            found.append({"index": int(parts[0]), "util": float(parts[1]),
-                          "mem_used_mb": float(parts[2]), "mem_total_mb": float(parts[3])})
+            found.append(
+                {
+                    "index": int(parts[0]),
+                    "util": float(parts[1]),
+                    "mem_used_mb": float(parts[2]),
+                    "mem_total_mb": float(parts[3]),
+                }
+            )
         except ValueError:
             continue  # "[N/A]" on some boards
     return found
@@ -84,9 +93,14 @@ def main():
             busy, total = now[0] - before[0], now[1] - before[1]
             before = now
             used, mem_total = memory_mb()
-            record = {"time": round(time.time(), 3), "host": host, "cpus": cpus,
-                      "cpu_percent": round(100.0 * busy / total, 2) if total else 0.0,
-                      "mem_used_mb": used, "mem_total_mb": mem_total}
+            record = {
+                "time": round(time.time(), 3),
+                "host": host,
+                "cpus": cpus,
+                "cpu_percent": round(100.0 * busy / total, 2) if total else 0.0,
+                "mem_used_mb": used,
+                "mem_total_mb": mem_total,
+            }
             found = gpus(nvidia_smi)
             if found is not None:
                 record["gpus"] = found
