@@ -63,6 +63,11 @@ def metrics_of(slurm: SlurmHook, result: dict) -> list[dict]:
     return [json.loads(line) for line in slurm.read_file(result["metrics_file"]).decode().splitlines()]
 
 
+def exit_marker(slurm: SlurmHook, run_dir: str) -> dict:
+    """The batch wrapper's record of how the job's program ended."""
+    return json.loads(slurm.read_file(run_dir + "/exit.json"))
+
+
 def values(metrics: list[dict], name: str) -> list[float]:
     return [m["value"] for m in metrics if m["name"] == name]
 
@@ -149,10 +154,10 @@ def test_injected_failure_fails_the_job_and_a_retry_resumes(slurm: SlurmHook, pa
     context = make_context("simclr-flaky")
     op = simclr_op("simclr-flaky", payload_python, hparams)
     trigger = defer(op, context)
-    # Every rank fails; srun's status is 1, or 143 when it stopped a rank that had not exited yet.
-    with pytest.raises(AirflowException, match=r"exit code (1|143)\b"):
+    with pytest.raises(AirflowException, match=r"(?s)failed.*fail_at_epoch=1: failing on purpose"):
         op.execute_complete(context, first_event(trigger))
-    assert "fail_at_epoch=1: failing on purpose" in slurm.read_file(trigger.run_dir + "/job.log").decode()
+    # Every rank fails; srun's status is 1, or 143 when it stopped a rank that had not exited yet.
+    assert exit_marker(slurm, trigger.run_dir)["exit_code"] in {1, 143}
 
     retry = simclr_op("simclr-flaky", payload_python, hparams)  # what Airflow's retry does: a new job
     result = retry.execute_complete(context, first_event(defer(retry, context)))
@@ -163,8 +168,10 @@ def test_injected_failure_fails_the_job_and_a_retry_resumes(slurm: SlurmHook, pa
 def test_bad_hyperparameters_fail_fast_with_the_reason(slurm: SlurmHook, payload_python: Path, digits_dir: Path):
     op = simclr_op("simclr-bad", payload_python, {"data_dir": str(digits_dir), "epochs": 0, "lrr": 1}, tasks=1)
     context = make_context("simclr-bad")
-    with pytest.raises(AirflowException, match=r"(?s)exit code 2.*unknown hyperparameter\(s\): lrr"):
-        op.execute_complete(context, first_event(defer(op, context)))
+    trigger = defer(op, context)
+    with pytest.raises(AirflowException, match=r"(?s)failed.*unknown hyperparameter\(s\): lrr"):
+        op.execute_complete(context, first_event(trigger))
+    assert exit_marker(slurm, trigger.run_dir)["exit_code"] == 2  # the payload's "bad input" status
 
 
 def test_torchrun_launcher_runs_the_same_payload(slurm: SlurmHook, payload_python: Path, digits_dir: Path):
