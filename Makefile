@@ -11,7 +11,9 @@ STACK := $(PY) include/local/stack.py
 export AIRFLOW_HOME ?= $(CURDIR)/.stack/airflow
 PYTEST_ARGS ?=
 
-.PHONY: help setup system-deps venv lock lint test demo stack-up stack-down stack-status stack-clean clean
+PAYLOAD_VENV := .venv-payload
+
+.PHONY: help setup system-deps venv payload-env pcluster lock lint test demo stack-up stack-down stack-status stack-clean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -32,6 +34,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt | $(VE
 	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements-dev.txt -c constraints.txt
 	@touch $@
 
+payload-env:  ## the training payload's environment (PyTorch CPU build), as a baked image holds it
+	@bash include/payloads/install-payload-env.sh $(PAYLOAD_VENV)
+
+pcluster:  ## the AWS ParallelCluster CLI in its own environment (needs Node.js; only for aws-gpu)
+	@bash include/cluster/install-pcluster.sh
+
 lock: | $(VENV)/bin/uv  ## re-resolve constraints.txt from PyPI after changing a requirements file
 	$(VENV)/bin/uv pip compile requirements-dev.txt --python-version 3.11 --no-header --no-annotate -o constraints.txt
 
@@ -51,11 +59,11 @@ stack-status:  ## what is up, with pids and endpoints
 stack-clean: stack-down  ## stop the stack and delete its state (keys, databases, logs)
 	@if [ -x $(PY) ]; then $(STACK) clean; fi
 
-test: setup lint  ## from nothing to a passing test suite (the tests start the stack they need)
+test: setup payload-env lint  ## from nothing to a passing test suite (the tests start the stack they need)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: stack-up  ## run the pipeline on the embedded default
-	set -a && . .stack/env && set +a && $(PY) include/local/demo.py
+demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded default
+	@set -a && . .stack/env && set +a && $(PY) include/local/demo.py
 
 clean: stack-clean  ## remove the environment and all generated state
 	rm -rf $(VENV) .pytest_cache .ruff_cache tests/artifacts

@@ -35,7 +35,7 @@ def test_bake_operator_defers_the_image_wait(aws, stack, tmp_path, counts):
     ids = EnsureNetworkOperator(task_id="network", stack=stack, waiter_delay=0).execute({"ti": _TI()})
     script = tmp_path / "bootstrap.sh"
     script.write_text("#!/bin/bash\necho baked\n")
-    base = aws.ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    base = aws.amazon_image_id()
     profile = f"pcflow-op-{stack}"
     aws.iam.create_instance_profile(InstanceProfileName=profile)
     try:
@@ -53,7 +53,7 @@ def test_bake_operator_defers_the_image_wait(aws, stack, tmp_path, counts):
         assert kwargs["botocore_config"]["retries"]["mode"] == "standard"
         # What the triggerer would hand back: the builder is terminated, the image returned.
         event = {"status": "success", "image_id": kwargs["image_id"]}
-        result = op.execute_complete({}, event=event, **deferred.value.kwargs)
+        result = op.execute_complete({}, event=event, **(deferred.value.kwargs or {}))
         assert result["image_id"] == kwargs["image_id"] and counts()["instance"] == 0
         # Next run: the recipe's image exists, nothing is deferred or launched.
         assert op.execute({"ti": _TI()})["reused"] is True

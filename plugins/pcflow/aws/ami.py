@@ -451,23 +451,18 @@ class BakeImageOperator(PcflowAwsOperator):
         self.defer(
             trigger=ImageAvailableTrigger(image_id=image_id, waiter_delay=self.waiter_delay, **self.trigger_aws_kwargs),
             method_name="execute_complete",
-            kwargs={"recipe": bake.recipe, "reused": found is not None},
         )
         raise AssertionError("unreachable: defer raises")  # pragma: no cover
 
-    def execute_complete(
-        self, context: Any, event: dict[str, Any] | None = None, recipe: str = "", reused: bool = False
-    ) -> dict[str, Any]:
-        spec = self.spec()
-        bake = _Bake(
-            self.ec2, self.client("ssm"), spec, recipe=recipe, base_image=spec.base_image_id or "",
-            waiter_delay=self.waiter_delay,
-        )  # fmt: skip
-        bake.terminate_builder(None)  # found by its recipe tag: the worker that launched it is gone
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+        # The recipe is recomputed, not carried in the deferral's kwargs: `dag.test` drops those, and
+        # without the recipe the builder (found by its recipe tag) would be left running.
+        bake, _ = prepare_bake(self.ec2, self.client("ssm"), self.spec(), waiter_delay=self.waiter_delay)
+        bake.terminate_builder(None)  # the worker that launched it is gone
         event = event or {}
         if event.get("status") != "success":
             raise RuntimeError(f"image {event.get('image_id')} did not become available: {event.get('message')}")
-        return {"image_id": event["image_id"], "recipe_hash": recipe, "reused": reused}
+        return {"image_id": event["image_id"], "recipe_hash": bake.recipe, "reused": False}
 
     def on_kill(self) -> None:
         if self._bake is not None:

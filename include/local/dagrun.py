@@ -1,0 +1,105 @@
+"""Run one of pcflow's DAGs to completion in this process (`dag.test`), as `make demo` and the
+end-to-end tests do, and read back what each task returned and what is left tagged in AWS."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def airflow_environment(airflow_home: Path) -> dict[str, str]:
+    """Settings for an Airflow home dedicated to pcflow's local runs (SQLite metadata, no examples)."""
+    return {
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO"),
+    }
+
+
+def prepare_airflow(airflow_home: Path) -> None:
+    """Create (or upgrade) the metadata database once; later calls return at once."""
+    airflow_home.mkdir(parents=True, exist_ok=True)
+    stamp = airflow_home / ".pcflow-db-migrated"
+    version = subprocess.run(
+        [sys.executable, "-c", "import airflow; print(airflow.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if stamp.exists() and stamp.read_text() == version:
+        return
+    env = {**os.environ, **airflow_environment(airflow_home)}
+    subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=env, check=True)
+    stamp.write_text(version)
+
+
+@dataclass
+class DagRunResult:
+    dag_id: str
+    run_id: str
+    state: str
+    task_states: dict[str, str]
+    returned: dict[str, Any]
+    seconds: float
+
+    @property
+    def run_key(self) -> str | None:
+        return (self.returned.get("validate") or {}).get("run_key")
+
+
+def run_dag(dag_id: str, conf: dict[str, Any] | None = None, logical_date: dt.datetime | None = None) -> DagRunResult:
+    """Run the DAG to the end in this process (tasks, deferrals and teardowns included)."""
+    import time
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    dag = DagBag(dag_folder=str(REPO / "dags")).get_dag(dag_id)
+    started = time.monotonic()
+    dag_run = dag.test(run_conf=conf or {}, logical_date=logical_date)
+    seconds = time.monotonic() - started
+    with create_session() as session:
+        rows = (
+            session.query(XComModel)
+            .filter(XComModel.dag_id == dag_id, XComModel.run_id == dag_run.run_id, XComModel.key == "return_value")
+            .all()
+        )
+        returned = {row.task_id: row.value for row in rows}
+        states = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances(session=session)}
+    return DagRunResult(dag_id, dag_run.run_id, str(dag_run.state), states, returned, seconds)
+
+
+def tagged_resources(tag_key: str, tag_value: str) -> list[str]:
+    """ARNs/ids still carrying the tag, from the tagging API and from direct EC2 describe calls."""
+    import boto3
+
+    found = set()
+    tagging = boto3.client("resourcegroupstaggingapi")
+    for page in tagging.get_paginator("get_resources").paginate(TagFilters=[{"Key": tag_key, "Values": [tag_value]}]):
+        # Terminated instances keep their tags for a while: judged by their state below instead.
+        arns = (item["ResourceARN"] for item in page["ResourceTagMappingList"])
+        found.update(arn for arn in arns if ":instance/" not in arn)
+    ec2 = boto3.client("ec2")
+    tag_filter = [{"Name": f"tag:{tag_key}", "Values": [tag_value]}]
+    for call, key, ident in (
+        (ec2.describe_vpcs, "Vpcs", "VpcId"),
+        (ec2.describe_subnets, "Subnets", "SubnetId"),
+        (ec2.describe_security_groups, "SecurityGroups", "GroupId"),
+        (ec2.describe_internet_gateways, "InternetGateways", "InternetGatewayId"),
+        (ec2.describe_route_tables, "RouteTables", "RouteTableId"),
+        (ec2.describe_vpc_endpoints, "VpcEndpoints", "VpcEndpointId"),
+    ):
+        # Deleted endpoints (and other resources AWS shows for a while after deletion) do not count.
+        found.update(
+            item[ident] for item in call(Filters=tag_filter)[key] if item.get("State") not in ("deleted", "Deleted")
+        )
+    for reservation in ec2.describe_instances(Filters=tag_filter)["Reservations"]:
+        found.update(i["InstanceId"] for i in reservation["Instances"] if i["State"]["Name"] != "terminated")
+    return sorted(found)
