@@ -4,7 +4,7 @@ through the `aws_default` connection), a unique stack name per test, and direct 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -24,10 +24,24 @@ class Clients:
     fsx: Any
     sts: Any
     tagging: Any
+    _cache: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __call__(self, service: str) -> Any:
         """The `ClientSource` shape the teardown engine takes."""
         return getattr(self, service)
+
+    def amazon_image_id(self) -> str:
+        """An Amazon-owned image to launch instances from, looked up once per session: moto answers
+        `describe_images(Owners=["amazon"])` with its whole catalogue (~1300 images, over a second per
+        call, MaxResults notwithstanding); its catalogue ids are fixed (they survive a reset)."""
+        if "image" not in self._cache:
+            self._cache["image"] = self.ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+        return self._cache["image"]
+
+    def account_id(self) -> str:
+        if "account" not in self._cache:
+            self._cache["account"] = self.sts.get_caller_identity()["Account"]
+        return self._cache["account"]
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +59,14 @@ def stack(aws) -> str:
     teardown(aws, Selector(stack=name), handler_sets=("ec2", "images"), pass_delay=0, raise_on_leftovers=False)
 
 
-def count_by_kind(ec2: Any, stack: str) -> dict[str, int]:
-    """Direct describe calls per resource type (independent of the code under test's handlers)."""
+def count_by_kind(ec2: Any, stack: str, account_id: str | None = None) -> dict[str, int]:
+    """Direct describe calls per resource type (independent of the code under test's handlers).
+
+    Cheap filters go first: moto applies filters in order and resolves a `tag:` filter by scanning
+    every tag it holds, per candidate; it also ignores `OwnerIds`, so without `owner-id` (what `self`
+    means: the caller's account) it tag-scans its ~1300 catalogue snapshots, seconds per call."""
     flt = [{"Name": "tag:pcflow:stack", "Values": [stack]}]
+    own = [{"Name": "owner-id", "Values": [account_id]}] if account_id else []
     live = ["pending", "running", "stopping", "stopped", "shutting-down"]
     counts = {
         "vpc": len(ec2.describe_vpcs(Filters=flt)["Vpcs"]),
@@ -64,12 +83,12 @@ def count_by_kind(ec2: Any, stack: str) -> dict[str, int]:
         "elastic-ip": len(ec2.describe_addresses(Filters=flt)["Addresses"]),
         "instance": sum(
             len(r["Instances"])
-            for r in ec2.describe_instances(Filters=[*flt, {"Name": "instance-state-name", "Values": live}])[
+            for r in ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": live}, *flt])[
                 "Reservations"
             ]
         ),
         "image": len(ec2.describe_images(Owners=["self"], Filters=flt)["Images"]),
-        "snapshot": len(ec2.describe_snapshots(OwnerIds=["self"], Filters=flt)["Snapshots"]),
+        "snapshot": len(ec2.describe_snapshots(OwnerIds=["self"], Filters=[*own, *flt])["Snapshots"]),
     }
     return counts
 
@@ -88,7 +107,8 @@ def tagged_arns(tagging: Any, stack: str) -> list[str]:
 @pytest.fixture
 def counts(aws, stack):
     """`counts()` -> resources of the test's stack per type, by direct describe calls."""
-    return lambda: count_by_kind(aws.ec2, stack)
+    account_id = aws.account_id()
+    return lambda: count_by_kind(aws.ec2, stack, account_id)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 def killed_run(aws, stack: str, run: str, *, ttl: dt.timedelta | None) -> None:
     """What a run leaves when its worker is killed before the teardown task: network + an instance."""
     ids = ensure_network(aws.ec2, NetworkSpec(stack=stack, region="us-east-1"), run=run, ttl=ttl, waiter_delay=0)
-    image = aws.ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    image = aws.amazon_image_id()
     tags = standard_tags(stack=stack, component="cluster", run=run, ttl=ttl)
     aws.ec2.run_instances(
         ImageId=image, MinCount=1, MaxCount=1, InstanceType="t3.micro", SubnetId=ids.head_subnet_id,

@@ -30,7 +30,7 @@ def full_stack(aws, stack: str, *, run: str | None = None):
         run=run,
         waiter_delay=0,
     )
-    image = aws.ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    image = aws.amazon_image_id()
     aws.ec2.run_instances(
         ImageId=image,
         MinCount=1,
