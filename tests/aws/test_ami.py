@@ -28,7 +28,7 @@ def base_image(aws):
         BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 8}}],
     )["ImageId"]
     yield image_id
-    aws.ec2.deregister_image(ImageId=image_id)
+    delete_image(aws.ec2, image_id)  # deregistering alone would leave (and bill for) its snapshot
 
 
 @pytest.fixture(scope="module")
