@@ -3,8 +3,8 @@
 # Debian/Ubuntu as root: apt-get. Anywhere else: a message that lists what to install.
 set -euo pipefail
 
-packages=(slurm-wlm slurmdbd munge openssh-server openssh-client mariadb-server mariadb-client chromium fonts-dejavu-core)
-programs=(slurmctld slurmd slurmdbd sbatch munged sshd ssh-keygen mariadbd mariadb-install-db chromium)
+packages=(slurm-wlm slurmdbd munge openssh-server openssh-client mariadb-server mariadb-client chromium fonts-dejavu-core postgresql)
+programs=(slurmctld slurmd slurmdbd sbatch munged sshd ssh-keygen mariadbd mariadb-install-db chromium pg_ctlcluster)
 
 missing=()
 for prog in "${programs[@]}"; do
