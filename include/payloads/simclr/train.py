@@ -78,7 +78,7 @@ def setup_process_group(env: DistEnv) -> torch.device:
     return device
 
 
-def should_fail(hp: Hparams, epoch: int, env: DistEnv) -> bool:
+def should_fail(hp: Hparams, epoch: int, env: DistEnv, device: torch.device) -> bool:
     """Rank 0 decides (a marker file makes `fail_once` hold across retries); every rank learns it."""
     decision = 0
     if env.is_main and hp.fail_at_epoch == epoch:
@@ -88,8 +88,8 @@ def should_fail(hp: Hparams, epoch: int, env: DistEnv) -> bool:
             marker.touch()
             decision = 1
     if env.distributed and hp.fail_at_epoch is not None:
-        flag = torch.tensor([decision])
-        dist.broadcast(flag, 0)  # a CPU tensor: fine for gloo; NCCL would need it on the GPU
+        flag = torch.tensor([decision], device=device)  # NCCL only moves GPU tensors
+        dist.broadcast(flag, 0)
         decision = int(flag.item())
     return bool(decision)
 
@@ -219,7 +219,7 @@ def train(hp: Hparams, env: DistEnv) -> None:
     ddp = DistributedDataParallel(model) if env.distributed else model
 
     for epoch in range(start_epoch, hp.epochs):
-        if should_fail(hp, epoch, env):
+        if should_fail(hp, epoch, env, device):
             raise InjectedFailure(f"fail_at_epoch={epoch}: failing on purpose at the start of epoch {epoch}")
         step = run_epoch(
             epoch, step, ddp=ddp, optimizer=optimizer, loader=loader, hp=hp, env=env, device=device, metrics=metrics
