@@ -8,12 +8,15 @@ import os
 from pathlib import Path
 
 import pytest
-from stacktools import REPO, LocalStack, read_env_file, stack_cli, stack_status
+from stacktools import REPO, LocalStack, moto_leftovers, read_env_file, reset_moto, stack_cli, stack_status
 
 ARTIFACTS = REPO / "tests" / "artifacts"
+# Airflow reads its home once, when first imported: settle it before any test module imports airflow.
+os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".stack" / "airflow"))
 
 
 _STACK_WAS_UP = False
+_STACK: LocalStack | None = None  # set once a test has asked for the local stack
 
 
 def pytest_sessionstart(session):
@@ -22,6 +25,9 @@ def pytest_sessionstart(session):
         _STACK_WAS_UP = all(s["ready"] for s in stack_status().values())
     except Exception:  # no environment yet: nothing was up
         _STACK_WAS_UP = False
+
+
+_STACK: LocalStack | None = None  # set once a test has asked for the local stack
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -38,8 +44,38 @@ def local_stack() -> LocalStack:
     state_dir = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
     env = read_env_file(state_dir / "env")
     os.environ.update(env)
-    os.environ.setdefault("AIRFLOW_HOME", str(state_dir / "airflow"))
-    return LocalStack(state_dir=state_dir, env=env, ports=json.loads((state_dir / "ports.json").read_text()))
+    global _STACK  # noqa: PLW0603 - read by the per-module moto reset below
+    _STACK = LocalStack(state_dir=state_dir, env=env, ports=json.loads((state_dir / "ports.json").read_text()))
+    return _STACK
+
+
+def _may_reset_moto() -> bool:
+    """Wiping the moto server is safe only where nothing else uses it: the session started the stack
+    itself (CI, `make test` from nothing), or PCFLOW_TEST_RESET_MOTO=1 says this stack is private. A
+    developer's running stack is shared (other test runs, the demo), so by default it is left as is."""
+    flag = os.environ.get("PCFLOW_TEST_RESET_MOTO", "")
+    return flag == "1" or (flag != "0" and not _STACK_WAS_UP)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def moto_state_per_module(request):
+    """After each test module that used the local stack: check that the module left nothing behind on
+    the moto server (an error on its last test, naming what leaked), then reset moto to empty and
+    re-seed what the stack seeds. Each module then starts on a fresh account: moto resolves tag
+    filters with scans of all the tags it holds, so leftovers slow every later call (runs measured
+    moto at 100% CPU with a hundred leftover instances). No test depends on another module's state."""
+    yield
+    if _STACK is None or not _may_reset_moto():
+        return
+    module = request.node.nodeid
+    items = [i for i in request.session.items if i.nodeid.startswith(f"{module}::")]
+    if not any("local_stack" in getattr(i, "fixturenames", ()) for i in items):
+        return
+    leaked = moto_leftovers(_STACK)
+    reset_moto(_STACK)
+    if leaked:
+        listing = "\n  ".join(leaked)
+        pytest.fail(f"left on the moto server by this module (tests delete what they create):\n  {listing}")
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ def run_dag(dag_id: str, conf: dict[str, Any] | None = None, logical_date: dt.da
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
-    dag = DagBag(dag_folder=str(REPO / "dags")).get_dag(dag_id)
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
     started = time.monotonic()
     dag_run = dag.test(run_conf=conf or {}, logical_date=logical_date)
     seconds = time.monotonic() - started

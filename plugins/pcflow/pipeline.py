@@ -174,8 +174,13 @@ def resolve_for_run(params: dict[str, Any], context: dict[str, Any]) -> dict[str
         raise AirflowFailException(str(exc)) from None
     document = spec.model_dump(mode="json")
     document["training"]["allocation"] = spec.training.allocation()
+    explicit = spec.dataset.partition
+    timetable = getattr(context.get("dag"), "timetable", None)
+    if explicit is None and getattr(timetable, "periodic", False) and context.get("logical_date"):
+        # A scheduled DAG trains on its date's partition, also when a run of it is started by hand.
+        explicit = context["logical_date"].strftime("%Y-%m-%d")
     try:
-        partition = resolve_partition(context, spec.dataset.partition)
+        partition = resolve_partition(context, explicit)
     except ValueError as exc:
         raise AirflowFailException(str(exc)) from None
     document["dataset"]["partition"] = partition
