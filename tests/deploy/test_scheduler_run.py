@@ -193,15 +193,19 @@ def test_trigger_form_renders_params(airflow, artifacts_dir):
                     text = "clicked"
                 if text:
                     body = evaluate("document.body.innerText") or ""
-                    if "Processes per node" in body or ("Profile" in body and "Hyperparameters" in body):
+                    if "Advanced Options" in body and "Resources" in body:
                         text = body
                         break
-            time.sleep(2)
+            # The Params' sections render as collapsed accordions: open each so its fields show.
+            evaluate("""[...document.querySelectorAll('[data-part="item-trigger"], button')].filter(b => ['Where',
+                'Data', 'Resources', 'Training', 'Cleanup'].includes(b.innerText.trim())).forEach(b => b.click())""")
+            time.sleep(3)
             body = evaluate("document.body.innerText") or ""
             shot = cdp("Page.captureScreenshot", format="png", captureBeyondViewport=True)
             (artifacts_dir / "pretrain-trigger-form.png").write_bytes(base64.b64decode(shot["data"]))
             (artifacts_dir / "pretrain-trigger-form.txt").write_text(body)
-        for title in ("Profile", "Dataset source", "Hyperparameters"):
+        # The Params' `section`s, in the form's order (their fields show once a section is opened).
+        for title in ("Trigger Dag - pretrain", "Where", "Data", "Resources", "Training", "Cleanup", "Advanced"):
             assert title in body, f"{title!r} not in the trigger form:\n{body[:3000]}"
     finally:
         os.killpg(proc.pid, 15)
