@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from stacktools import REPO
 
+from pcflow.aws.ami import delete_image
 from pcflow.aws.clients import aws_client
 
 INSTALL_SCRIPT = REPO / "include" / "cluster" / "install-pcluster.sh"
@@ -87,7 +88,7 @@ def site(local_stack) -> MotoSite:
     for obj in s3.list_objects_v2(Bucket=f"pcflow-{unique}").get("Contents", []):
         s3.delete_object(Bucket=f"pcflow-{unique}", Key=obj["Key"])
     s3.delete_bucket(Bucket=f"pcflow-{unique}")
-    ec2.deregister_image(ImageId=ami)
+    delete_image(ec2, ami)  # with its snapshot: deregistering alone leaks it
     ec2.delete_key_pair(KeyName=f"pcflow-{unique}")
     ec2.delete_subnet(SubnetId=subnet)
     ec2.delete_vpc(VpcId=vpc)
