@@ -31,7 +31,11 @@ def cloudwatch(local_stack):
 def bucket(s3) -> str:
     name = f"pcflow-metrics-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=name)
-    return name
+    yield name
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for obj in page.get("Contents", []):
+            s3.delete_object(Bucket=name, Key=obj["Key"])
+    s3.delete_bucket(Bucket=name)
 
 
 @pytest.fixture
