@@ -57,3 +57,93 @@ class LocalStack:
     @property
     def shared_root(self) -> Path:
         return Path(self.slurm_connection["extra"]["shared_root"])
+
+
+# --- the moto server between test modules -----------------------------------------------------
+
+_LIVE_INSTANCE = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+
+def _boto(stack: LocalStack, service: str, region: str = "us-east-1"):
+    import boto3
+
+    return boto3.client(
+        service,
+        endpoint_url=f"https://127.0.0.1:{stack.ports['moto']}",
+        verify=str(stack.state_dir / "tls" / "ca.pem"),
+        region_name=region,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def moto_leftovers(stack: LocalStack) -> list[str]:
+    """What is on the moto server beyond what the stack seeds: live instances, anything pcflow-tagged
+    that still exists (terminated instances and deleted NAT gateways are final states, not leaks),
+    buckets, images and instance profiles. Meant for a freshly reset server, where all of it is a leak."""
+    import stack as stack_script  # include/local/stack.py: what it seeds
+
+    ec2, s3, iam = _boto(stack, "ec2"), _boto(stack, "s3"), _boto(stack, "iam")
+    account = _boto(stack, "sts").get_caller_identity()["Account"]
+    pcflow = [{"Name": "tag-key", "Values": ["pcflow:stack"]}]
+    found = [
+        f"instance {i['InstanceId']} ({i['State']['Name']})"
+        for r in ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": _LIVE_INSTANCE}])[
+            "Reservations"
+        ]
+        for i in r["Instances"]
+    ]
+    listings = {
+        "vpc": ("describe_vpcs", "Vpcs", "VpcId", {}),
+        "subnet": ("describe_subnets", "Subnets", "SubnetId", {}),
+        "security-group": ("describe_security_groups", "SecurityGroups", "GroupId", {}),
+        "internet-gateway": ("describe_internet_gateways", "InternetGateways", "InternetGatewayId", {}),
+        "route-table": ("describe_route_tables", "RouteTables", "RouteTableId", {}),
+        "network-interface": ("describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId", {}),
+        "elastic-ip": ("describe_addresses", "Addresses", "AllocationId", {}),
+        "volume": ("describe_volumes", "Volumes", "VolumeId", {}),
+    }
+    for kind, (call, key, id_key, extra) in listings.items():
+        found += [f"{kind} {r[id_key]}" for r in getattr(ec2, call)(Filters=pcflow, **extra)[key]]
+    found += [
+        f"nat-gateway {n['NatGatewayId']}"
+        for n in ec2.describe_nat_gateways(Filter=pcflow)["NatGateways"]
+        if n["State"] not in ("deleted", "deleting")
+    ]
+    found += [
+        f"vpc-endpoint {e['VpcEndpointId']}"
+        for e in ec2.describe_vpc_endpoints(Filters=pcflow)["VpcEndpoints"]
+        if e["State"].lower() not in ("deleted", "deleting")
+    ]
+    seeded_image = f"aws-parallelcluster-{stack_script.PCLUSTER_VERSION}-alinux2023-hvm-x86_64-local-standin"
+    found += [f"image {i['ImageId']} ({i['Name']})" for i in ec2.describe_images(Owners=["self"])["Images"]
+              if i["Name"] != seeded_image]  # fmt: skip
+    seeded_snapshots = {
+        m["Ebs"]["SnapshotId"]
+        for i in ec2.describe_images(Owners=["self"])["Images"]
+        for m in i.get("BlockDeviceMappings", [])
+        if "Ebs" in m
+    }
+    own = [{"Name": "owner-id", "Values": [account]}]  # moto ignores OwnerIds; its catalogue is not ours
+    found += [f"snapshot {s['SnapshotId']}" for s in ec2.describe_snapshots(Filters=own)["Snapshots"]
+              if s["SnapshotId"] not in seeded_snapshots]  # fmt: skip
+    found += [f"key-pair {k['KeyName']}" for k in ec2.describe_key_pairs()["KeyPairs"]]
+    found += [f"bucket {b['Name']}" for b in s3.list_buckets().get("Buckets", [])]
+    found += [f"instance-profile {p['InstanceProfileName']}" for p in iam.list_instance_profiles()["InstanceProfiles"]
+              if p["InstanceProfileName"] != stack_script.BUILDER_PROFILE]  # fmt: skip
+    return found
+
+
+def reset_moto(stack: LocalStack) -> None:
+    """Empty the moto server (`POST /moto-api/reset`) and re-seed it as `stack.py up` does."""
+    import ssl
+    import urllib.request
+
+    import stack as stack_script  # include/local/stack.py
+
+    context = ssl.create_default_context(cafile=str(stack.state_dir / "tls" / "ca.pem"))
+    request = urllib.request.Request(f"https://127.0.0.1:{stack.ports['moto']}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(request, context=context, timeout=60) as answer:
+        answer.read()
+    layout = stack_script.Layout(root=stack.state_dir, ports=stack.ports, user="", host="")
+    stack_script.seed_emulated_account(layout)
