@@ -20,4 +20,4 @@ with DAG(
     tags=["pcflow", "training", "nightly"],
     doc_md=__doc__,
 ):
-    build_training_pipeline(run_scoped=False)
+    build_training_pipeline(run_scoped=False, dated_partitions=True)

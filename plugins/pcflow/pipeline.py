@@ -163,8 +163,13 @@ def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
 # -- stage functions (run in tasks) --------------------------------------------------------------
 
 
-def resolve_for_run(params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    """The resolved settings plus what the run itself contributes (run key, partition)."""
+def resolve_for_run(
+    params: dict[str, Any], context: dict[str, Any], *, dated_partitions: bool = False
+) -> dict[str, Any]:
+    """The resolved settings plus what the run itself contributes (run key, partition).
+
+    `dated_partitions`: the DAG trains on the partition of its logical date (a scheduled DAG), also
+    when one of its runs is started by hand or by a backfill."""
     from pcflow.dataset.partition import resolve_partition
     from pcflow.naming import run_key_from_context
 
@@ -175,9 +180,7 @@ def resolve_for_run(params: dict[str, Any], context: dict[str, Any]) -> dict[str
     document = spec.model_dump(mode="json")
     document["training"]["allocation"] = spec.training.allocation()
     explicit = spec.dataset.partition
-    timetable = getattr(context.get("dag"), "timetable", None)
-    if explicit is None and getattr(timetable, "periodic", False) and context.get("logical_date"):
-        # A scheduled DAG trains on its date's partition, also when a run of it is started by hand.
+    if explicit is None and dated_partitions and context.get("logical_date"):
         explicit = context["logical_date"].strftime("%Y-%m-%d")
     try:
         partition = resolve_partition(context, explicit)
@@ -208,9 +211,11 @@ def check_against_aws(spec: RunSpec, aws_conn_id: str = "aws_default") -> None:
 
 
 @task(task_id=VALIDATE_TASK, multiple_outputs=False)
-def validate_run(params: dict[str, Any] | None = None, **context: Any) -> dict[str, Any]:
+def validate_run(
+    dated_partitions: bool = False, params: dict[str, Any] | None = None, **context: Any
+) -> dict[str, Any]:
     """Refuse bad settings before anything costs money; the resolved document is kept with the run."""
-    document = resolve_for_run(params or {}, context)
+    document = resolve_for_run(params or {}, context, dated_partitions=dated_partitions)
     spec = resolve_run_spec(params["profile"], overrides_from_params(params or {}))
     check_against_aws(spec)
     return document
@@ -311,7 +316,9 @@ def training_inputs(
     }
 
 
-def build_training_pipeline(*, run_scoped: bool = True, sweep: bool = False) -> dict[str, Any]:
+def build_training_pipeline(
+    *, run_scoped: bool = True, sweep: bool = False, dated_partitions: bool = False
+) -> dict[str, Any]:
     """Declare the stages in the DAG being defined; returns its tasks by name.
 
     validate -> (network, bucket -> dataset) -> image -> cluster -> stage_in -> train, with the cluster
@@ -328,7 +335,7 @@ def build_training_pipeline(*, run_scoped: bool = True, sweep: bool = False) -> 
     from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
 
     ttl_hours = run_value("ttl_hours") if run_scoped else None
-    run = validate_run()
+    run = validate_run(dated_partitions)
     network = EnsureNetworkOperator(
         task_id="network",
         stack=run_value("stack"),
