@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import Param, task
+from airflow.sdk import Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.runspec import INSTANCE_TYPE, RunSpec, RunSpecError, resolve_run_spec
 
 PROFILES = ["local", "aws-gpu"]
+#: Updated by every successful training run, with its metrics summary and checkpoints as the event's extra.
+PRETRAINED_ENCODER = Asset(name="pcflow-pretrained-encoder", uri="x-pcflow://models/pretrained-encoder")
 VALIDATE_TASK = "validate"
 
 
@@ -416,6 +418,7 @@ def build_training_pipeline(
         ssh_conn_id=inputs["ssh_conn_id"],
         remote_host=inputs["remote_host"],
         host_key=inputs["host_key"],
+        outlets=[PRETRAINED_ENCODER],
     )
 
     delete_cluster = DeleteClusterOperator(

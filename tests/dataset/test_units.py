@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pcflow.dataset.fsx import FsxDataRepositoryTaskTrigger, covers, import_token
+from pcflow.dataset.fsx import covers
 from pcflow.dataset.manifest import content_hash, partition_root
 from pcflow.dataset.partition import resolve_partition, validate_partition
 from pcflow.dataset.progress import Progress
@@ -73,17 +73,9 @@ def test_progress_logs_at_a_steady_cadence_not_per_object(caplog):
     assert "ETA" in lines[0] and "MiB/s" in lines[0] and "done" in lines[-1]
 
 
-def test_fsx_paths_tokens_and_trigger_serialization():
+def test_fsx_link_covers_whole_prefix_segments():
     assert covers("s3://b/datasets", "s3://b/datasets/digits/p/")
     assert not covers("s3://b/data", "s3://b/datasets/p/")
-    token = import_token("fs-1", "s3://b/d/p/", "abc")
-    assert token == import_token("fs-1", "s3://b/d/p/", "abc") != import_token("fs-1", "s3://b/d/p/", "abd")
-    assert len(token) <= 63
-    trigger = FsxDataRepositoryTaskTrigger(task_id="task-0123", waiter_delay=5, region_name="us-east-1")
-    path, kwargs = trigger.serialize()
-    assert path == "pcflow.dataset.fsx.FsxDataRepositoryTaskTrigger"
-    assert FsxDataRepositoryTaskTrigger(**kwargs).serialize() == (path, kwargs)
-    assert "data_repository_task_complete" in trigger.hook()._list_custom_waiters()
 
 
 def test_content_hash_and_s3_uris():

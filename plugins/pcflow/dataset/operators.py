@@ -19,7 +19,8 @@ from airflow.providers.amazon.aws.utils.mixins import aws_template_fields
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
-from pcflow.dataset.fsx import FsxDataRepositoryTaskTrigger, FsxHook, covers, linked_repository_paths, start_import
+from pcflow.aws.storage import FsxDataRepositoryTaskTrigger, FsxHook
+from pcflow.dataset.fsx import covers, linked_repository_paths, start_import
 from pcflow.dataset.partition import resolve_partition
 from pcflow.naming import Component, run_key_from_context, standard_tags, validate_stack_name
 
@@ -176,7 +177,7 @@ class DatasetLoadOperator(AwsBaseOperator[S3Hook]):
                 method_name="execute_complete",
                 kwargs={"result": result},
             )
-        self.fsx_hook.get_waiter("data_repository_task_complete").wait(
+        self.fsx_hook.get_waiter("DataRepositoryTaskComplete").wait(
             TaskIds=[task_id], WaiterConfig={"Delay": self.waiter_delay, "MaxAttempts": self.waiter_max_attempts}
         )
         return result

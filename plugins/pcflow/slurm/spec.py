@@ -120,7 +120,7 @@ class JobSpec(BaseModel):
     resources: Resources = Field(default_factory=Resources)
     env: dict[str, str] = Field(default_factory=dict)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    rdzv_port: int = Field(29500, ge=1024, le=65535)
+    rdzv_port: int = Field(29500, ge=1024, le=64535, description="base port; the job id modulo 1000 is added")
     array: ArraySpec | None = None
 
     @field_validator("program")
