@@ -24,7 +24,7 @@ from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import find_one, tag_equals, tag_specifications
 from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, teardown
-from pcflow.naming import TAG_STACK, Component, digest, resource_name, standard_tags, validate_stack_name
+from pcflow.naming import TAG_RUN, TAG_STACK, Component, digest, resource_name, standard_tags, validate_stack_name
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +147,12 @@ class _Ensurer:
         self.spec = spec
         self.tags = dict(tags)
         self.waiter_delay = waiter_delay
+        # A run's own network is that run's alone: its key is part of every name and lookup, so a
+        # run never adopts the stack's shared network (nor another run's) and then deletes it.
+        self.run = self.tags.get(TAG_RUN)
 
     def name(self, role: str) -> str:
-        return resource_name(self.spec.stack, Component.NETWORK, role)
+        return resource_name(self.spec.stack, Component.NETWORK, role, *([self.run] if self.run else []))
 
     def tags_for(self, role: str) -> dict[str, str]:
         return {**self.tags, "Name": self.name(role)}
@@ -159,7 +162,7 @@ class _Ensurer:
 
     def token(self, role: str) -> str:
         """Deterministic ClientToken: the same on every Airflow retry, unlike botocore's uuid4."""
-        return f"pcflow-{digest(self.spec.stack, 'network', role, length=40)}"
+        return f"pcflow-{digest(self.spec.stack, 'network', role, self.run, length=40)}"
 
     # --- steps ---
 
