@@ -8,7 +8,7 @@ Each run writes under its own run key, so two runs never write the same place.
 
 from airflow.sdk import DAG
 
-from pcflow.pipeline import build_training_pipeline, training_params
+from pcflow.pipeline import DEFAULT_ARGS, build_training_pipeline, training_params
 
 with DAG(
     dag_id="pretrain_nightly",
@@ -16,6 +16,7 @@ with DAG(
     catchup=False,
     params=training_params(profile="local"),
     render_template_as_native_obj=True,
+    default_args=DEFAULT_ARGS,
     max_active_runs=1,
     tags=["pcflow", "training", "nightly"],
     doc_md=__doc__,

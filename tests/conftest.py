@@ -8,11 +8,14 @@ import os
 from pathlib import Path
 
 import pytest
+from dagrun import airflow_environment
 from stacktools import REPO, LocalStack, moto_leftovers, read_env_file, reset_moto, stack_cli, stack_status
 
 ARTIFACTS = REPO / "tests" / "artifacts"
-# Airflow reads its home once, when first imported: settle it before any test module imports airflow.
+# Airflow reads its settings once, when first imported: settle them before any test imports airflow.
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".stack" / "airflow"))
+for _key, _value in airflow_environment(Path(os.environ["AIRFLOW_HOME"])).items():
+    os.environ.setdefault(_key, _value)
 
 
 _STACK_WAS_UP = False

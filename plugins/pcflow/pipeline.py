@@ -8,6 +8,7 @@ DAG file is parsed: the functions only declare tasks.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from airflow.sdk import Asset, Param, task
@@ -16,6 +17,9 @@ from airflow.sdk.exceptions import AirflowFailException
 from pcflow.runspec import INSTANCE_TYPE, RunSpec, RunSpecError, resolve_run_spec
 
 PROFILES = ["local", "aws-gpu"]
+#: Every stage is idempotent, so a retry is always safe: it adopts what the failed attempt made. Training
+#: is the exception (a retry costs GPU hours): Slurm requeues lost nodes itself, a user retries the rest.
+DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
 #: Updated by every successful training run, with its metrics summary and checkpoints as the event's extra.
 PRETRAINED_ENCODER = Asset(name="pcflow-pretrained-encoder", uri="x-pcflow://models/pretrained-encoder")
 VALIDATE_TASK = "validate"
@@ -400,9 +404,9 @@ def build_training_pipeline(
         "pending_timeout": run_value("training.pending_timeout_s"),
     }
     if sweep:
-        train = SlurmArrayJobOperator(task_id="train", trials=inputs["trials"], min_success_ratio=0.5, **job)
+        train = SlurmArrayJobOperator(task_id="train", trials=inputs["trials"], min_success_ratio=0.5, retries=0, **job)
     else:
-        train = SlurmJobOperator(task_id="train", hyperparameters=inputs["hyperparameters"], **job)
+        train = SlurmJobOperator(task_id="train", hyperparameters=inputs["hyperparameters"], retries=0, **job)
     inputs >> train
     harvest = SweepLeaderboardOperator if sweep else HarvestMetricsOperator
     metrics = harvest(

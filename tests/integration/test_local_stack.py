@@ -158,8 +158,12 @@ def test_moto_answers_boto3_over_https(local_stack: LocalStack):
     s3.create_bucket(Bucket=bucket)
     s3.put_object(Bucket=bucket, Key="hello.txt", Body=b"over TLS")
     assert s3.get_object(Bucket=bucket, Key="hello.txt")["Body"].read() == b"over TLS"
-    vpc = boto3.client("ec2").create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]
+    s3.delete_object(Bucket=bucket, Key="hello.txt")
+    s3.delete_bucket(Bucket=bucket)
+    ec2 = boto3.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]
     assert vpc["VpcId"].startswith("vpc-")
+    ec2.delete_vpc(VpcId=vpc["VpcId"])
 
 
 def test_moto_certificate_is_checked(local_stack: LocalStack):

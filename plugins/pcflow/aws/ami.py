@@ -436,6 +436,7 @@ class BakeImageOperator(PcflowAwsOperator):
         bake, found = prepare_bake(self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay)
         self._bake = bake
         if found and found["State"] == "available":
+            bake.terminate_builder(None)  # left by an attempt that died after CreateImage, if any
             return {"image_id": found["ImageId"], "recipe_hash": bake.recipe, "reused": True}
         try:
             if found is None:

@@ -204,7 +204,16 @@ class SlurmHook(BaseHook):
         """Run one command on the head node; `argv` is quoted element by element."""
         argv = self._slurm_argv(argv)
         command = quote_command(argv)
-        _, stdout, stderr = self.get_conn().exec_command(command, timeout=timeout or self.command_timeout)
+        try:
+            _, stdout, stderr = self.get_conn().exec_command(command, timeout=timeout or self.command_timeout)
+        except paramiko.SSHException as exc:
+            # Only when the channel never opened is the command known not to have run (sbatch must not
+            # run twice): then one more try on a new connection is safe.
+            if not (isinstance(exc, paramiko.ChannelException) or "opening channel" in str(exc)):
+                raise
+            self.log.warning("SSH channel to the head node failed (%s); reconnecting once", exc)
+            self.close()
+            _, stdout, stderr = self.get_conn().exec_command(command, timeout=timeout or self.command_timeout)
         out = stdout.read().decode(errors="replace")
         err = stderr.read().decode(errors="replace")
         result = CommandResult(tuple(argv), stdout.channel.recv_exit_status(), out, err)
