@@ -131,3 +131,25 @@ def test_sweep_ranks_trials_and_picks_the_best(airflow):
     assert values == sorted(values, reverse=True)
     assert board["best"]["hyperparameters"]["lr"] in {t["lr"] for t in trials}
     assert tagged_resources("pcflow:run", result.run_key) == []
+
+
+def test_tearing_down_the_whole_stack_leaves_nothing(airflow):
+    """What the runs above kept on purpose (the nightly's shared network, the baked image, the data
+    bucket) goes with a teardown of the whole stack, images included; the bucket by the data policy."""
+    import pcflow.cluster.teardown  # noqa: F401 - registers the "pcluster" handlers
+    from pcflow.aws.clients import aws_client
+    from pcflow.aws.teardown import Selector, teardown
+
+    def clients(service: str):
+        return aws_client(service, aws_conn_id="aws_default")
+
+    report = teardown(clients, Selector(stack="local"), handler_sets=("pcluster", "ec2", "fsx", "images"), pass_delay=0)
+    assert report.complete and not report.remaining
+    assert tagged_resources("pcflow:stack", "local") == []
+    s3 = clients("s3")
+    for bucket in [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith("pcflow-local-")]:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+        s3.delete_bucket(Bucket=bucket)
