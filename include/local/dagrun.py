@@ -103,3 +103,24 @@ def tagged_resources(tag_key: str, tag_value: str) -> list[str]:
     for reservation in ec2.describe_instances(Filters=tag_filter)["Reservations"]:
         found.update(i["InstanceId"] for i in reservation["Instances"] if i["State"]["Name"] != "terminated")
     return sorted(found)
+
+
+def remove_stack(stack: str) -> list[str]:
+    """Delete everything of a stack, kept-on-purpose parts included (shared network, images and their
+    snapshots, the `pcflow-<stack>-*` data buckets); returns what is still tagged with it."""
+    import pcflow.cluster.teardown  # noqa: F401 - registers the "pcluster" handlers
+    from pcflow.aws.clients import aws_client
+    from pcflow.aws.teardown import Selector, teardown
+
+    def clients(service: str) -> Any:
+        return aws_client(service, aws_conn_id="aws_default")
+
+    teardown(clients, Selector(stack=stack), handler_sets=("pcluster", "ec2", "fsx", "images"), pass_delay=0)
+    s3 = clients("s3")
+    for bucket in [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith(f"pcflow-{stack}-")]:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+        s3.delete_bucket(Bucket=bucket)
+    return tagged_resources("pcflow:stack", stack)

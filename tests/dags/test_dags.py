@@ -11,7 +11,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from dagrun import REPO, airflow_environment, prepare_airflow, run_dag, tagged_resources
+from dagrun import REPO, airflow_environment, prepare_airflow, remove_stack, run_dag, tagged_resources
 
 DAG_IDS = {"pretrain", "pretrain_nightly", "pretrain_sweep", "janitor"}
 FAST = {"hyperparameters": {"epochs": 1}}
@@ -136,20 +136,4 @@ def test_sweep_ranks_trials_and_picks_the_best(airflow):
 def test_tearing_down_the_whole_stack_leaves_nothing(airflow):
     """What the runs above kept on purpose (the nightly's shared network, the baked image, the data
     bucket) goes with a teardown of the whole stack, images included; the bucket by the data policy."""
-    import pcflow.cluster.teardown  # noqa: F401 - registers the "pcluster" handlers
-    from pcflow.aws.clients import aws_client
-    from pcflow.aws.teardown import Selector, teardown
-
-    def clients(service: str):
-        return aws_client(service, aws_conn_id="aws_default")
-
-    report = teardown(clients, Selector(stack="local"), handler_sets=("pcluster", "ec2", "fsx", "images"), pass_delay=0)
-    assert report.complete and not report.remaining
-    assert tagged_resources("pcflow:stack", "local") == []
-    s3 = clients("s3")
-    for bucket in [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith("pcflow-local-")]:
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
-        s3.delete_bucket(Bucket=bucket)
+    assert remove_stack("local") == []

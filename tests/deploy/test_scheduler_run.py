@@ -48,6 +48,10 @@ def airflow(local_stack, tmp_path_factory):
             services.stop()
         postgres.stop()
         shutil.rmtree(root, ignore_errors=True)
+        # The sweep keeps the stack's image and data by design; this module leaves nothing behind.
+        from dagrun import remove_stack
+
+        remove_stack("local")
 
 
 def slurm_elements(env: dict[str, str]) -> list[str]:
