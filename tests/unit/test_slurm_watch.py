@@ -59,6 +59,17 @@ def test_interruption_without_requeue_fails_after_the_grace_period():
     assert verdict.outcome is Outcome.FAILED and "preempted" in verdict.message
 
 
+def test_failed_after_a_term_marker_waits_for_a_requeue():
+    term = {"job_id": "9", "exit_code": 143, "restart": 0, "signal": "TERM"}
+    watch = JobWatch("9", WatchPolicy(interruption_grace=60))
+    assert watch.assess(info(JobState.FAILED, exit_code=0), term, 0) is None
+    assert watch.assess(info(JobState.PENDING, restarts=1), term, 5) is None  # requeued: keeps waiting
+    verdict = JobWatch("9", WatchPolicy(interruption_grace=60)).assess(info(JobState.FAILED), term, 0)
+    assert verdict is None
+    plain = {**term, "signal": ""}
+    assert JobWatch("9").assess(info(JobState.FAILED), plain, 0).outcome is Outcome.FAILED
+
+
 def test_pending_timeout_counts_from_first_pending_sight():
     watch = JobWatch("9", WatchPolicy(pending_timeout=10))
     assert watch.assess(info(JobState.PENDING, reason="Resources"), None, 100) is None

@@ -102,10 +102,16 @@ class JobWatch:
         if info.state.is_active:
             self.interrupted_since = None
             return None
-        if info.state.is_interruption:
+        if info.state.is_interruption or self._requeue_in_flight(info, marker):
             return self._interrupted(info, now)
         exit_code = info.exit_code if info.exit_code is not None else (marker or {}).get("exit_code")
         return self._finished(info, exit_code)
+
+    @staticmethod
+    def _requeue_in_flight(info: JobInfo, marker: dict | None) -> bool:
+        """`scontrol requeue` ends the attempt with SIGTERM, and slurmctld can show FAILED for a moment
+        before the job is pending again: a TERM marker on a FAILED job gets the interruption grace."""
+        return info.state is JobState.FAILED and marker_matches(marker, info) and marker.get("signal") == "TERM"
 
     def _pending(self, info: JobInfo, now: float) -> Verdict | None:
         self.interrupted_since = None
