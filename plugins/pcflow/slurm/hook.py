@@ -59,6 +59,14 @@ class CommandResult:
         return self
 
 
+def with_slurm_bin(argv: Sequence[str], slurm_bin: str | None) -> list[str]:
+    """Slurm's commands from `slurm_bin` when they are not on a non-login shell's PATH."""
+    argv = list(argv)
+    if slurm_bin and argv and argv[0] in SLURM_COMMANDS:
+        argv[0] = posixpath.join(slurm_bin, argv[0])
+    return argv
+
+
 def quote_command(argv: Sequence[str]) -> str:
     """The one place a command line is built: every element quoted, so values stay values."""
     if not argv or any(not isinstance(a, str) for a in argv):
@@ -148,11 +156,7 @@ class SlurmHook(BaseHook):
         return self.extras.get("shared_root")
 
     def _slurm_argv(self, argv: Sequence[str]) -> list[str]:
-        argv = list(argv)
-        slurm_bin = self.extras.get("slurm_bin")
-        if slurm_bin and argv and argv[0] in SLURM_COMMANDS:
-            argv[0] = posixpath.join(slurm_bin, argv[0])
-        return argv
+        return with_slurm_bin(argv, self.extras.get("slurm_bin"))
 
     # -- connection ----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.slurm import queries
-from pcflow.slurm.hook import PinnedSSHHookAsync, quote_command
+from pcflow.slurm.hook import PinnedSSHHookAsync, quote_command, with_slurm_bin
 from pcflow.slurm.states import JobInfo
 from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Verdict, WatchPolicy, marker_matches
 
@@ -96,8 +96,7 @@ class HeadNodeTrigger(BaseTrigger):
         return await hook.get_conn()
 
     async def run_command(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> str:
-        if self.slurm_bin and argv[0] in (*SLURM_QUERIES, "scancel"):
-            argv = [posixpath.join(self.slurm_bin, argv[0]), *argv[1:]]
+        argv = with_slurm_bin(argv, self.slurm_bin)
         if posixpath.basename(argv[0]) in SLURM_QUERIES:
             self.queries_sent += 1
         result = await conn.run(quote_command(argv), check=False, timeout=self.command_timeout)
