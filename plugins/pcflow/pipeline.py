@@ -14,7 +14,7 @@ from typing import Any
 from airflow.sdk import Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from pcflow.runspec import INSTANCE_TYPE, RunSpec, RunSpecError, resolve_run_spec
+from pcflow.runspec import INSTANCE_TYPE, RunSpecError, resolve_run_spec
 
 PROFILES = ["local", "aws-gpu"]
 #: Every stage is idempotent, so a retry is always safe: it adopts what the failed attempt made. Training
@@ -199,19 +199,20 @@ def resolve_for_run(
     return document
 
 
-def check_against_aws(spec: RunSpec, aws_conn_id: str = "aws_default") -> None:
+def check_against_aws(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
     """What only AWS can answer, asked before anything is created: does the instance type exist here?"""
     from botocore.exceptions import ClientError
 
     from pcflow.aws.clients import aws_client
 
-    ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=spec.region)
+    region, instance_type = run["region"], run["instance_type"]
+    ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=region)
     try:
-        ec2.describe_instance_types(InstanceTypes=[spec.instance_type])
+        ec2.describe_instance_types(InstanceTypes=[instance_type])
     except ClientError as exc:
         if exc.response["Error"]["Code"].startswith("InvalidInstanceType"):
             raise AirflowFailException(
-                f"instance_type: {spec.instance_type} is not offered in {spec.region}; pick another type or region"
+                f"instance_type: {instance_type} is not offered in {region}; pick another type or region"
             ) from None
         raise
 
@@ -222,8 +223,7 @@ def validate_run(
 ) -> dict[str, Any]:
     """Refuse bad settings before anything costs money; the resolved document is kept with the run."""
     document = resolve_for_run(params or {}, context, dated_partitions=dated_partitions)
-    spec = resolve_run_spec(params["profile"], overrides_from_params(params or {}))
-    check_against_aws(spec)
+    check_against_aws(document)
     return document
 
 
