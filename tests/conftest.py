@@ -12,8 +12,10 @@ from dagrun import airflow_environment
 from stacktools import REPO, LocalStack, moto_leftovers, read_env_file, reset_moto, stack_cli, stack_status
 
 ARTIFACTS = REPO / "tests" / "artifacts"
+# PCFLOW_STACK_DIR gives a test run a private stack (its own ports, moto, Slurm and Airflow home).
+STATE_DIR = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
 # Airflow reads its settings once, when first imported: settle them before any test imports airflow.
-os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".stack" / "airflow"))
+os.environ.setdefault("AIRFLOW_HOME", str(STATE_DIR / "airflow"))
 for _key, _value in airflow_environment(Path(os.environ["AIRFLOW_HOME"])).items():
     os.environ.setdefault(_key, _value)
 
@@ -34,7 +36,7 @@ _STACK: LocalStack | None = None  # set once a test has asked for the local stac
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if not _STACK_WAS_UP and (REPO / ".stack" / "ports.json").exists():
+    if not _STACK_WAS_UP and (STATE_DIR / "ports.json").exists():
         stack_cli("down")
 
 
@@ -44,7 +46,7 @@ def local_stack() -> LocalStack:
     proc = stack_cli("up")
     if proc.returncode != 0:
         pytest.fail(f"local stack did not come up:\n{proc.stdout}\n{proc.stderr}")
-    state_dir = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
+    state_dir = STATE_DIR
     env = read_env_file(state_dir / "env")
     os.environ.update(env)
     global _STACK  # noqa: PLW0603 - read by the per-module moto reset below
