@@ -11,27 +11,10 @@ from pathlib import Path
 
 import boto3
 import pytest
-from dagrun import REPO, airflow_environment, prepare_airflow, remove_stack, run_dag, tagged_resources
+from dagrun import REPO, remove_stack, run_dag, tagged_resources
 
 DAG_IDS = {"pretrain", "pretrain_nightly", "pretrain_sweep", "janitor"}
 FAST = {"hyperparameters": {"epochs": 1}}
-
-
-@pytest.fixture(scope="module")
-def airflow(local_stack, tmp_path_factory):
-    """The session's Airflow home with its metadata database (Airflow reads its home only once per
-    process), pcflow's DAG and plugin folders, and the payload's environment."""
-    home = Path(os.environ["AIRFLOW_HOME"])
-    saved = dict(os.environ)
-    os.environ.update(airflow_environment(home))
-    os.environ["PCFLOW_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    prepare_airflow(home)
-    subprocess.run(
-        ["bash", str(REPO / "include/payloads/install-payload-env.sh"), str(REPO / ".venv-payload")], check=True
-    )
-    yield home
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def test_dag_files_import_without_errors_or_io():
