@@ -77,32 +77,134 @@ def test_the_services_of_the_official_layout_and_the_local_profile():
     assert services["airflow-apiserver"]["command"] == "api-server"
 
 
-def test_every_path_service_and_volume_named_exists():
-    doc = compose()
-    services = doc["services"]
-    declared_volumes = set(doc.get("volumes") or {})
-    for name, service in services.items():
+# -- every path, service, volume and profile the compose file names ----------------------------------
+
+INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+def resolved(value: str) -> str:
+    """A value as compose reads it with nothing set: `${VAR:-default}` gives the default; a path that
+    needs a variable without one (`${VAR}`, `${VAR:?msg}`) is an error of the compose file."""
+
+    def default(match: re.Match) -> str:
+        if match["op"] in (":-", "-"):
+            return match["arg"]
+        raise AssertionError(f"{value!r}: ${{{match['name']}}} has no default")
+
+    return INTERPOLATION.sub(default, value).replace("$$", "$")
+
+
+def bind_sources(service: dict) -> list[str]:
+    """Host paths of bind mounts, in short (`./a:/b:ro`) or long (`{type: bind, source: ./a}`) syntax."""
+    sources = []
+    for mount in service.get("volumes", []):
+        if isinstance(mount, dict):
+            if mount.get("type") == "bind":
+                sources.append(resolved(mount["source"]))
+        else:
+            source = resolved(mount).split(":")[0]
+            if source.startswith((".", "/", "~")):
+                sources.append(source)
+    return sources
+
+
+def named_volumes(service: dict) -> list[str]:
+    names = []
+    for mount in service.get("volumes", []):
+        if isinstance(mount, dict):
+            if mount.get("type") == "volume":
+                names.append(mount["source"])
+        else:
+            source = resolved(mount).split(":")[0]
+            if ":" in resolved(mount) and not source.startswith((".", "/", "~")):
+                names.append(source)
+    return names
+
+
+def env_files(service: dict) -> list[tuple[str, bool]]:
+    value = service.get("env_file") or []
+    entries = [value] if isinstance(value, str) else value
+    return [
+        (resolved(e), True) if isinstance(e, str) else (resolved(e["path"]), e.get("required", True)) for e in entries
+    ]
+
+
+def test_every_build_context_dockerfile_and_copied_path_exists():
+    for name, service in compose()["services"].items():
         build = service.get("build")
-        if build:
-            context = REPO / build["context"]
-            assert context.is_dir(), (name, build)
-            assert (context / build.get("dockerfile", "Dockerfile")).is_file(), (name, build)
-        for mount in service.get("volumes", []):
-            source = mount.split(":")[0]
-            if source.startswith((".", "/")):
-                assert (REPO / source).exists(), (name, mount)
-            else:
-                assert source in declared_volumes, (name, mount)
-        for dependency in service.get("depends_on") or {}:
-            assert dependency in services, (name, dependency)
+        if build is None:
+            assert "image" in service, f"{name}: neither build nor image"
+            continue
+        context = REPO / resolved(build if isinstance(build, str) else build["context"])
+        assert context.is_dir(), (name, build)
+        dockerfile = context / resolved(
+            build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile"
+        )
+        assert dockerfile.is_file(), (name, build)
+        assert dockerfile in DOCKERFILES, f"{name}: {dockerfile} is not among the Dockerfiles hadolint checks"
     for dockerfile in DOCKERFILES:
         for line in dockerfile.read_text().splitlines():
-            if line.startswith("COPY "):
-                sources = [w for w in line.split()[1:-1] if not w.startswith("--")]
-                for source in sources:
-                    assert (REPO / source).exists(), (dockerfile, source)
+            if line.startswith(("COPY ", "ADD ")):
+                words = line.split()[1:]
+                if any(w.startswith("--from=") for w in words):
+                    continue
+                for source in [w for w in words[:-1] if not w.startswith("--")]:
+                    assert (REPO / source).exists(), (dockerfile.name, source)
     assert (REPO / "Dockerfile").read_text().count("FROM ${AIRFLOW_BASE_IMAGE}") == 1
     assert "apache/airflow:3.3.2" in (REPO / "Dockerfile").read_text()
+
+
+def test_every_bind_mount_source_and_env_file_exists():
+    checked = 0
+    for name, service in compose()["services"].items():
+        for source in bind_sources(service):
+            assert (REPO / source).exists(), f"{name}: bind mount source {source} does not exist"
+            checked += 1
+        for path, required in env_files(service):
+            if (REPO / path).exists():
+                continue
+            # .env holds the secrets, so it is never committed: its template must be, and git ignores .env.
+            assert path == ".env" and required, f"{name}: env_file {path} does not exist"
+            assert (REPO / ".env.example").is_file(), f"{name}: .env has no template .env.example"
+    assert checked >= len(AIRFLOW_SERVICES) * 3
+
+
+def test_every_named_volume_is_declared_and_used():
+    doc = compose()
+    declared = set(doc.get("volumes") or {})
+    used = {volume for service in doc["services"].values() for volume in named_volumes(service)}
+    assert used <= declared, f"volumes used but not declared: {sorted(used - declared)}"
+    assert declared <= used, f"volumes declared but never mounted: {sorted(declared - used)}"
+
+
+def dependencies(service: dict) -> list[str]:
+    depends = service.get("depends_on") or []
+    return list(depends) if isinstance(depends, (list, dict)) else []
+
+
+def test_every_dependency_exists_and_is_active_with_its_dependent():
+    """A service may depend only on services that exist and that run whenever it runs: with no
+    profile, or with every profile of the dependent (else `docker compose up` refuses the file)."""
+    services = compose()["services"]
+    for name, service in services.items():
+        for dependency in dependencies(service):
+            assert dependency in services, f"{name} depends on unknown service {dependency}"
+            theirs = set(services[dependency].get("profiles") or [])
+            mine = set(service.get("profiles") or [])
+            assert not theirs or (mine and mine <= theirs), (
+                f"{name} (profiles {sorted(mine) or 'none'}) depends on {dependency} (profiles {sorted(theirs)}),"
+                " which does not run with it"
+            )
+
+
+def test_every_profile_named_in_the_docs_exists():
+    profiles = {p for service in compose()["services"].values() for p in service.get("profiles") or []}
+    assert "local" in profiles
+    named = set()
+    for path in (COMPOSE, REPO / "README.md", REPO / "docs" / "deploy.md", REPO / ".env.example"):
+        named |= set(re.findall(r"--profile[ =]([A-Za-z0-9_.-]+)", path.read_text()))
+    assert named, "the docs name no compose profile"
+    assert named <= profiles, f"profiles named in the docs but not in docker-compose.yaml: {sorted(named - profiles)}"
 
 
 def test_secrets_come_from_the_environment_only():
