@@ -1,11 +1,9 @@
 """Static checks of the deployment files that need no Docker engine: the compose file against the
-Compose specification's schema, the Dockerfiles through hadolint, every path/service/volume the compose
-file names, no secret written into it, and the IAM policy covering every AWS call pcflow makes."""
+Compose specification's schema, the Dockerfiles through hadolint, every path/service/volume/profile the
+compose file names, and no secret written into it. (The IAM policy's checks: test_iam.py.)"""
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import re
 import shutil
 import subprocess
@@ -28,7 +26,6 @@ AIRFLOW_SERVICES = {
     "airflow-worker",
 }
 LOCAL_SERVICES = {"local-init", "moto", "local-seed", "mariadb", "slurmdbd", "slurmctld", "slurmd", "sshd"}
-POLICIES = sorted((REPO / "include" / "iam").glob("*.json"))
 
 
 def compose() -> dict:
@@ -224,46 +221,3 @@ def test_secrets_come_from_the_environment_only():
                 assert str(value).startswith("${"), (name, key)
     ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=REPO, check=False)
     assert ignored.returncode == 0, ".env must be ignored by git"
-
-
-# -- the IAM policy for the Airflow role ---------------------------------------------------------------
-
-SERVICE_CALL = re.compile(r"\b(ec2|s3|ssm|fsx|cloudwatch)\.([a-z_0-9]+)\(")
-NOT_API_CALLS = {"get_waiter", "get_paginator", "can_paginate", "meta"}
-S3_ACTIONS = {
-    "head_object": "GetObject",
-    "delete_objects": "DeleteObject",
-    "list_objects_v2": "ListBucket",
-    "put_public_access_block": "PutBucketPublicAccessBlock",
-    "put_bucket_encryption": "PutEncryptionConfiguration",
-    "put_bucket_lifecycle_configuration": "PutLifecycleConfiguration",
-}
-
-
-def iam_action(service: str, method: str) -> str:
-    if service == "s3" and method in S3_ACTIONS:
-        return f"s3:{S3_ACTIONS[method]}"
-    return f"{service}:{''.join(part.capitalize() for part in method.split('_'))}"
-
-
-def allowed_actions() -> list[str]:
-    actions = []
-    for path in POLICIES:
-        for statement in json.loads(path.read_text())["Statement"]:
-            assert statement["Effect"] == "Allow" and statement["Resource"], (path.name, statement)
-            action = statement["Action"]
-            actions += [action] if isinstance(action, str) else action
-    return actions
-
-
-def test_iam_policy_allows_every_aws_call_pcflow_makes():
-    calls = set()
-    for source in (REPO / "plugins" / "pcflow").rglob("*.py"):
-        for service, method in SERVICE_CALL.findall(source.read_text()):
-            if method not in NOT_API_CALLS:
-                calls.add(iam_action(service, method))
-    assert len(calls) > 40, calls
-    allowed = allowed_actions()
-    missing = sorted(c for c in calls if not any(fnmatch.fnmatchcase(c, a) for a in allowed))
-    assert not missing, f"not allowed by include/iam/*.json: {missing}"
-    assert "*" not in allowed and not any(a.endswith(":*") for a in allowed), "no service-wide wildcards"
