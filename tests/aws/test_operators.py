@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pcflow.aws.ami import BakeImageOperator, ImageAvailableTrigger
+from pcflow.aws.ami import BakeImageOperator
 from pcflow.aws.network import DeleteNetworkOperator, EnsureNetworkOperator
 from pcflow.aws.teardown import TeardownOperator
+from pcflow.aws.waits import ImageAvailableTrigger
 
 pytestmark = pytest.mark.stack
 
@@ -49,7 +50,7 @@ def test_bake_operator_defers_the_image_wait(aws, stack, tmp_path, counts):
         trigger = deferred.value.trigger
         assert isinstance(trigger, ImageAvailableTrigger)
         path, kwargs = trigger.serialize()
-        assert path == "pcflow.aws.ami.ImageAvailableTrigger"
+        assert path == "pcflow.aws.waits.ImageAvailableTrigger"
         assert kwargs["botocore_config"]["retries"]["mode"] == "standard"
         # What the triggerer would hand back: the builder is terminated, the image returned.
         event = {"status": "success", "image_id": kwargs["image_id"]}

@@ -13,11 +13,11 @@ from pcflow.aws.storage import (
     BucketUnavailable,
     DataRepositoryTaskFailed,
     FsxDataRepositoryTaskOperator,
-    FsxDataRepositoryTaskTrigger,
     data_repository_task_result,
     ensure_bucket,
     start_data_repository_task,
 )
+from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
 
 pytestmark = pytest.mark.stack
 TAGS = {"pcflow:stack": "storage-test", "pcflow:component": "storage"}
@@ -138,7 +138,7 @@ def test_fsx_trigger_serializes_with_retry_mode():
         task_id="task-0123456789abcdef9", botocore_config={"retries": {"mode": "standard"}}
     )
     path, kwargs = trigger.serialize()
-    assert path == "pcflow.aws.storage.FsxDataRepositoryTaskTrigger"
+    assert path == "pcflow.aws.waits.FsxDataRepositoryTaskTrigger"
     assert kwargs["task_id"] == "task-0123456789abcdef9" and kwargs["botocore_config"]["retries"]["mode"] == "standard"
     rebuilt = FsxDataRepositoryTaskTrigger(**kwargs)
     waiter = rebuilt.hook().get_waiter("DataRepositoryTaskComplete", client=aws_client("fsx", aws_conn_id=None))

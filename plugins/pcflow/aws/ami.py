@@ -19,10 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
-from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
-from botocore.exceptions import ClientError
-
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import tag_equals, tag_specifications
@@ -99,6 +95,8 @@ def find_base_image(ec2: Any, spec: AmiSpec) -> str:
 
 
 def check_base_image(ec2: Any, image_id: str, region: str) -> None:
+    from botocore.exceptions import ClientError
+
     try:
         found = ec2.describe_images(ImageIds=[image_id])["Images"]
     except ClientError as error:
@@ -111,6 +109,8 @@ def check_base_image(ec2: Any, image_id: str, region: str) -> None:
 
 
 def check_instance_type(ec2: Any, instance_type: str, region: str) -> None:
+    from botocore.exceptions import ClientError
+
     try:
         ec2.describe_instance_types(InstanceTypes=[instance_type])
     except ClientError as error:
@@ -313,6 +313,8 @@ def bake_image(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -> 
 
 def delete_image(ec2: Any, image_id: str) -> list[str]:
     """Deregister an image and delete its snapshots; returns the snapshot ids deleted. Gone = done."""
+    from botocore.exceptions import ClientError
+
     try:
         images = ec2.describe_images(ImageIds=[image_id])["Images"]
     except ClientError as error:
@@ -328,45 +330,7 @@ def delete_image(ec2: Any, image_id: str) -> list[str]:
     return snapshots
 
 
-# --- trigger and operators ----------------------------------------------------------------------
-
-
-class ImageAvailableTrigger(AwsBaseWaiterTrigger):
-    """Waits in the triggerer for a new image (often longer than the 10 min of the default waiter)."""
-
-    aws_hook_class = EC2Hook
-
-    def __init__(
-        self,
-        *,
-        image_id: str,
-        waiter_delay: int = 30,
-        waiter_max_attempts: int = 240,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
-        verify: bool | str | None = None,
-        botocore_config: dict | None = None,
-    ):
-        super().__init__(
-            serialized_fields={"image_id": image_id},
-            waiter_name="image_available",
-            waiter_args={"ImageIds": [image_id]},
-            failure_message=f"image {image_id} failed",
-            status_message="image state",
-            status_queries=["Images[0].State"],
-            return_key="image_id",
-            return_value=image_id,
-            waiter_delay=waiter_delay,
-            waiter_max_attempts=waiter_max_attempts,
-            aws_conn_id=aws_conn_id,
-            region_name=region_name,
-            verify=verify,
-            botocore_config=botocore_config,
-        )
-
-    @property
-    def _hook_parameters(self) -> dict[str, Any]:
-        return {**super()._hook_parameters, "api_type": "client_type"}
+# --- operator ----------------------------------------------------------------------------------
 
 
 class BakeImageOperator(PcflowAwsOperator):
@@ -449,6 +413,8 @@ class BakeImageOperator(PcflowAwsOperator):
         except BaseException:
             bake.terminate_builder(self._builder)
             raise
+        from pcflow.aws.waits import ImageAvailableTrigger
+
         self.defer(
             trigger=ImageAvailableTrigger(image_id=image_id, waiter_delay=self.waiter_delay, **self.trigger_aws_kwargs),
             method_name="execute_complete",

@@ -1,25 +1,59 @@
-"""The base of pcflow's AWS operators: the provider's `AwsBaseOperator` plus retrying clients per service."""
+"""The base of pcflow's AWS operators: the Amazon provider's connection settings, retrying clients per service.
+
+The arguments and template fields are those of the provider's `AwsBaseOperator` (conn id, region,
+verify, botocore config), but the hook is imported when a task first needs it: subclassing
+`AwsBaseOperator` would load boto3 (about 0.4 s) whenever a DAG file declaring one of these operators
+is parsed.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
-from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
-from airflow.providers.amazon.aws.operators.base_aws import AwsBaseOperator
+from airflow.sdk import BaseOperator
 
 from pcflow.aws.clients import client_from_hook, retry_botocore_config
 
 
-class PcflowAwsOperator(AwsBaseOperator[EC2Hook]):
-    """Connection handling (conn id, region, verify, botocore config) comes from the provider; every
-    client this operator makes uses a standard/adaptive retry mode."""
+class PcflowAwsOperator(BaseOperator):
+    """Connection handling (conn id, region, verify, botocore config) goes through the provider's hooks;
+    every client this operator makes uses a standard/adaptive retry mode."""
 
-    aws_hook_class = EC2Hook
+    template_fields: Sequence[str] = ("aws_conn_id", "region_name", "verify")
+
+    def __init__(
+        self,
+        *,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        verify: bool | str | None = None,
+        botocore_config: dict | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+        self.verify = verify
+        self.botocore_config = botocore_config
 
     @property
     def _hook_parameters(self) -> dict[str, Any]:
-        return {**super()._hook_parameters, "api_type": "client_type"}
+        """What every provider hook takes: the connection, region, TLS verification, botocore config."""
+        return {
+            "aws_conn_id": self.aws_conn_id,
+            "region_name": self.region_name,
+            "verify": self.verify,
+            "config": self.botocore_config,
+        }
+
+    @cached_property
+    def hook(self) -> Any:
+        """The connection's EC2 hook (region from the connection when the task sets none)."""
+        from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+
+        return EC2Hook(api_type="client_type", **self._hook_parameters)
 
     @cached_property
     def ec2(self) -> Any:

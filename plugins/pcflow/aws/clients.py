@@ -3,17 +3,19 @@
 botocore's default ("legacy") retry mode retries a narrow set of errors; "standard" also retries
 throttling (`RequestLimitExceeded`, `ThrottlingException`, `SlowDown`) with capped, jittered backoff.
 Every pcflow client goes through `with_retries`, so a retry policy is never forgotten.
+
+boto3 and botocore are imported where they are used: operator modules import this one, and a DAG file
+that declares an operator must parse without loading them.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import ClientError
+if TYPE_CHECKING:
+    from botocore.config import Config
 
 RETRY_MODES = ("standard", "adaptive")
 DEFAULT_RETRIES: dict[str, Any] = {"mode": "standard", "max_attempts": 10}
@@ -23,6 +25,8 @@ log = logging.getLogger(__name__)
 
 def with_retries(config: Config | Mapping[str, Any] | None = None) -> Config:
     """`config` with a standard/adaptive retry mode; a mode already set to one of those is kept."""
+    from botocore.config import Config
+
     if isinstance(config, Mapping):
         config = Config(**config)
     config = config or Config()
@@ -71,6 +75,7 @@ def aws_client(
 ) -> Any:
     """A retrying client for `service` from an Airflow AWS connection (what tests and DAG callables use)."""
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    from botocore.config import Config
 
     if isinstance(botocore_config, Mapping):
         botocore_config = Config(**botocore_config)
@@ -86,12 +91,16 @@ def aws_client(
 
 def error_code(error: BaseException) -> str:
     """The AWS error code of a ClientError (or of pcflow's own `AwsCallFailed`), else ''."""
+    from botocore.exceptions import ClientError
+
     if isinstance(error, ClientError):
         return str(error.response.get("Error", {}).get("Code", ""))
     return str(getattr(error, "code", ""))
 
 
 def error_message(error: BaseException) -> str:
+    from botocore.exceptions import ClientError
+
     if isinstance(error, ClientError):
         return str(error.response.get("Error", {}).get("Message", error))
     return str(error)
@@ -107,6 +116,8 @@ class AwsCallFailed(Exception):
 
 def known_regions() -> set[str]:
     """Regions botocore's endpoint data knows for EC2 in the commercial, China and GovCloud partitions."""
+    import boto3
+
     session = boto3.session.Session()
     regions: set[str] = set()
     for partition in ("aws", "aws-cn", "aws-us-gov"):

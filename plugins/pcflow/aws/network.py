@@ -18,8 +18,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from botocore.exceptions import ClientError
-
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import find_one, tag_equals, tag_specifications
@@ -303,6 +301,8 @@ class _Ensurer:
         return found["VpcEndpointId"]
 
     def security_group(self, vpc_id: str, role: str, description: str) -> str:
+        from botocore.exceptions import ClientError
+
         filters = [*self.identity(role), {"Name": "vpc-id", "Values": [vpc_id]}]
         found = find_one(self.ec2.describe_security_groups, "SecurityGroups", what="security group", id_key="GroupId",
                          Filters=filters)  # fmt: skip
@@ -418,6 +418,8 @@ def ensure_network(
 
 def _adopt(step: _Ensurer, spec: NetworkSpec) -> NetworkIds:
     """Use the caller's VPC and subnets as they are; only pcflow's tagged security groups are added."""
+    from botocore.exceptions import ClientError
+
     ec2 = step.ec2
     try:
         ec2.describe_vpcs(VpcIds=[spec.vpc_id])

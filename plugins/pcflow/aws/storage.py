@@ -17,16 +17,14 @@ import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from pathlib import Path
-from typing import Any
-
-from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
-from botocore.exceptions import ClientError
+from typing import TYPE_CHECKING, Any
 
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.naming import aws_tags, digest
+
+if TYPE_CHECKING:
+    from pcflow.aws.waits import FsxHook
 
 BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 PUBLIC_ACCESS_BLOCKED = {
@@ -91,6 +89,8 @@ def ensure_bucket(
     `versioning=False` leaves an existing bucket's versioning as it is (suspending it could lose
     history someone relies on); `lifecycle_rules` replace the bucket's rules when given.
     """
+    from botocore.exceptions import ClientError
+
     validate_bucket_name(name)
     validate_region(region)
     owned_region = _owned_bucket_region(s3, name)
@@ -136,6 +136,8 @@ def ensure_bucket(
 
 
 def _bucket_tags(s3: Any, name: str) -> dict[str, str]:
+    from botocore.exceptions import ClientError
+
     try:
         return {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=name).get("TagSet", [])}
     except ClientError as error:
@@ -152,18 +154,6 @@ TASK_TYPES = {
 }
 ACTIVE = ("PENDING", "EXECUTING", "CANCELING")
 TASK_KEY_TAG = "pcflow:task-key"
-
-
-class FsxHook(AwsBaseHook):
-    """FSx client hook with pcflow's custom waiter (`DataRepositoryTaskComplete`, waiters/fsx.json)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        kwargs["client_type"] = "fsx"
-        super().__init__(*args, **kwargs)
-
-    @cached_property
-    def waiter_path(self) -> Path:
-        return Path(__file__).parent / "waiters" / "fsx.json"
 
 
 class DataRepositoryTaskFailed(RuntimeError):
@@ -225,40 +215,6 @@ def data_repository_task_result(fsx: Any, task_id: str) -> dict[str, Any]:
     return {"task_id": task_id, "lifecycle": task["Lifecycle"], "status": task.get("Status", {})}
 
 
-class FsxDataRepositoryTaskTrigger(AwsBaseWaiterTrigger):
-    """Waits in the triggerer until a data repository task finishes (deferrable import/export)."""
-
-    aws_hook_class = FsxHook
-
-    def __init__(
-        self,
-        *,
-        task_id: str,
-        waiter_delay: int = 30,
-        waiter_max_attempts: int = 480,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
-        verify: bool | str | None = None,
-        botocore_config: dict | None = None,
-    ):
-        super().__init__(
-            serialized_fields={"task_id": task_id},
-            waiter_name="DataRepositoryTaskComplete",
-            waiter_args={"TaskIds": [task_id]},
-            failure_message=f"FSx data repository task {task_id} failed",
-            status_message="FSx data repository task",
-            status_queries=["DataRepositoryTasks[0].Lifecycle", "DataRepositoryTasks[0].Status"],
-            return_key="task_id",
-            return_value=task_id,
-            waiter_delay=waiter_delay,
-            waiter_max_attempts=waiter_max_attempts,
-            aws_conn_id=aws_conn_id,
-            region_name=region_name,
-            verify=verify,
-            botocore_config=botocore_config,
-        )
-
-
 class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
     """Import from / export to the file system's S3 repository; deferrable wait. Returns the task's status.
 
@@ -296,9 +252,9 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
 
     @cached_property
     def fsx_hook(self) -> FsxHook:
-        return FsxHook(
-            aws_conn_id=self.aws_conn_id, region_name=self.region_name, verify=self.verify, config=self.botocore_config
-        )
+        from pcflow.aws.waits import FsxHook
+
+        return FsxHook(**self._hook_parameters)
 
     @property
     def fsx(self) -> Any:
@@ -317,6 +273,8 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
         )
         self.log.info("FSx %s task %s on %s", self.task_type, task_id, self.file_system_id)
         if self.deferrable:
+            from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
+
             self.defer(
                 trigger=FsxDataRepositoryTaskTrigger(
                     task_id=task_id,

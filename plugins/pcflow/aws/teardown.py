@@ -12,13 +12,12 @@ its kind to the same loop without touching this module.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
-
-from botocore.exceptions import ClientError
 
 from pcflow.aws.clients import AwsCallFailed, error_code, error_message
 from pcflow.aws.tags import tag_dict
@@ -265,6 +264,8 @@ def _attempt(
     report: TeardownReport,
     logger: logging.Logger | logging.LoggerAdapter,
 ) -> None:
+    from botocore.exceptions import ClientError
+
     try:
         action()
     except (ClientError, AwsCallFailed) as error:
@@ -351,6 +352,8 @@ class VpcEndpointHandler(_Ec2Handler):
         return out
 
     def delete(self, resource: Resource) -> None:
+        from botocore.exceptions import ClientError
+
         try:
             response = self.ec2.delete_vpc_endpoints(VpcEndpointIds=[resource.id])
         except ClientError as error:
@@ -549,6 +552,8 @@ class ImageHandler(_Ec2Handler):
         ]
 
     def delete(self, resource: Resource) -> None:
+        from botocore.exceptions import ClientError
+
         snapshots = [
             m["Ebs"]["SnapshotId"]
             for m in resource.detail.get("BlockDeviceMappings", [])
@@ -589,6 +594,9 @@ ClientSource = Callable[[str], Any]
 HandlerFactory = Callable[[ClientSource], Iterable[ResourceHandler]]
 
 _REGISTRY: dict[str, HandlerFactory] = {}
+#: Handler sets registered by another module, imported when first asked for: a worker parses only its
+#: DAG's file, which need not import that module (the `janitor` DAG does not import the cluster stage).
+_REGISTERED_BY = {"pcluster": "pcflow.cluster.teardown"}
 
 
 def register_handlers(name: str, factory: HandlerFactory, *, replace: bool = False) -> None:
@@ -605,10 +613,11 @@ def registered_handler_sets() -> list[str]:
 def build_handlers(clients: ClientSource, handler_sets: Iterable[str]) -> list[ResourceHandler]:
     handlers: list[ResourceHandler] = []
     for name in handler_sets:
+        if name not in _REGISTRY and name in _REGISTERED_BY:
+            importlib.import_module(_REGISTERED_BY[name])
         if name not in _REGISTRY:
-            raise ValueError(
-                f"unknown teardown handler set {name!r}; registered: {', '.join(registered_handler_sets())}"
-            )
+            known = sorted({*_REGISTRY, *_REGISTERED_BY})
+            raise ValueError(f"unknown teardown handler set {name!r}; choose from: {', '.join(known)}")
         handlers.extend(_REGISTRY[name](clients))
     return handlers
 

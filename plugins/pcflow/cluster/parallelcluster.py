@@ -287,7 +287,8 @@ class ParallelClusterProvider:
 
     def export_file_systems(self, name: str, *, task_key: str) -> list[dict[str, Any]]:
         from pcflow.aws.clients import wait_logged
-        from pcflow.aws.storage import FsxHook, data_repository_task_result, start_data_repository_task
+        from pcflow.aws.storage import data_repository_task_result, start_data_repository_task
+        from pcflow.aws.waits import FsxHook
 
         fsx = self.clients("fsx")
         results = []

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from pcflow.aws.storage import start_data_repository_task
 
 
 def linked_repository_paths(fsx: Any, file_system_id: str) -> list[str]:
     """S3 paths the file system is linked to: its data repository associations, or the legacy ImportPath."""
+    from botocore.exceptions import ClientError
+
     try:
         fs = fsx.describe_file_systems(FileSystemIds=[file_system_id])["FileSystems"][0]
     except ClientError as err:

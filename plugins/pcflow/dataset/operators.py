@@ -11,25 +11,26 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-from airflow.providers.amazon.aws.operators.base_aws import AwsBaseOperator
-from airflow.providers.amazon.aws.utils.mixins import aws_template_fields
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
-from pcflow.aws.storage import FsxDataRepositoryTaskTrigger, FsxHook
-from pcflow.dataset.fsx import covers, linked_repository_paths, start_import
+from pcflow.aws.base import PcflowAwsOperator
 from pcflow.dataset.partition import resolve_partition
 from pcflow.naming import Component, run_key_from_context, standard_tags, validate_stack_name
+
+if TYPE_CHECKING:
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from pcflow.aws.waits import FsxHook
 
 MODES = ("sync", "shard")
 #: Large parts move through s3transfer's own pool (10 connections) next to the per-file workers.
 TRANSFER_CONNECTIONS = 10
 
 
-class DatasetLoadOperator(AwsBaseOperator[S3Hook]):
+class DatasetLoadOperator(PcflowAwsOperator):
     """Load a training dataset into S3, incrementally and atomically; optionally import it into FSx.
 
     :param source: local directory on the worker, or `s3://bucket/prefix` (templated).
@@ -45,10 +46,10 @@ class DatasetLoadOperator(AwsBaseOperator[S3Hook]):
     object_count, bytes, samples, uploaded, skipped, manifest_written, fsx_import_task_id.
     """
 
-    aws_hook_class = S3Hook
-    template_fields: Sequence[str] = aws_template_fields(
-        "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id", "stack"
-    )
+    template_fields: Sequence[str] = (
+        *PcflowAwsOperator.template_fields, "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id",
+        "stack",
+    )  # fmt: skip
     ui_color = "#c9e4f5"
 
     def __init__(
@@ -88,7 +89,15 @@ class DatasetLoadOperator(AwsBaseOperator[S3Hook]):
         self.progress_interval_s = progress_interval_s
 
     @cached_property
+    def hook(self) -> S3Hook:
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        return S3Hook(**self._hook_parameters)
+
+    @cached_property
     def fsx_hook(self) -> FsxHook:
+        from pcflow.aws.waits import FsxHook
+
         return FsxHook(**self._hook_parameters)
 
     def _check_arguments(self) -> None:
@@ -144,6 +153,8 @@ class DatasetLoadOperator(AwsBaseOperator[S3Hook]):
         return result
 
     def _import_into_fsx(self, result: dict[str, Any], tags: dict[str, str]) -> dict[str, Any]:
+        from pcflow.dataset.fsx import covers, linked_repository_paths, start_import
+
         fsx = self.fsx_hook.conn
         linked = linked_repository_paths(fsx, self.fsx_file_system_id)
         if not any(covers(path, result["uri"]) for path in linked):
@@ -164,6 +175,8 @@ class DatasetLoadOperator(AwsBaseOperator[S3Hook]):
         result["fsx_import_task_id"] = task_id
         self.log.info("FSx import task %s started for %s", task_id, result["uri"])
         if self.deferrable:
+            from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
+
             self.defer(
                 trigger=FsxDataRepositoryTaskTrigger(
                     task_id=task_id,

@@ -1,0 +1,100 @@
+"""Waiting on AWS: pcflow's triggers (they wait in the triggerer) and the FSx hook with pcflow's waiter.
+
+A module of its own because it loads the Amazon provider's hooks and triggers (boto3): operators
+import it only when they defer, so a DAG file declaring them parses without boto3. The triggerer
+imports the triggers by class path, `pcflow.aws.waits.<class>`.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
+
+
+class FsxHook(AwsBaseHook):
+    """FSx client hook with pcflow's custom waiter (`DataRepositoryTaskComplete`, waiters/fsx.json)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs["client_type"] = "fsx"
+        super().__init__(*args, **kwargs)
+
+    @cached_property
+    def waiter_path(self) -> Path:
+        return Path(__file__).parent / "waiters" / "fsx.json"
+
+
+class FsxDataRepositoryTaskTrigger(AwsBaseWaiterTrigger):
+    """Waits in the triggerer until a data repository task finishes (deferrable import/export)."""
+
+    aws_hook_class = FsxHook
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        waiter_delay: int = 30,
+        waiter_max_attempts: int = 480,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        verify: bool | str | None = None,
+        botocore_config: dict | None = None,
+    ):
+        super().__init__(
+            serialized_fields={"task_id": task_id},
+            waiter_name="DataRepositoryTaskComplete",
+            waiter_args={"TaskIds": [task_id]},
+            failure_message=f"FSx data repository task {task_id} failed",
+            status_message="FSx data repository task",
+            status_queries=["DataRepositoryTasks[0].Lifecycle", "DataRepositoryTasks[0].Status"],
+            return_key="task_id",
+            return_value=task_id,
+            waiter_delay=waiter_delay,
+            waiter_max_attempts=waiter_max_attempts,
+            aws_conn_id=aws_conn_id,
+            region_name=region_name,
+            verify=verify,
+            botocore_config=botocore_config,
+        )
+
+
+class ImageAvailableTrigger(AwsBaseWaiterTrigger):
+    """Waits in the triggerer for a new image (often longer than the 10 min of the default waiter)."""
+
+    aws_hook_class = EC2Hook
+
+    def __init__(
+        self,
+        *,
+        image_id: str,
+        waiter_delay: int = 30,
+        waiter_max_attempts: int = 240,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        verify: bool | str | None = None,
+        botocore_config: dict | None = None,
+    ):
+        super().__init__(
+            serialized_fields={"image_id": image_id},
+            waiter_name="image_available",
+            waiter_args={"ImageIds": [image_id]},
+            failure_message=f"image {image_id} failed",
+            status_message="image state",
+            status_queries=["Images[0].State"],
+            return_key="image_id",
+            return_value=image_id,
+            waiter_delay=waiter_delay,
+            waiter_max_attempts=waiter_max_attempts,
+            aws_conn_id=aws_conn_id,
+            region_name=region_name,
+            verify=verify,
+            botocore_config=botocore_config,
+        )
+
+    @property
+    def _hook_parameters(self) -> dict[str, Any]:
+        return {**super()._hook_parameters, "api_type": "client_type"}
