@@ -25,10 +25,12 @@ from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.report import render_report
 from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, validate_stack_name
-from pcflow.slurm.hook import SlurmHook
+from pcflow.slurm import DEFAULT_SSH_CONN_ID
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from pcflow.slurm.hook import SlurmHook
 
 
 def _is_template(value: Any) -> bool:
@@ -94,7 +96,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         fsx_deployment_type: str = "SCRATCH_2",
         prices: Mapping[str, Any] | None = None,
         cloudwatch: bool = True,
-        ssh_conn_id: str = SlurmHook.default_conn_name,
+        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         remote_host: str | None = None,
         host_key: str | None = None,
         **kwargs: Any,
@@ -125,6 +127,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
 
     @cached_property
     def slurm(self) -> SlurmHook:
+        from pcflow.slurm.hook import SlurmHook  # paramiko: not when the DAG file is parsed
+
         return SlurmHook(
             ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
         )

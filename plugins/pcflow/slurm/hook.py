@@ -27,7 +27,7 @@ import paramiko
 from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 from airflow.sdk import BaseHook
 
-from pcflow.slurm import queries
+from pcflow.slurm import DEFAULT_SSH_CONN_ID, queries
 from pcflow.slurm.states import JobInfo
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class SlurmHook(BaseHook):
     """Submit, inspect and cancel Slurm jobs on a head node reached through an SSH connection."""
 
     conn_name_attr = "ssh_conn_id"
-    default_conn_name = "slurm_default"
+    default_conn_name = DEFAULT_SSH_CONN_ID
     conn_type = "ssh"
     hook_name = "Slurm (SSH)"
 

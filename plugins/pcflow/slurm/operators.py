@@ -20,17 +20,21 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
-from pcflow.metrics.utilisation import sampler_source
 from pcflow.naming import run_key_from_context, slug
-from pcflow.slurm.hook import SlurmHook
-from pcflow.slurm.render import render_batch_script, render_hparams
-from pcflow.slurm.spec import ArraySpec, JobSpec, RunDir
+from pcflow.slurm import DEFAULT_SSH_CONN_ID
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.trigger import HeadNodeTrigger, SlurmArrayTrigger, SlurmJobTrigger
 from pcflow.slurm.watch import Outcome, WatchPolicy
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from pcflow.slurm.hook import SlurmHook
+    from pcflow.slurm.spec import ArraySpec, JobSpec, RunDir
+    from pcflow.slurm.trigger import HeadNodeTrigger
+
+# The hook (paramiko, the SSH provider), the trigger (asyncssh), the job spec (pydantic models) and the
+# batch-script templates are imported where they are used: a DAG file declaring these operators must
+# parse without them.
 
 STATE_KEY = "slurm_job"
 
@@ -81,7 +85,7 @@ class SlurmJobOperator(BaseOperator):
         hyperparameters: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         python: str = "python3",
-        ssh_conn_id: str = SlurmHook.default_conn_name,
+        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         remote_host: str | None = None,
         host_key: str | None = None,
         shared_root: str | None = None,
@@ -112,12 +116,16 @@ class SlurmJobOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> SlurmHook:
+        from pcflow.slurm.hook import SlurmHook
+
         return SlurmHook(
             ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
         )
 
     def job_spec(self) -> JobSpec:
         """The validated spec; bad input fails the task for good (a retry would not fix it)."""
+        from pcflow.slurm.spec import JobSpec
+
         try:
             return JobSpec(
                 launcher=self.launcher,
@@ -135,6 +143,8 @@ class SlurmJobOperator(BaseOperator):
         return None
 
     def run_dir(self, context: Context) -> RunDir:
+        from pcflow.slurm.spec import RunDir
+
         root = self.shared_root or self.hook.shared_root
         if not root:
             raise AirflowFailException(
@@ -221,6 +231,8 @@ class SlurmJobOperator(BaseOperator):
         }
 
     def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:
+        from pcflow.slurm.trigger import SlurmJobTrigger
+
         return SlurmJobTrigger(log_offset=log_offset, **self.trigger_kwargs(run_dir))
 
     def policy_kwargs(self) -> dict[str, Any]:
@@ -234,6 +246,9 @@ class SlurmJobOperator(BaseOperator):
 
     def submit(self, context: Context, spec: JobSpec, run_dir: RunDir) -> tuple[str, int]:
         """Upload script and hyperparameters, then sbatch; nothing is submitted if an upload fails."""
+        from pcflow.metrics.utilisation import sampler_source
+        from pcflow.slurm.render import render_batch_script
+
         run_key = run_key_from_context(context)
         script = render_batch_script(spec, run_dir, job_name=self.job_name(context), run_key=run_key)
         self.hook.makedirs(run_dir.root)
@@ -250,9 +265,13 @@ class SlurmJobOperator(BaseOperator):
         return job_id, log_offset
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
+        from pcflow.slurm.render import render_hparams
+
         self.hook.write_file(run_dir.hparams, render_hparams(spec))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        from pcflow.slurm.spec import RunDir
+
         self.job_id = event["job_id"]
         run_dir = RunDir(event["run_dir"])
         if event["status"] == "success":
@@ -317,6 +336,8 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         self.min_success_ratio = min_success_ratio
 
     def array_spec(self) -> ArraySpec:
+        from pcflow.slurm.spec import ArraySpec
+
         if not self.trials:
             raise AirflowFailException(f"Task {self.task_id}: a job array needs at least one trial")
         return ArraySpec(size=len(self.trials), max_parallel=self.max_parallel)
@@ -327,12 +348,16 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         return spec
 
     def trial_specs(self, spec: JobSpec) -> list[JobSpec]:
+        from pcflow.slurm.spec import JobSpec
+
         try:
             return [JobSpec.model_validate({**spec.model_dump(), "hyperparameters": t}) for t in self.trials]
         except ValidationError as exc:
             raise AirflowFailException(f"Invalid trial for task {self.task_id}: {exc}") from exc
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
+        from pcflow.slurm.render import render_hparams
+
         trial_specs = self.trial_specs(spec)
         self.hook.makedirs(*(run_dir.element(i).root for i in range(len(trial_specs))))
         for index, trial_spec in enumerate(trial_specs):
@@ -352,6 +377,8 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         return JobInfo(job_id=job_id, state=state, raw_state=str(state), exit_code=0, source="array")
 
     def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:
+        from pcflow.slurm.trigger import SlurmArrayTrigger
+
         return SlurmArrayTrigger(
             size=len(self.trials), min_success_ratio=self.min_success_ratio, **self.trigger_kwargs(run_dir)
         )
