@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.watch import JobWatch, LogCursor, Outcome, WatchPolicy
+from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Outcome, WatchPolicy
 
 
 def info(state: JobState, raw: str | None = None, **kw) -> JobInfo:
@@ -40,6 +40,22 @@ def test_failures_name_their_cause():
     for state, words in cases.items():
         verdict = JobWatch("9").assess(info(state, exit_code=2), None, 0)
         assert verdict.outcome is Outcome.FAILED and words in verdict.message, (state, verdict.message)
+
+
+def test_a_job_stopped_by_the_early_stopping_check_is_not_a_failure():
+    stop = {"job_id": "9", "exit_code": 143, "restart": 0, "signal": "early_stop"}
+    verdict = JobWatch("9").assess(info(JobState.CANCELLED), stop, 0)
+    assert verdict.outcome is Outcome.STOPPED_EARLY and verdict.outcome.ok and "stopped early" in verdict.message
+    assert JobWatch("9").assess(None, stop, 0).outcome is Outcome.STOPPED_EARLY  # slurmctld forgot it
+    assert JobWatch("9").assess(info(JobState.CANCELLED), {**stop, "signal": "TERM"}, 0).outcome is Outcome.FAILED
+    # In a sweep, a trial stopped early counts as done, not failed, even when every trial must succeed.
+    elements = [JobInfo("9_0", JobState.COMPLETED, exit_code=0), JobInfo("9_1", JobState.CANCELLED)]
+    array = ArrayWatch("9", 2, WatchPolicy(), min_success_ratio=1.0)
+    verdict = array.assess(elements, {1: {**stop, "job_id": "9_1"}}, 0)
+    assert verdict.outcome is Outcome.SUCCESS and [e["outcome"] for e in verdict.elements] == [
+        "success",
+        "stopped_early",
+    ]
 
 
 def test_requeue_is_progress_until_too_many_restarts():

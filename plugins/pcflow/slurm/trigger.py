@@ -242,7 +242,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
 
     def payload(self, verdict: Verdict, info: JobInfo | None) -> dict[str, Any]:
         return {
-            "status": "success" if verdict.outcome == "success" else "failed",
+            "status": "success" if verdict.outcome.ok else "failed",
             "outcome": str(verdict.outcome),
             "job_id": self.job_id,
             "run_dir": self.run_dir,
@@ -291,7 +291,7 @@ class SlurmArrayTrigger(HeadNodeTrigger):
             self.next_confirm = now + self.watch_policy.confirm_interval
             return None
         return {
-            "status": "success" if verdict.outcome == "success" else "failed",
+            "status": "success" if verdict.outcome.ok else "failed",
             "outcome": str(verdict.outcome),
             "job_id": self.job_id,
             "run_dir": self.run_dir,

@@ -17,10 +17,16 @@ from pcflow.slurm.states import JobInfo, JobState
 
 class Outcome(StrEnum):
     SUCCESS = "success"
+    STOPPED_EARLY = "stopped_early"
     FAILED = "failed"
     PENDING_TIMEOUT = "pending_timeout"
     TOO_MANY_RESTARTS = "too_many_restarts"
     LOST = "lost"
+
+    @property
+    def ok(self) -> bool:
+        """The task succeeds: the job completed, or pcflow's early-stopping check ended it on purpose."""
+        return self in (Outcome.SUCCESS, Outcome.STOPPED_EARLY)
 
     @property
     def needs_cancel(self) -> bool:
@@ -65,6 +71,10 @@ _FAILURE_ADVICE = {
 }
 
 
+#: The wrapper's marker signal when the SIGTERM came from pcflow's early-stopping check (metrics.early_stop).
+EARLY_STOP_SIGNAL = "early_stop"
+
+
 def marker_matches(marker: dict | None, info: JobInfo | None) -> bool:
     """The marker belongs to this job's current attempt (not a previous job or attempt)."""
     if not marker:
@@ -98,14 +108,14 @@ class JobWatch:
         self.pending_since = None
         if info.raw_state.upper() in ("COMPLETING", "CG") and marker_matches(marker, info):
             # The program is over and the marker has its exit code; Slurm is only running epilogs.
-            return self._finished(info, int(marker["exit_code"]))
+            return self._finished(info, int(marker["exit_code"]), marker)
         if info.state.is_active:
             self.interrupted_since = None
             return None
         if info.state.is_interruption or self._requeue_in_flight(info, marker):
             return self._interrupted(info, now)
         exit_code = info.exit_code if info.exit_code is not None else (marker or {}).get("exit_code")
-        return self._finished(info, exit_code)
+        return self._finished(info, exit_code, marker)
 
     @staticmethod
     def _requeue_in_flight(info: JobInfo, marker: dict | None) -> bool:
@@ -135,7 +145,9 @@ class JobWatch:
             return None
         return self._finished(info, info.exit_code)
 
-    def _finished(self, info: JobInfo, exit_code: int | None) -> Verdict:
+    def _finished(self, info: JobInfo, exit_code: int | None, marker: dict | None = None) -> Verdict:
+        if marker_matches(marker, info) and marker.get("signal") == EARLY_STOP_SIGNAL:
+            return self._stopped_early(info.job_id, exit_code)
         if info.state is JobState.COMPLETED or (info.state.is_active and exit_code == 0):
             return Verdict(Outcome.SUCCESS, f"Slurm job {info.job_id} completed", exit_code or 0)
         state = info.state if info.state.is_terminal else JobState.FAILED
@@ -143,10 +155,21 @@ class JobWatch:
         code = f" with exit code {exit_code}" if exit_code is not None else ""
         return Verdict(Outcome.FAILED, f"Slurm job {info.job_id} {advice}{code} ({info.raw_state}).", exit_code)
 
+    @staticmethod
+    def _stopped_early(job_id: str, exit_code: int | None) -> Verdict:
+        return Verdict(
+            Outcome.STOPPED_EARLY,
+            f"Slurm job {job_id} was stopped early by pcflow's early-stopping check (its objective stopped "
+            "improving or diverged; the reason is in early_stop.json in its run directory)",
+            exit_code,
+        )
+
     def _forgotten(self, marker: dict | None) -> Verdict:
         """Without accounting, slurmctld forgets a finished job after MinJobAge: the marker decides."""
         if marker and str(marker.get("job_id")) == self.job_id:
             code = int(marker.get("exit_code", 1))
+            if marker.get("signal") == EARLY_STOP_SIGNAL:
+                return self._stopped_early(self.job_id, code)
             if code == 0:
                 return Verdict(Outcome.SUCCESS, f"Slurm job {self.job_id} completed (from its exit marker)", 0)
             return Verdict(Outcome.FAILED, f"Slurm job {self.job_id} failed with exit code {code}.", code)
@@ -190,12 +213,12 @@ class ArrayWatch:
                 self.verdicts[index] = verdict
         if len(self.verdicts) < self.size:
             return None
-        succeeded = sum(v.outcome is Outcome.SUCCESS for v in self.verdicts.values())
+        succeeded = sum(v.outcome.ok for v in self.verdicts.values())
         needed = math.ceil(self.min_success_ratio * self.size)
         summary = f"{succeeded} of {self.size} elements of Slurm job array {self.array_id} succeeded"
         if succeeded >= needed:
             return ArrayVerdict(Outcome.SUCCESS, summary, self._elements())
-        failed = "; ".join(v.message for v in self.verdicts.values() if v.outcome is not Outcome.SUCCESS)
+        failed = "; ".join(v.message for v in self.verdicts.values() if not v.outcome.ok)
         return ArrayVerdict(Outcome.FAILED, f"{summary}, {needed} needed: {failed}", self._elements())
 
     def _elements(self) -> list[dict]:
