@@ -4,6 +4,7 @@ compose file names, and no secret written into it. (The IAM policy's checks: tes
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -202,6 +203,24 @@ def test_every_profile_named_in_the_docs_exists():
         named |= set(re.findall(r"--profile[ =]([A-Za-z0-9_.-]+)", path.read_text()))
     assert named, "the docs name no compose profile"
     assert named <= profiles, f"profiles named in the docs but not in docker-compose.yaml: {sorted(named - profiles)}"
+
+
+def pools_named_in_code() -> set[str]:
+    """String `pool="..."` arguments of the DAGs and pcflow's stages."""
+    names = set()
+    for source in [*(REPO / "dags").glob("*.py"), *(REPO / "plugins" / "pcflow").rglob("*.py")]:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "pool" and isinstance(node.value, ast.Constant):
+                names.add(node.value.value)
+    return names - {"default_pool"}
+
+
+def test_every_pool_the_dags_name_is_created_by_airflow_init():
+    init = compose()["services"]["airflow-init"]
+    command = init["command"] if isinstance(init["command"], str) else " ".join(init["command"])
+    created = set(re.findall(r"airflow pools set ['\"]?([A-Za-z0-9_.-]+)", command))
+    missing = sorted(pools_named_in_code() - created)
+    assert not missing, f"pools used by the DAGs but not created by airflow-init: {missing}"
 
 
 def test_secrets_come_from_the_environment_only():
