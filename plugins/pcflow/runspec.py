@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pcflow.naming import validate_stack_name
 from pcflow.paths import include_dir
+from pcflow.patterns import INSTANCE_TYPE, PARTITION
 
 PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]{1,512}$")
-INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 
 
@@ -38,7 +38,7 @@ class DatasetSettings(_Section):
     bucket: str
     prefix: str = "datasets/digits"
     mode: Literal["sync", "shard"] = "sync"
-    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9=_.-]{1,64}$")
+    partition: str | None = Field(None, pattern=PARTITION.pattern)
 
     @field_validator("bucket")
     @classmethod
@@ -116,6 +116,17 @@ class MetricsSettings(_Section):
     objective: str = Field("probe_accuracy", pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")
     mode: Literal["max", "min"] = "max"
     publish_cloudwatch: bool = True
+    metric_definitions: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description='SageMaker-style [{"name": ..., "regex": ...}] (one group: the value) over the job log',
+    )
+
+    @field_validator("metric_definitions")
+    @classmethod
+    def _definitions(cls, value: list[dict[str, Any]]) -> list[dict[str, str]]:
+        from pcflow.metrics.definitions import parse_definitions
+
+        return [d.as_dict() for d in parse_definitions(value)]
 
 
 class RunSpec(_Section):

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 
+import boto3
 import pytest
+from botocore.stub import Stubber
 
 from pcflow.metrics.cost import CostInputs, estimate, price_table
 from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
 from pcflow.metrics.early_stop import decide
 from pcflow.metrics.jsonlines import read_metric_lines
 from pcflow.metrics.leaderboard import leaderboard_csv, rank_trials
+from pcflow.metrics.report import fmt
 from pcflow.metrics.series import Objective, group
 from pcflow.metrics.utilisation import read_samples
+from pcflow.runspec import RunSpecError, resolve_run_spec
 from pcflow.slurm.states import JobState, parse_sacct_usage, parse_scontrol_usage, parse_size
 
 
@@ -60,6 +65,11 @@ def test_regex_definitions_validated_and_scanned():
         MetricDefinition("acc", r"(acc)=(\d+)")
     with pytest.raises(ValueError, match="unique"):
         parse_definitions([{"Name": "a", "Regex": r"a=(\d)"}, {"name": "a", "regex": r"b=(\d)"}])
+    # In a run's settings, refused by the first task, before anything is created or trained.
+    with pytest.raises(RunSpecError, match=r"metrics.metric_definitions: .*invalid regex"):
+        resolve_run_spec("local", {"metrics": {"metric_definitions": [{"name": "acc", "regex": "acc=([0-9"}]}})
+    spec = resolve_run_spec("local", {"metrics": {"metric_definitions": [{"Name": "acc", "Regex": r"acc=(\S+)"}]}})
+    assert spec.metrics.metric_definitions == [{"name": "acc", "regex": r"acc=(\S+)"}]
     defs = parse_definitions([{"Name": "acc", "Regex": r"acc=([0-9.eE+-]+|nan)"}, {"name": "none", "regex": r"x=(\d)"}])
     points, unmatched = scan_log("epoch 1 acc=0.5\nepoch 2 acc=0.6\nacc=nan\n", defs)
     assert [p.value for p in points][:2] == [0.5, 0.6] and math.isnan(points[2].value) and unmatched == ["none"]
@@ -94,22 +104,25 @@ def test_utilisation_gpu_sum_as_the_seeds_count_it():
     lines = [
         json.dumps(
             {
-                "time": t,
+                "time": t + (2.4 if h == "b" else 0),  # nodes sample on their own clocks
                 "host": h,
                 "cpu_percent": 50,
                 "mem_used_mb": 1,
                 "mem_total_mb": 2,
-                "gpus": [{"index": i, "util": 80, "mem_used_mb": 30, "mem_total_mb": 40} for i in range(4)],
+                "gpus": [{"index": i, "util": 70 + 5 * i, "mem_used_mb": 30, "mem_total_mb": 40} for i in range(4)],
             }
         )
-        for t in (0, 5)
+        for t in (0, 5, 10)
         for h in ("a", "b")
     ]
     summary = read_samples("\n".join([*lines, "{torn"])).summary()
     assert (
-        summary["gpus"] == 8 and summary["gpu_util_percent_mean"] == 640 and summary["gpu_util_capacity_percent"] == 800
+        summary["gpus"] == 8 and summary["gpu_util_percent_mean"] == 620 and summary["gpu_util_capacity_percent"] == 800
     )
+    assert summary["gpu_util_percent_per_gpu_mean"] == 77.5
     assert summary["gpu_memory_percent_mean"] == 75 and summary["bad_lines"] == 1
+    per_gpu = {(g["host"], g["index"]): g["util_percent_mean"] for g in summary["per_gpu"]}
+    assert per_gpu == {(h, i): 70 + 5 * i for h in "ab" for i in range(4)}
 
 
 def test_cost_spot_falls_back_to_discount_and_reports_savings():
@@ -119,6 +132,30 @@ def test_cost_spot_falls_back_to_discount_and_reports_savings():
     assert unknown["total_usd"] is None and "not in the price table" in unknown["unknown"][0]
     custom = estimate(CostInputs("x9.huge", node_seconds=3600), price_table({"on_demand_per_hour": {"x9.huge": 2.0}}))
     assert custom["total_usd"] == 2.0
+
+
+def test_spot_price_history_refused_falls_back_to_the_table_standin_ec2():
+    """A role without ec2:DescribeSpotPriceHistory (botocore's Stubber stands in for EC2's refusal)."""
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    end = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    with Stubber(ec2) as stub:
+        stub.add_client_error("describe_spot_price_history", "UnauthorizedOperation", http_status_code=403)
+        inputs = CostInputs("g5.12xlarge", "spot", node_seconds=3600, start=end - dt.timedelta(hours=1), end=end)
+        bill = estimate(inputs, price_table(), ec2=ec2)
+        stub.assert_no_pending_responses()
+    assert bill["lines"][0]["source"] == "on-demand table (2026-11-01) less the typical spot discount"
+    assert bill["lines"][0]["price_per_hour"] == pytest.approx(5.672 * 0.3)
+
+
+def test_report_numbers_read_as_numbers():
+    assert [fmt(0.65), fmt(2 / 3), fmt(330.0), fmt(20480.0), fmt(None), fmt(7)] == [
+        "0.65",
+        "0.6667",
+        "330",
+        "20480",
+        "—",
+        "7",
+    ]
 
 
 def test_objective_and_leaderboard():

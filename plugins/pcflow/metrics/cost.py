@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -18,6 +19,7 @@ from typing import Any
 from pcflow.paths import include_dir
 
 CAPACITY_TYPES = ("ondemand", "spot")
+log = logging.getLogger(__name__)
 
 
 @cache
@@ -56,6 +58,8 @@ class CostInputs:
 def spot_price(ec2: Any, instance_type: str, start: dt.datetime, end: dt.datetime) -> float | None:
     """Mean spot price of the type over [start, end] (any zone), from EC2's price history; None when
     the history is empty or unreadable."""
+    from botocore.exceptions import BotoCoreError, ClientError  # here: DAG files import this module
+
     prices: list[float] = []
     try:
         paginator = ec2.get_paginator("describe_spot_price_history")
@@ -68,7 +72,8 @@ def spot_price(ec2: Any, instance_type: str, start: dt.datetime, end: dt.datetim
         )
         for page in pages:
             prices += [float(p["SpotPrice"]) for p in page.get("SpotPriceHistory", []) if p.get("SpotPrice")]
-    except Exception:  # a missing permission or a region without history: fall back to the table
+    except (ClientError, BotoCoreError) as exc:  # a missing permission, an unreachable endpoint: use the table
+        log.warning("No spot price history for %s (%s); pricing it from the table instead", instance_type, exc)
         return None
     return round(fmean(prices), 6) if prices else None
 

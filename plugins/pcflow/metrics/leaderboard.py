@@ -78,10 +78,21 @@ def leaderboard_page(
         for r in rows
     )
     title = f"pcflow sweep {run_key}: {objective.name} ({objective.mode})"
+    best = next((r for r in rows if r["value"] is not None), None)
+    if best is None:
+        best_html = f"<p>No trial reported {escape(objective.name)}: nothing to rank.</p>"
+    else:
+        best_html = (
+            f"<p>Trial {best['trial']} ({escape(best['outcome'])}): {escape(objective.name)} "
+            f"{escape(fmt(best['value']))}, with these hyperparameters:</p>"
+            f"<pre>{escape(json.dumps(best['hyperparameters'], indent=2, sort_keys=True))}</pre>"
+        )
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
         "<style>body{font-family:'DejaVu Sans',Arial,sans-serif;margin:24px}table{border-collapse:collapse;"
         "font-size:12px}td,th{border:1px solid #ddd;padding:4px 8px}.charts{display:flex;flex-wrap:wrap;gap:12px}"
-        f"</style></head><body><h1>{escape(title)}</h1><div class='charts'>{''.join(charts)}</div>"
+        "pre{background:#f4f4f4;padding:8px;display:inline-block}"
+        f"</style></head><body><h1>{escape(title)}</h1>"
+        f"<h2>Best trial</h2><div id='best'>{best_html}</div><div class='charts'>{''.join(charts)}</div>"
         f"<table id='leaderboard'><tr>{head}</tr>{body}</table></body></html>"
     )

@@ -77,7 +77,12 @@ def metric_data(document: Mapping[str, Any], dims: list[dict[str, str]], now: dt
     if objective.get("value") is not None:
         summary[f"{objective['name']}_best"] = (objective["value"], "None")
     util = document.get("utilisation") or {}
-    for key in ("gpu_util_percent_mean", "gpu_memory_percent_mean", "cpu_percent_mean"):
+    for key in (
+        "gpu_util_percent_mean",
+        "gpu_util_percent_per_gpu_mean",
+        "gpu_memory_percent_mean",
+        "cpu_percent_mean",
+    ):
         if util.get(key) is not None:
             summary[key.removesuffix("_mean")] = (util[key], "Percent")
     cost = document.get("cost") or {}

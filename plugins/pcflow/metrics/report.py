@@ -29,8 +29,8 @@ def _environment() -> jinja2.Environment:
 def fmt(value: Any) -> str:
     if value is None or value == "":
         return "—"
-    if isinstance(value, float):
-        return f"{value:.4g}"
+    if isinstance(value, float):  # 4 significant digits, but never an exponent for a large amount
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
 
 
@@ -52,11 +52,17 @@ def metric_charts(series: Mapping[str, list[list[Any]]]) -> list[str]:
 
 
 def utilisation_charts(timeline: Mapping[str, list[list[float]]]) -> list[str]:
-    gpu = {k: [tuple(p) for p in v] for k, v in timeline.items() if k.startswith("gpu")}
-    cpu = {k: [tuple(p) for p in v] for k, v in timeline.items() if k.startswith("cpu")}
-    charts = [line_chart(cpu, title="CPU use per node (%)", x_label="seconds")]
-    if gpu:
-        charts.insert(0, line_chart(gpu, title="GPU use (% of one GPU, summed) and GPU memory (%)", x_label="seconds"))
+    """GPU use and GPU memory (when the job saw GPUs: they differ in scale, so one chart each), CPU per node."""
+
+    def pick(prefix: str) -> dict[str, list[tuple[float, float]]]:
+        return {k: [tuple(p) for p in v] for k, v in timeline.items() if k.startswith(prefix)}
+
+    charts = []
+    if pick("gpu util"):
+        charts.append(line_chart(pick("gpu util"), title="GPU use (% of one GPU, summed)", x_label="seconds"))
+    if pick("gpu memory"):
+        charts.append(line_chart(pick("gpu memory"), title="GPU memory used (%)", x_label="seconds"))
+    charts.append(line_chart(pick("cpu"), title="CPU use per node (%)", x_label="seconds"))
     return charts
 
 

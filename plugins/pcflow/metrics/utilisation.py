@@ -6,12 +6,13 @@ GPU use is reported as the seeds state it: the sum over all GPUs of the job, in 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cache
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any
 
 from pcflow.paths import include_dir
@@ -58,21 +59,51 @@ class Utilisation:
         if not self.samples:
             return {}
         start = min(s.time for s in self.samples)
+        interval = self.interval()
         out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        # Nodes sample on their own clocks: one bucket per sampling interval holds one sample of each.
         buckets: dict[int, dict[str, Sample]] = defaultdict(dict)
         for s in self.samples:
             if s.cpu_percent is not None:
                 out[f"cpu % {s.host}"].append((s.time - start, s.cpu_percent))
-            buckets[round(s.time - start)][s.host] = s
+            buckets[round((s.time - start) / interval)][s.host] = s
         if self.gpu_count:
-            for second in sorted(buckets):
-                gpus = [g for s in buckets[second].values() for g in s.gpus]
+            for slot in sorted(buckets):
+                gpus = [g for s in buckets[slot].values() for g in s.gpus]
                 if gpus:
-                    out["gpu util % (sum)"].append((second, sum(g["util"] for g in gpus)))
+                    at = round(slot * interval, 3)
+                    out["gpu util % (sum)"].append((at, sum(g["util"] for g in gpus)))
                     total = sum(g["mem_total_mb"] for g in gpus)
                     if total:
-                        out["gpu memory %"].append((second, 100 * sum(g["mem_used_mb"] for g in gpus) / total))
+                        out["gpu memory %"].append((at, 100 * sum(g["mem_used_mb"] for g in gpus) / total))
         return dict(out)
+
+    def interval(self) -> float:
+        """The sampling interval: the median gap between one host's consecutive samples (1 s if unknown)."""
+        times: dict[str, list[float]] = defaultdict(list)
+        for s in self.samples:
+            times[s.host].append(s.time)
+        gaps = [b - a for ts in times.values() for a, b in itertools.pairwise(sorted(ts)) if b > a]
+        return median(gaps) if gaps else 1.0
+
+    def per_gpu(self) -> list[dict[str, Any]]:
+        """Each GPU's mean use and memory (% of its own), so one idle or saturated GPU stands out."""
+        seen: dict[tuple[str, int], list[dict[str, float]]] = defaultdict(list)
+        for s in self.samples:
+            for g in s.gpus:
+                seen[s.host, int(g["index"])].append(g)
+        return [
+            {
+                "host": host,
+                "index": index,
+                "util_percent_mean": round(fmean(g["util"] for g in found), 1),
+                "memory_percent_mean": round(fmean(100 * g["mem_used_mb"] / g["mem_total_mb"] for g in found), 1)
+                if all(g["mem_total_mb"] for g in found)
+                else None,
+                "memory_used_mb_max": max(g["mem_used_mb"] for g in found),
+            }
+            for (host, index), found in sorted(seen.items())
+        ]
 
     def summary(self) -> dict[str, Any]:
         if not self.samples:
@@ -96,8 +127,10 @@ class Utilisation:
                 gpu_util_percent_mean=round(fmean(util), 1),
                 gpu_util_percent_max=round(max(util), 1),
                 gpu_util_capacity_percent=100 * self.gpu_count,
+                gpu_util_percent_per_gpu_mean=round(fmean(util) / self.gpu_count, 1),
                 gpu_memory_percent_mean=round(fmean(mem_pct), 1) if mem_pct else None,
                 gpu_memory_percent_max=round(max(mem_pct), 1) if mem_pct else None,
+                per_gpu=self.per_gpu(),
             )
         return out
 
@@ -124,7 +157,11 @@ def read_samples(data: bytes | str) -> Utilisation:
                 mem_used_mb=_float(record.get("mem_used_mb")),
                 mem_total_mb=_float(record.get("mem_total_mb")),
                 gpus=[
-                    {k: float(g[k]) for k in ("util", "mem_used_mb", "mem_total_mb")} for g in record.get("gpus") or []
+                    {
+                        "index": float(g.get("index", i)),
+                        **{k: float(g[k]) for k in ("util", "mem_used_mb", "mem_total_mb")},
+                    }
+                    for i, g in enumerate(record.get("gpus") or [])
                 ],
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
