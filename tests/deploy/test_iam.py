@@ -129,7 +129,7 @@ def waiters(services: set[str]) -> dict[str, tuple[str, str]]:
             continue
         for name in model.waiter_names:
             found[xform_name(name)] = (service, model.get_waiter(name).operation)
-    for path in (PLUGINS / "aws" / "waiters").glob("*.json"):
+    for path in PLUGINS.rglob("waiters/*.json"):  # custom waiters of pcflow's hooks (FsxHook)
         for name, waiter in json.loads(path.read_text())["waiters"].items():
             found[name] = (path.stem, waiter["operation"])
     return found
