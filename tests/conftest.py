@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from dagrun import airflow_environment
 from stacktools import REPO, LocalStack, moto_leftovers, read_env_file, reset_moto, stack_cli, stack_status
 
 ARTIFACTS = REPO / "tests" / "artifacts"
+PCLUSTER_INSTALL_SCRIPT = REPO / "include" / "cluster" / "install-pcluster.sh"
 # PCFLOW_STACK_DIR gives a test run a private stack (its own ports, moto, Slurm and Airflow home).
 STATE_DIR = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
 # Airflow reads its settings once, when first imported: settle them before any test imports airflow.
@@ -89,3 +92,16 @@ def artifacts_dir(request) -> Path:
     path = ARTIFACTS / request.node.name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def pcluster_cli() -> Path:
+    """The real CLI; installed on first use (about 25 s on a warm pip cache; 0.1 s when already there)."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["bash", str(PCLUSTER_INSTALL_SCRIPT)], capture_output=True, text=True, timeout=900, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"install-pcluster.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    print(f"pcluster ready in {time.monotonic() - started:.1f} s: {proc.stdout.strip()}")
+    return REPO / ".venv-pcluster" / "bin" / "pcluster"

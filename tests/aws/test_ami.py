@@ -149,4 +149,8 @@ def test_bad_inputs_are_refused_and_nothing_is_launched(aws, spec, counts):
 
 
 def test_base_image_is_found_by_version(aws, spec, base_image):
-    assert find_base_image(aws.ec2, spec(base_image_id=None, base_image_owners=("self",))) == base_image
+    wanted = spec(base_image_id=None)
+    found = find_base_image(
+        aws.ec2, region=wanted.region, pcluster_version=wanted.pcluster_version, os=wanted.os, owners=("self",)
+    )
+    assert found == base_image

@@ -5,32 +5,17 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from stacktools import REPO
 
 from pcflow.aws.ami import delete_image
 from pcflow.aws.clients import aws_client
 
-INSTALL_SCRIPT = REPO / "include" / "cluster" / "install-pcluster.sh"
 STANDIN = Path(__file__).with_name("pcluster_standin.py")
-
-
-@pytest.fixture(scope="session")
-def pcluster_cli() -> Path:
-    """The real CLI; installed on first use (about 25 s on a warm pip cache; 0.1 s when already there)."""
-    started = time.monotonic()
-    proc = subprocess.run(["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=900, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"install-pcluster.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    print(f"pcluster ready in {time.monotonic() - started:.1f} s: {proc.stdout.strip()}")
-    return REPO / ".venv-pcluster" / "bin" / "pcluster"
 
 
 @pytest.fixture(scope="session")

@@ -78,18 +78,25 @@ def load_script(path: str | Path) -> str:
     return script.read_text()
 
 
-def find_base_image(ec2: Any, spec: AmiSpec) -> str:
-    """The newest ParallelCluster image of the configured version, OS and architecture."""
-    pattern = f"aws-parallelcluster-{spec.pcluster_version}-{spec.os}-hvm-{spec.architecture}*"
+def find_base_image(
+    ec2: Any,
+    *,
+    region: str,
+    pcluster_version: str,
+    os: str,
+    architecture: str = "x86_64",
+    owners: Sequence[str] = ("amazon",),
+) -> str:
+    """The newest ParallelCluster image of the version, OS and architecture: what a bake starts from."""
+    pattern = f"aws-parallelcluster-{pcluster_version}-{os}-hvm-{architecture}*"
     images = ec2.describe_images(
-        Owners=list(spec.base_image_owners),
+        Owners=list(owners),
         Filters=[{"Name": "name", "Values": [pattern]}, {"Name": "state", "Values": ["available"]}],
     )["Images"]
     if not images:
         raise ValueError(
-            f"no ParallelCluster {spec.pcluster_version} image named {pattern} owned by "
-            f"{', '.join(spec.base_image_owners)} in {spec.region}; check the version, os and architecture, "
-            "or give base_image_id"
+            f"no ParallelCluster {pcluster_version} image named {pattern} owned by "
+            f"{', '.join(owners)} in {region}; check the version, os and architecture, or give base_image_id"
         )
     return max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"]
 
@@ -283,7 +290,10 @@ class _Bake:
 def prepare_bake(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -> tuple[_Bake, dict[str, Any] | None]:
     """Validate inputs and look for an image of the recipe; nothing is created here."""
     check_instance_type(ec2, spec.instance_type, spec.region)
-    base = spec.base_image_id or find_base_image(ec2, spec)
+    base = spec.base_image_id or find_base_image(
+        ec2, region=spec.region, pcluster_version=spec.pcluster_version, os=spec.os,
+        architecture=spec.architecture, owners=spec.base_image_owners,
+    )  # fmt: skip
     check_base_image(ec2, base, spec.region)
     recipe = recipe_hash(base, spec.bootstrap_script, spec.pcluster_version, spec.extra_inputs)
     bake = _Bake(ec2, ssm, spec, recipe=recipe, base_image=base, waiter_delay=waiter_delay)

@@ -34,6 +34,8 @@ MOTO_SUPPRESSED_VALIDATORS = (
     "KeyPairValidator",
 )
 NOT_FOUND_MARKER = "does not exist"
+#: How ParallelCluster starts the message of a configuration its schema or config loader refuses.
+CONFIG_REJECTED = "Invalid cluster configuration"
 #: How `create-cluster --dryrun true` reports a config that passed (exit code 1 all the same).
 DRYRUN_PASSED = "Request would have succeeded, but DryRun flag is set."
 
@@ -74,6 +76,11 @@ class PclusterError(RuntimeError):
     @property
     def not_found(self) -> bool:
         return NOT_FOUND_MARKER in self.pcluster_message
+
+    @property
+    def config_rejected(self) -> bool:
+        """ParallelCluster refused the configuration itself: a retry gives the same answer."""
+        return bool(self.validation_messages) or self.pcluster_message.startswith(CONFIG_REJECTED)
 
 
 class PclusterNotInstalled(PclusterError):
