@@ -418,6 +418,9 @@ def build_training_pipeline(
         instance_type=run_value("instance_type"),
         capacity_type=run_value("capacity_type"),
         nodes=run_value("training.nodes"),
+        metric_definitions=run_value("metrics.metric_definitions"),
+        cluster_provider=run_value("cluster.provider"),
+        cluster=settings,  # ParallelCluster's head node and FSx are priced from these
         cloudwatch=run_value("metrics.publish_cloudwatch"),
         ssh_conn_id=inputs["ssh_conn_id"],
         remote_host=inputs["remote_host"],

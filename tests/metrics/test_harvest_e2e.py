@@ -6,16 +6,25 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import subprocess
+import types
+import uuid
 from pathlib import Path
 
 import pytest
+from airflow.sdk import Asset
+from airflow.sdk.execution_time.context import OutletEventAccessors
+from deploy.browser import Chromium
 from PIL import Image
 from taskcontext import make_context
 
+from pcflow.aws.clients import aws_client
+from pcflow.metrics import cost
+from pcflow.metrics.definitions import parse_definitions
+from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.operators import HarvestMetricsOperator
 from pcflow.metrics.publish import NAMESPACE, dashboard_name
+from pcflow.metrics.series import Objective
 from pcflow.slurm.operators import SlurmJobOperator
 
 pytestmark = pytest.mark.stack
@@ -36,46 +45,70 @@ echo '{"time": 1, "epoch": 6, "step": 60, "name": "lr", "value": NaN, "split": "
 printf '{"time": 1, "epoch": 6, "step": 60, "name": "lo' >> "$PCFLOW_METRICS_FILE"
 """
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+# What each chart of a page looks like once Chromium has laid it out: its size, and per line drawn,
+# how many points it has and its bounding box (a chart that draws nothing has no `.series`).
+CHARTS_JS = """[...document.querySelectorAll('svg.chart')].map(svg => {
+  const box = svg.getBoundingClientRect();
+  return {section: svg.parentElement.id, title: svg.getAttribute('aria-label'), width: box.width,
+    height: box.height, no_data: [...svg.querySelectorAll('text')].some(t => t.textContent === 'no data'),
+    series: [...svg.querySelectorAll('.series')].map(el => { const b = el.getBBox();
+      return {name: el.dataset.name || null, points: el.points ? el.points.numberOfItems : 1,
+              width: b.width, height: b.height}; })};
+})"""
 
 
-def screenshot(html: Path, png: Path, profile: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+def render(html: str, artifacts_dir: Path, name: str, *queries: str) -> tuple[dict[str, dict], list]:
+    """The page opened in headless Chromium (screenshot kept in the artifacts): its charts by title and
+    the values of further JavaScript `queries`."""
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
         pytest.skip("chromium is not installed: run include/local/install-system-packages.sh (as root)")
-    subprocess.run(
-        [
-            chromium,
-            *CHROMIUM_FLAGS,
-            f"--user-data-dir={profile}",
-            f"--screenshot={png}",
-            "--window-size=1200,1600",
-            html.as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    page = artifacts_dir / f"{name}.html"
+    page.write_text(html)
+    png = artifacts_dir / f"{name}.png"
+    with Chromium(executable) as browser:
+        browser.navigate(page.as_uri())
+        browser.wait_for(f"document.readyState === 'complete' && location.href === {json.dumps(page.as_uri())}")
+        charts = browser.evaluate(CHARTS_JS)
+        answers = [browser.evaluate(q) for q in queries]
+        browser.screenshot(png)
+    # Painted, not only laid out: the coloured chart lines are in the screenshot's pixels.
+    saturation = Image.open(png).convert("HSV").getchannel("S").histogram()
+    assert sum(saturation[80:]) > 1500, "the screenshot shows (almost) no coloured lines"
+    return {c["title"]: c for c in charts}, answers
 
 
-def coloured_pixels(png: Path) -> int:
-    """Pixels that are neither white-ish nor grey: the coloured chart lines."""
-    image = Image.open(png).convert("RGB")
-    return sum(1 for r, g, b in image.getdata() if max(r, g, b) - min(r, g, b) > 60)
+def drawn(chart: dict, name: str | None = None) -> dict:
+    """The line `name` (the only line when None) of a rendered chart; it must have a visible extent."""
+    assert chart["width"] > 300 and chart["height"] > 200 and not chart["no_data"], chart
+    lines = [s for s in chart["series"] if name is None or s["name"] == name]
+    assert len(lines) == 1, (name, chart)
+    assert lines[0]["width"] > 100, lines[0]
+    return lines[0]
 
 
-def test_real_job_harvested_published_and_rendered(  # noqa: PLR0917 - fixtures
-    slurm, s3, cloudwatch, bucket, stack_name, artifacts_dir, tmp_path
-):
+def dashboards_of(cloudwatch, stack: str) -> list[str]:
+    return [
+        d["DashboardName"]
+        for d in cloudwatch.list_dashboards(DashboardNamePrefix=f"pcflow-{stack}")["DashboardEntries"]
+    ]
+
+
+def statistic(cloudwatch, name: str, dims: list[dict], stat: str = "Maximum") -> list[float]:
+    now = dt.datetime.now(dt.UTC)
+    data = cloudwatch.get_metric_statistics(
+        Namespace=NAMESPACE,
+        MetricName=name,
+        Dimensions=dims,
+        StartTime=now - dt.timedelta(hours=1),
+        EndTime=now + dt.timedelta(minutes=5),
+        Period=60,
+        Statistics=[stat],
+    )["Datapoints"]
+    return [d[stat] for d in data]
+
+
+def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket, stack_name, artifacts_dir):  # noqa: PLR0917 - fixtures
     context = make_context("train")
     train = SlurmJobOperator(
         task_id="train",
@@ -88,6 +121,7 @@ def test_real_job_harvested_published_and_rendered(  # noqa: PLR0917 - fixtures
     job = train.execute(context)
     assert job["state"] == "COMPLETED"
 
+    model = Asset(name="pcflow-test-model", uri="x-pcflow://models/test")
     harvest = HarvestMetricsOperator(
         task_id="metrics",
         job=json.dumps(job),  # a template rendered without native objects: JSON text
@@ -99,8 +133,12 @@ def test_real_job_harvested_published_and_rendered(  # noqa: PLR0917 - fixtures
         capacity_type="ondemand",
         head_instance_type="c5.xlarge",
         fsx_storage_gib=1200,
+        outlets=[model],
     )
     metrics_context = make_context("metrics", run_id=context["run_id"])
+    # The DAG run began two hours ago: the head node and FSx are priced over that window.
+    metrics_context["dag_run"] = types.SimpleNamespace(start_date=dt.datetime.now(dt.UTC) - dt.timedelta(hours=2))
+    metrics_context["outlet_events"] = OutletEventAccessors()
     summary = harvest.execute(metrics_context)
 
     # XCom: small, with final and best of each metric, objective, cost, elapsed, what was missing.
@@ -111,6 +149,11 @@ def test_real_job_harvested_published_and_rendered(  # noqa: PLR0917 - fixtures
     assert "metric never" in summary["missing"] and "lr" not in summary["metrics"]  # NaN only: no final
     assert summary["cost_usd_estimate"] > 0 and summary["elapsed_s"] >= 2
     assert len(json.dumps(summary)) < 4000
+
+    # The trained model's Asset event carries the summary as its extra.
+    extra = metrics_context["outlet_events"][model].extra
+    assert extra["run_key"] == summary["run_key"] and extra["objective"]["value"] == pytest.approx(0.65)
+    assert extra["report"] == summary["report"] and extra["checkpoints"].endswith("/checkpoints")
 
     # S3: metrics.json and report.html under runs/<run key>/.
     prefix = f"runs/{summary['run_key']}/"
@@ -124,33 +167,42 @@ def test_real_job_harvested_published_and_rendered(  # noqa: PLR0917 - fixtures
     # MaxRSS comes from jobacct_gather's polls (every 5 s here): a 3-second step may have none yet.
     assert "max_rss_bytes" in document["accounting"] and document["accounting"]["node_seconds"] >= 2
     assert document["utilisation"]["samples"] >= 2 and document["utilisation"]["cpu_percent_mean"] is not None
-    assert document["cost"]["estimate"] is True and {line["what"] for line in document["cost"]["lines"]} == {
-        "compute (on-demand)",
-        "head node",
-        "FSx for Lustre",
-    }
-    html = s3.get_object(Bucket=bucket, Key=prefix + "report.html")["Body"].read().decode()
-    assert html.count("<polyline") >= 4 and "no data" not in html.split('id="utilisation-charts"')[1].split("</div>")[0]
+    assert document["utilisation"]["gpus"] == 0 and "gpu_util_percent_mean" not in document["utilisation"]
+    bill = document["cost"]
+    assert bill["estimate"] is True and bill["price_table_as_of"] == cost.bundled_prices()["as_of"]
+    lines = {line["what"]: line for line in bill["lines"]}
+    assert set(lines) == {"compute (on-demand)", "head node", "FSx for Lustre"}
+    assert lines["head node"]["quantity"] == pytest.approx(2, abs=0.05)  # hours of the run's window
+    assert lines["head node"]["usd"] == pytest.approx(2 * 0.17, abs=0.01)
+    assert lines["FSx for Lustre"]["quantity"] == pytest.approx(2, abs=0.05)
+    assert lines["FSx for Lustre"]["price_per_hour"] == pytest.approx(1200 * 0.14 / 730, rel=1e-3)
 
-    # CloudWatch: the metric data and the stack's dashboard exist.
-    dims = [{"Name": "stack", "Value": stack_name}]
-    listed = cloudwatch.list_metrics(Namespace=NAMESPACE, Dimensions=dims)["Metrics"]
-    names = {m["MetricName"] for m in listed}
+    # The report, as Chromium lays it out: every curve drawn with all its points, utilisation too.
+    html = s3.get_object(Bucket=bucket, Key=prefix + "report.html")["Body"].read().decode()
+    charts, (estimate_label,) = render(html, artifacts_dir, "report", "document.querySelector('.estimate').textContent")
+    assert estimate_label == "estimate"
+    for name in ("loss", "probe_accuracy", "top1"):
+        line = drawn(charts[name])
+        assert charts[name]["section"] == "metric-charts" and line["points"] == 6 and line["height"] > 10
+    cpu = charts["CPU use per node (%)"]
+    assert cpu["section"] == "utilisation-charts" and drawn(cpu)["points"] >= 2
+    assert not any(title.startswith("GPU") for title in charts)  # no GPU here, and no empty GPU chart
+
+    # CloudWatch: the metric data, with the stack/dag/run/trial dimensions, and the stack's one dashboard.
+    listed = cloudwatch.list_metrics(Namespace=NAMESPACE, Dimensions=[{"Name": "stack", "Value": stack_name}])
+    names = {m["MetricName"] for m in listed["Metrics"]}
     assert {"loss", "probe_accuracy", "probe_accuracy_best", "cost_usd_estimate", "cpu_percent"} <= names
-    full_dims = next(m["Dimensions"] for m in listed if m["MetricName"] == "probe_accuracy")
-    now = dt.datetime.now(dt.UTC)
-    data = cloudwatch.get_metric_statistics(
-        Namespace=NAMESPACE,
-        MetricName="probe_accuracy",
-        Dimensions=full_dims,
-        StartTime=now - dt.timedelta(hours=1),
-        EndTime=now + dt.timedelta(minutes=5),
-        Period=60,
-        Statistics=["Maximum", "SampleCount"],
-    )["Datapoints"]
-    assert max(d["Maximum"] for d in data) == pytest.approx(0.65)
-    count = sum(d["SampleCount"] for d in data)
+    full_dims = next(m["Dimensions"] for m in listed["Metrics"] if m["MetricName"] == "probe_accuracy")
+    assert {d["Name"]: d["Value"] for d in full_dims} == {
+        "stack": stack_name,
+        "dag": "slurm_tests",
+        "run": summary["run_key"],
+        "trial": "none",
+    }
+    assert max(statistic(cloudwatch, "probe_accuracy", full_dims)) == pytest.approx(0.65)
+    count = sum(statistic(cloudwatch, "probe_accuracy", full_dims, "SampleCount"))
     assert count == 6
+    assert dashboards_of(cloudwatch, stack_name) == [dashboard_name(stack_name)]
     body = json.loads(cloudwatch.get_dashboard(DashboardName=dashboard_name(stack_name))["DashboardBody"])
     titles = [w["properties"]["title"] for w in body["widgets"]]
     assert "pcflow probe_accuracy_best" in titles
@@ -160,28 +212,152 @@ def test_real_job_harvested_published_and_rendered(  # noqa: PLR0917 - fixtures
     assert xcoms[MetricsReportLink().xcom_key].endswith(prefix + "report.html")
     assert dashboard_name(stack_name) in xcoms[MetricsDashboardLink().xcom_key]
 
-    # Re-harvest: same keys overwritten, no datapoint sent twice, no widget duplicated.
+    # Re-harvest: same keys overwritten, no datapoint sent twice, no widget or dashboard duplicated.
     again = harvest.execute(make_context("metrics", run_id=context["run_id"]))
     assert again["run_key"] == summary["run_key"]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
     assert sorted(keys) == sorted(prefix + k for k in ("metrics.json", "report.html", "cloudwatch.json"))
-    data = cloudwatch.get_metric_statistics(
-        Namespace=NAMESPACE,
-        MetricName="probe_accuracy",
-        Dimensions=full_dims,
-        StartTime=now - dt.timedelta(hours=1),
-        EndTime=now + dt.timedelta(minutes=5),
-        Period=60,
-        Statistics=["SampleCount"],
-    )["Datapoints"]
-    assert sum(d["SampleCount"] for d in data) == count
+    assert sum(statistic(cloudwatch, "probe_accuracy", full_dims, "SampleCount")) == count
     body2 = json.loads(cloudwatch.get_dashboard(DashboardName=dashboard_name(stack_name))["DashboardBody"])
     assert [w["properties"]["title"] for w in body2["widgets"]] == titles
+    assert dashboards_of(cloudwatch, stack_name) == [dashboard_name(stack_name)]
 
-    # The page renders in a real browser: a screenshot in the artifacts, with the charts drawn.
-    page = artifacts_dir / "report.html"
-    page.write_text(html)
-    png = artifacts_dir / "report.png"
-    screenshot(page, png, tmp_path / "chromium-profile")
-    assert png.stat().st_size > 10_000
-    assert coloured_pixels(png) > 2000
+
+# A short job whose node has a GPU board: the stand-in nvidia-smi below, first on the job's PATH.
+GPU_TRAIN = r"""
+for e in 0 1 2; do
+  printf '{"time": %s, "epoch": %d, "name": "loss", "value": %s}\n' "$(date +%s.%N)" $e "1.$((9 - 3 * e))" \
+    >> "$PCFLOW_METRICS_FILE"
+  sleep 0.8
+done
+"""
+STANDIN = Path(__file__).with_name("nvidia_smi_standin.py")
+
+
+def test_gpu_use_reaches_harvest_report_and_cloudwatch_standin_nvidia_smi(  # noqa: PLR0917 - fixtures
+    slurm, s3, cloudwatch, bucket, stack_name, artifacts_dir
+):
+    """GPU sampling with a stand-in `nvidia-smi` (no GPU here) that prints what NVIDIA documents for
+    `--query-gpu=... --format=csv,noheader,nounits`: four GPUs at 85/80/75/90 % and fixed memory.
+    The node is priced as spot (moto's EC2 spot price history), its cluster as ParallelCluster settings."""
+    bin_dir = f"{slurm.shared_root}/standin-{uuid.uuid4().hex[:8]}/bin"
+    slurm.makedirs(bin_dir)
+    try:
+        slurm.write_file(f"{bin_dir}/nvidia-smi", STANDIN.read_bytes(), mode=0o755)
+        path = slurm.run(["printenv", "PATH"]).stdout.strip()
+        context = make_context("train")
+        train = SlurmJobOperator(
+            task_id="train",
+            program=["bash", "-c", GPU_TRAIN],
+            env={"UTILISATION_INTERVAL_S": "0.5", "PATH": f"{bin_dir}:{path}"},
+            deferrable=False,
+            poll_interval=0.2,
+            confirm_interval=2.0,
+        )
+        job = train.execute(context)
+    finally:
+        slurm.run(["rm", "-rf", bin_dir.removesuffix("/bin")], check=False)
+    cluster = {
+        "name": "pcflow-t",
+        "region": "us-east-1",
+        "key_name": "k",
+        "head_subnet_id": "subnet-0123abcd",
+        "head_node_instance_type": "c5.2xlarge",
+        "s3_bucket": bucket,
+        "fsx": {"deployment_type": "PERSISTENT_2", "storage_capacity_gib": 2400, "per_unit_storage_throughput": 250},
+    }
+    harvest = HarvestMetricsOperator(
+        task_id="metrics",
+        job=job,
+        bucket=bucket,
+        stack=stack_name,
+        objective="loss:min",
+        instance_type="g5.12xlarge",
+        capacity_type="spot",
+        cluster_provider="parallelcluster",
+        cluster=cluster,
+    )
+    summary = harvest.execute(make_context("metrics", run_id=context["run_id"]))
+    assert summary["outcome"] == "completed" and summary["gpu_util_percent_mean"] == 330.0
+
+    # The harvest: the job's GPU use summed as the seeds count it (330% of 400%), memory, and per GPU.
+    document = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/{summary['run_key']}/metrics.json")["Body"].read())
+    util = document["utilisation"]
+    memory = [(20480, 85), (18432, 80), (16384, 75), (22528, 90)]  # (MiB used of 23028, % busy) per GPU
+    assert util["samples"] >= 2 and util["gpus"] == 4 and util["gpu_util_capacity_percent"] == 400
+    assert util["gpu_util_percent_mean"] == 330.0 and util["gpu_util_percent_per_gpu_mean"] == 82.5
+    assert util["gpu_memory_percent_mean"] == pytest.approx(100 * sum(m for m, _ in memory) / (4 * 23028), abs=0.05)
+    assert [(g["index"], g["util_percent_mean"], g["memory_used_mb_max"]) for g in util["per_gpu"]] == [
+        (i, busy, used) for i, (used, busy) in enumerate(memory)
+    ]
+    assert util["per_gpu"][3]["memory_percent_mean"] == pytest.approx(100 * 22528 / 23028, abs=0.05)
+
+    # The cost: spot from EC2's price history (moto answers every type with a canned 0.00001 $/h), the
+    # head node and PERSISTENT_2 FSx from the cluster settings, all an estimate.
+    lines = {line["what"]: line for line in document["cost"]["lines"]}
+    assert document["cost"]["estimate"] is True and document["cost"]["capacity_type"] == "spot"
+    assert lines["compute (spot)"]["source"] == "EC2 spot price history"
+    assert lines["compute (spot)"]["price_per_hour"] == pytest.approx(0.00001)
+    assert lines["head node"]["item"] == "c5.2xlarge" and lines["FSx for Lustre"]["item"] == "2400 GiB PERSISTENT_2_250"
+    assert document["cost"]["spot_savings"]["percent"] > 99
+
+    # The report, in Chromium: the GPU chart draws both lines, the per-GPU table has the four GPUs.
+    html = s3.get_object(Bucket=bucket, Key=f"runs/{summary['run_key']}/report.html")["Body"].read().decode()
+    rows_js = "[...document.querySelectorAll('#gpu-table tr')].slice(1).map(r => r.innerText.split('\\t'))"
+    charts, (rows,) = render(html, artifacts_dir, "report-gpu", rows_js)
+    assert drawn(charts["GPU use (% of one GPU, summed)"], "gpu util % (sum)")["points"] >= 2
+    assert drawn(charts["GPU memory used (%)"], "gpu memory %")["points"] >= 2
+    assert [row[1] for row in rows] == ["85", "80", "75", "90"] and len(rows) == 4
+    assert "330% of 400% (4 GPUs)" in html
+
+    # CloudWatch: GPU use (summed, and per GPU) and GPU memory, under the run's dimensions.
+    dims = [
+        {"Name": "stack", "Value": stack_name},
+        {"Name": "dag", "Value": "slurm_tests"},
+        {"Name": "run", "Value": summary["run_key"]},
+        {"Name": "trial", "Value": "none"},
+    ]
+    assert statistic(cloudwatch, "gpu_util_percent", dims) == [330.0]
+    assert statistic(cloudwatch, "gpu_util_percent_per_gpu", dims) == [82.5]
+    assert statistic(cloudwatch, "gpu_memory_percent", dims) == [pytest.approx(util["gpu_memory_percent_mean"])]
+    widgets = json.loads(cloudwatch.get_dashboard(DashboardName=dashboard_name(stack_name))["DashboardBody"])
+    assert {"pcflow gpu_util_percent", "pcflow gpu_memory_percent"} <= {
+        w["properties"]["title"] for w in widgets["widgets"]
+    }
+
+
+def test_spot_price_history_on_the_emulator_and_the_table_as_fallback(local_stack):
+    """The spot price comes from EC2's history where it has one (moto: a canned price per offered type);
+    a type without history falls back to the dated table's on-demand price less the typical discount,
+    and a price the table lacks can be supplied per run."""
+    ec2 = aws_client("ec2", aws_conn_id="aws_default")
+    end = dt.datetime.now(dt.UTC)
+    start = end - dt.timedelta(hours=3)
+    assert cost.spot_price(ec2, "p4d.24xlarge", start, end) == pytest.approx(0.00001)
+    assert cost.spot_price(ec2, "x9.huge", start, end) is None  # no history for an unknown type
+    table = cost.price_table({"on_demand_per_hour": {"x9.huge": 10.0}})
+    bill = cost.estimate(cost.CostInputs("x9.huge", "spot", node_seconds=7200, start=start, end=end), table, ec2=ec2)
+    (line,) = bill["lines"]
+    assert bill["estimate"] is True and bill["price_table_as_of"] == table["as_of"]
+    assert line["source"] == f"on-demand table ({table['as_of']}) less the typical spot discount"
+    assert line["usd"] == pytest.approx(2 * 10.0 * (1 - table["spot_discount_when_unknown"]))
+    assert bill["spot_savings"] == {"usd": pytest.approx(14.0), "percent": 70.0}
+
+
+def test_nothing_to_read_is_reported_not_raised(slurm):
+    """A job that left nothing (no run directory, no log, unknown to Slurm): the harvest lists what is
+    missing and why; only a metric declared required fails it."""
+    run_dir = f"{slurm.shared_root}/never-ran-{uuid.uuid4().hex[:8]}"
+    ref = JobRef(job_id="99999999", run_dir=run_dir, log=f"{run_dir}/job.log", metrics_file=f"{run_dir}/metrics.jsonl")
+    definitions = parse_definitions([{"name": "acc", "regex": r"acc=(\S+)"}])
+    document = harvest_job(slurm, ref, definitions=definitions, objective=Objective("acc", "max"))
+    assert [m["what"] for m in document["missing"]] == [
+        "metrics file",
+        "job log",
+        "objective acc",
+        "accounting",
+        "utilisation samples",
+    ]
+    assert document["outcome"] == "unknown" and document["metrics"] == {} and document["objective"]["value"] is None
+    with pytest.raises(RequiredMetricMissing, match="required metric 'acc' has no finite value"):
+        harvest_job(slurm, ref, definitions=definitions, required=["acc"])

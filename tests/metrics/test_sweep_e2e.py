@@ -1,10 +1,12 @@
-"""A real job array on the local Slurm: the early-stopping check cancels a diverging trial (recorded as
-stopped early), the leaderboard ranks the trials and returns the best one's hyperparameters."""
+"""A real job array on the local Slurm: the early-stopping check cancels a diverging trial and a stalled
+one (recorded as stopped early, not as failures: the array succeeds although every trial must), the
+leaderboard ranks the trials and returns the best one's hyperparameters."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import re
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
@@ -16,17 +18,18 @@ from pcflow.slurm.operators import SlurmArrayJobOperator
 
 pytestmark = pytest.mark.stack
 
-# Trial "good" improves; trial "nan" diverges then would keep running for a minute.
+# Trial "good" improves; trial "nan" diverges and "flat" stalls, then both would keep running for a minute.
 TRIAL = r"""
 mode=$(python3 -c 'import json,os; print(json.load(open(os.environ["PCFLOW_HPARAMS"]))["mode"])')
 for e in 0 1 2 3; do
   v=$(awk -v e=$e 'BEGIN{print 0.2+0.1*e}')
   [ "$mode" = nan ] && [ $e -ge 2 ] && v=NaN
+  [ "$mode" = flat ] && v=0.25
   printf '{"time": %s, "epoch": %d, "step": %d, "name": "acc", "value": %s, "split": "eval"}\n' \
     "$(date +%s.%N)" $e $e "$v" >> "$PCFLOW_METRICS_FILE"
   sleep 0.3
 done
-[ "$mode" = nan ] && sleep 60
+[ "$mode" != good ] && sleep 60
 exit 0
 """
 
@@ -39,12 +42,12 @@ def revive(deferred: TaskDeferred):
 
 def test_early_stop_then_leaderboard(slurm, s3, bucket, stack_name):
     context = make_context("sweep")
-    trials = [{"mode": "good"}, {"mode": "nan"}]
+    trials = [{"mode": "good"}, {"mode": "nan"}, {"mode": "flat"}]
     train = SlurmArrayJobOperator(
         task_id="sweep",
         program=["bash", "-c", TRIAL],
         trials=trials,
-        min_success_ratio=0.5,
+        min_success_ratio=1.0,
         poll_interval=0.2,
         confirm_interval=2.0,
     )
@@ -52,15 +55,22 @@ def test_early_stop_then_leaderboard(slurm, s3, bucket, stack_name):
         train.execute(context)
     wait_train = revive(deferred.value)
 
-    check = EarlyStoppingOperator(
-        task_id="stop1", train_task_id="sweep", objective="acc:max", patience=3, element=1, poll_interval=0.3
-    )
-    with pytest.raises(TaskDeferred) as deferred:
-        check.execute(make_context("stop1", run_id=context["run_id"]))
-    stopped = check.execute_complete(context, first_event(revive(deferred.value)))
-    assert stopped["outcome"] == "stopped_early" and stopped["decision"]["reason"] == "diverged"
+    for element, reason in ((1, "diverged"), (2, "no_improvement")):
+        check = EarlyStoppingOperator(
+            task_id=f"stop{element}",
+            train_task_id="sweep",
+            objective="acc:max",
+            patience=2,
+            element=element,
+            poll_interval=0.3,
+        )
+        with pytest.raises(TaskDeferred) as deferred:
+            check.execute(make_context(check.task_id, run_id=context["run_id"]))
+        stopped = check.execute_complete(context, first_event(revive(deferred.value)))
+        assert stopped["outcome"] == "stopped_early" and stopped["decision"]["reason"] == reason
 
-    job = train.execute_complete(context, first_event(wait_train))
+    job = train.execute_complete(context, first_event(wait_train))  # raises if a trial counted as failed
+    assert [t["outcome"] for t in job["trials"]] == ["success", "stopped_early", "stopped_early"]
     board = SweepLeaderboardOperator(
         task_id="leaderboard",
         job=job,
@@ -73,11 +83,14 @@ def test_early_stop_then_leaderboard(slurm, s3, bucket, stack_name):
     assert result["best"]["trial"] == 0 and result["best"]["hyperparameters"] == {"mode": "good"}
     assert result["best"]["value"] == pytest.approx(0.5)
     outcomes = {r["trial"]: r["outcome"] for r in result["leaderboard"]}
-    assert outcomes == {0: "completed", 1: "stopped_early"}
+    assert outcomes == {0: "completed", 1: "stopped_early", 2: "stopped_early"}
     prefix = f"runs/{result['run_key']}/"
     csv_text = s3.get_object(Bucket=bucket, Key=prefix + "leaderboard.csv")["Body"].read().decode()
     assert csv_text.splitlines()[1].startswith("1,0,completed,0.5")
     page = s3.get_object(Bucket=bucket, Key=prefix + "leaderboard.html")["Body"].read().decode()
-    assert page.count("<polyline") >= 2
+    overlaid = set(re.findall(r'<polyline class="series" data-name="(trial \d)" points="[^"]+ [^"]+"', page))
+    assert overlaid == {"trial 0", "trial 1", "trial 2"}  # every trial's curve, with at least two points
+    best = page.split("<div id='best'>")[1].split("</div>")[0]
+    assert "Trial 0 (completed)" in best and "&quot;mode&quot;: &quot;good&quot;" in best
     trial_doc = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "trials/1/metrics.json")["Body"].read())
     assert trial_doc["early_stop"]["decision"]["reason"] == "diverged"

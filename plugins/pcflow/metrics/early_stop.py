@@ -106,6 +106,7 @@ class EarlyStoppingTrigger(HeadNodeTrigger):
         decision = decide(values, objective, patience=self.patience, min_delta=self.min_delta)
         base = {"job_id": job_id, "run_dir": self.trial_dir, "decision": asdict(decision)}
         if decision.stop and not marker:
+            # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
             record = {**base, "objective": objective.as_dict(), "time": time.time()}
             async with sftp.open(posixpath.join(self.trial_dir, EARLY_STOP_FILE), "wb") as fh:
                 await fh.write(json.dumps(record, default=str).encode())

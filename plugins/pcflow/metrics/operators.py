@@ -50,6 +50,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param instance_type: compute node type, for the cost; `capacity_type` `ondemand` or `spot`.
     :param nodes: node count when Slurm no longer knows the job (node-hours = elapsed x nodes).
     :param head_instance_type, fsx_storage_gib, fsx_deployment_type: priced over the run's window.
+    :param cluster_provider, cluster: the cluster stage's provider and settings; for `parallelcluster`
+        the head node type and FSx size are taken from them (unless given above).
     :param prices: overrides of include/metrics/prices.json (e.g. `{"on_demand_per_hour": {...}}`).
     :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).
     :param ssh_conn_id, remote_host, host_key: the head node, as for SlurmJobOperator.
@@ -69,6 +71,9 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         "nodes",
         "head_instance_type",
         "fsx_storage_gib",
+        "fsx_deployment_type",
+        "cluster_provider",
+        "cluster",
         "ssh_conn_id",
         "remote_host",
         "host_key",
@@ -93,7 +98,9 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         nodes: int | str | None = None,
         head_instance_type: str | None = None,
         fsx_storage_gib: float | str | None = None,
-        fsx_deployment_type: str = "SCRATCH_2",
+        fsx_deployment_type: str | None = None,
+        cluster_provider: str | None = None,
+        cluster: Mapping[str, Any] | str | None = None,
         prices: Mapping[str, Any] | None = None,
         cloudwatch: bool = True,
         ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
@@ -114,6 +121,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         self.head_instance_type = head_instance_type
         self.fsx_storage_gib = fsx_storage_gib
         self.fsx_deployment_type = fsx_deployment_type
+        self.cluster_provider = cluster_provider
+        self.cluster = cluster
         self.prices = prices
         self.cloudwatch = cloudwatch
         self.ssh_conn_id = ssh_conn_id
@@ -155,22 +164,50 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             node_seconds = int(document["elapsed_s"]) * int(self.nodes)
         start, end = _parse_time(usage.get("start")), _parse_time(usage.get("end"))
         window_s = document.get("elapsed_s")
+        now = dt.datetime.now(dt.UTC)
         dag_run = context.get("dag_run")
         if dag_run is not None and getattr(dag_run, "start_date", None):
-            window_s = (dt.datetime.now(dt.UTC) - dag_run.start_date).total_seconds()
+            window_s = (now - dag_run.start_date).total_seconds()
+        if window_s is not None and (start is None or end is None):  # no accounting: the run's window
+            start, end = start or now - dt.timedelta(seconds=window_s), end or now
+        head, fsx_gib, fsx_type = self.priced_infrastructure()
         inputs = cost.CostInputs(
             instance_type=self.instance_type,
             capacity_type=self.capacity_type,
             node_seconds=node_seconds,
             window_s=window_s,
-            head_instance_type=self.head_instance_type,
-            fsx_storage_gib=float(self.fsx_storage_gib) if self.fsx_storage_gib else None,
-            fsx_deployment_type=self.fsx_deployment_type,
+            head_instance_type=head,
+            fsx_storage_gib=fsx_gib,
+            fsx_deployment_type=fsx_type,
             start=start,
             end=end,
         )
         ec2 = self.client("ec2") if self.capacity_type == "spot" else None
         return cost.estimate(inputs, cost.price_table(self.prices), ec2=ec2)
+
+    def priced_infrastructure(self) -> tuple[str | None, float | None, str]:
+        """(head node type, FSx GiB, FSx deployment type): as given, else from the ParallelCluster settings."""
+        head, gib, kind = self.head_instance_type, self.fsx_storage_gib, self.fsx_deployment_type
+        if self.cluster_provider == "parallelcluster" and self.cluster:
+            from pcflow.cluster.spec import ClusterSpec, FsxSpec  # pydantic: not at DAG parse
+
+            try:
+                settings = json.loads(self.cluster) if isinstance(self.cluster, str) else dict(self.cluster)
+                head = (
+                    head
+                    or settings.get("head_node_instance_type")
+                    or ClusterSpec.model_fields["head_node_instance_type"].default
+                )
+                fsx = FsxSpec.model_validate(settings["fsx"]) if settings.get("fsx") else None
+            except (ValueError, TypeError) as exc:  # the cost is an estimate: never fail the harvest for it
+                self.log.warning("Cluster settings not priced (%s); the cost leaves the head node and FSx out", exc)
+                fsx = None
+            if fsx is not None:  # the price table names PERSISTENT_2 by its throughput per TiB
+                table_kind = fsx.deployment_type
+                if table_kind == "PERSISTENT_2":
+                    table_kind = f"PERSISTENT_2_{fsx.per_unit_storage_throughput}"
+                gib, kind = gib or fsx.storage_capacity_gib, kind or table_kind
+        return head or None, float(gib) if gib else None, kind or "SCRATCH_2"
 
     def harvest_one(self, context: Context, ref: JobRef, key: str, objective, definitions) -> dict[str, Any]:
         """Harvest one job and publish it under `runs/<key>/`; returns (document, summary)."""
@@ -210,7 +247,9 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             if obj.get("name"):
                 names.append(f"{obj['name']}_best")
                 names.append(obj["name"])
-            names += [n for n in ("loss", "gpu_util_percent", "cost_usd_estimate") if n not in names]
+            names += [
+                n for n in ("loss", "gpu_util_percent", "gpu_memory_percent", "cost_usd_estimate") if n not in names
+            ]
         return publish.publish_dashboard(
             self.client("cloudwatch"), self.stack, self.hook.region_name, dict.fromkeys(names)
         )
