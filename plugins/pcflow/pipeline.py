@@ -14,7 +14,7 @@ from typing import Any
 from airflow.sdk import Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from pcflow.runspec import INSTANCE_TYPE, RunSpecError, resolve_run_spec
+from pcflow.patterns import INSTANCE_TYPE, PARTITION
 
 PROFILES = ["local", "aws-gpu"]
 #: Every stage is idempotent, so a retry is always safe: it adopts what the failed attempt made. Training
@@ -70,7 +70,7 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
         ),
         "partition": Param(
             partition,
-            **optional("string", pattern=r"^[A-Za-z0-9=_.-]{1,64}$"),
+            **optional("string", pattern=PARTITION.pattern),
             title="Data partition",
             description="Folder of this run's data under the dataset prefix; scheduled runs use their date.",
             section="Data",
@@ -178,6 +178,7 @@ def resolve_for_run(
     when one of its runs is started by hand or by a backfill."""
     from pcflow.dataset.partition import resolve_partition
     from pcflow.naming import run_key_from_context
+    from pcflow.runspec import RunSpecError, resolve_run_spec
 
     try:
         spec = resolve_run_spec(params["profile"], overrides_from_params(params))
@@ -331,7 +332,6 @@ def build_training_pipeline(
     and (for run-scoped infrastructure) the network as setups whose teardowns run even when training
     fails. `run_scoped=False` keeps the network, image and cluster for the next run (nightly).
     """
-    import pcflow.cluster.teardown  # noqa: F401 - registers the "pcluster" teardown handlers
     from pcflow.aws.ami import BakeImageOperator
     from pcflow.aws.network import EnsureNetworkOperator
     from pcflow.aws.teardown import TeardownOperator

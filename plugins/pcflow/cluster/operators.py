@@ -13,9 +13,8 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
-from pcflow.cluster.providers import PROVIDERS, delete_cluster, ensure_cluster, make_provider, validate_cluster
-from pcflow.cluster.spec import ClusterSpec
-from pcflow.cluster.static import StaticProvider
+# The providers (the SSH hook, the pcluster CLI's hook, the pydantic specs) are imported by the methods
+# that use them: a DAG file declaring these operators must parse without them.
 
 
 class _ClusterOperator(BaseOperator):
@@ -51,6 +50,8 @@ class _ClusterOperator(BaseOperator):
 
     @cached_property
     def cluster_provider(self) -> Any:
+        from pcflow.cluster.providers import PROVIDERS, make_provider
+
         if self.provider not in PROVIDERS:
             raise ValueError(f"unknown cluster provider {self.provider!r}: choose one of {', '.join(PROVIDERS)}")
         return make_provider(
@@ -97,6 +98,7 @@ class ValidateClusterConfigOperator(_ClusterOperator):
         self.config_prefix = config_prefix
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from pcflow.cluster.providers import validate_cluster
         from pcflow.naming import run_key_from_context
 
         run, ttl = self._run_and_ttl(context)
@@ -123,6 +125,10 @@ class EnsureClusterOperator(_ClusterOperator):
         self.waiter_max_attempts = waiter_max_attempts
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from pcflow.cluster.providers import ensure_cluster
+        from pcflow.cluster.spec import ClusterSpec
+        from pcflow.cluster.static import StaticProvider
+
         run, ttl = self._run_and_ttl(context)
         provider = self.cluster_provider
         if isinstance(provider, StaticProvider) or not self.deferrable:
@@ -147,6 +153,8 @@ class EnsureClusterOperator(_ClusterOperator):
         )  # fmt: skip
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, action: str = "created") -> Any:
+        from pcflow.cluster.spec import ClusterSpec
+
         event = event or {}
         if event.get("status") not in (None, "success"):
             self.log.warning("stack wait ended with %s: %s", event.get("status"), event.get("message"))
@@ -187,6 +195,9 @@ class DeleteClusterOperator(_ClusterOperator):
         return self.cluster_name or (self.cluster or {}).get("name")
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from pcflow.cluster.providers import delete_cluster
+        from pcflow.cluster.static import StaticProvider
+
         provider = self.cluster_provider
         if isinstance(provider, StaticProvider) or not self.deferrable:
             return delete_cluster(

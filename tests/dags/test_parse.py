@@ -1,0 +1,48 @@
+"""DAG files parse light, as the dag-processor re-parses them every few minutes: no boto3, paramiko,
+asyncssh, provider hooks or pydantic run-spec models (operators import those when they run), and what
+a task needs later is still found when only its own DAG file was parsed (as on a worker)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+from dagrun import REPO
+
+_spec = importlib.util.spec_from_file_location("dag_parse", REPO / "benchmarks" / "dag_parse.py")
+dag_parse = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dag_parse)
+
+PROBE = """
+import json, runpy, sys
+sys.path.insert(0, "plugins")
+import airflow.sdk
+before = set(sys.modules)
+loaded = {}
+for path in sys.argv[2:]:
+    seen = set(sys.modules)
+    runpy.run_path(path)
+    new = set(sys.modules) - seen
+    loaded[path] = [h for h in json.loads(sys.argv[1]) if any(m == h or m.startswith(h + ".") for m in new)]
+print(json.dumps(loaded))
+"""
+
+
+def test_parsing_the_dag_files_loads_no_heavy_package():
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "dags").glob("*.py"))
+    argv = [sys.executable, "-c", PROBE, json.dumps(dag_parse.HEAVY), *files]
+    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout.splitlines()[-1])
+    assert loaded == {f: [] for f in files}
+
+
+def test_a_worker_that_parsed_only_the_janitor_finds_the_cluster_teardown_handlers():
+    code = (
+        "import runpy, sys; sys.path.insert(0, 'plugins'); runpy.run_path('dags/janitor.py');"
+        "from pcflow.aws.teardown import build_handlers;"
+        "print(sorted({type(h).__name__ for h in build_handlers(lambda service: None, ['pcluster', 'ec2'])}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "ParallelClusterStackHandler" in out.stdout and "VpcHandler" in out.stdout
