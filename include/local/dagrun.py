@@ -4,14 +4,18 @@ end-to-end tests do, and read back what each task returned and what is left tagg
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+#: The pools pcflow's DAGs put their cluster and train tasks in (`airflow pools import` format).
+POOLS_FILE = REPO / "include" / "pools.json"
 
 
 def airflow_environment(airflow_home: Path) -> dict[str, str]:
@@ -26,17 +30,20 @@ def airflow_environment(airflow_home: Path) -> dict[str, str]:
 
 
 def prepare_airflow(airflow_home: Path) -> None:
-    """Create (or upgrade) the metadata database once; later calls return at once."""
+    """Create (or upgrade) the metadata database and pcflow's pools once; later calls return at once."""
     airflow_home.mkdir(parents=True, exist_ok=True)
     stamp = airflow_home / ".pcflow-db-migrated"
     version = subprocess.run(
         [sys.executable, "-c", "import airflow; print(airflow.__version__)"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    if stamp.exists() and stamp.read_text() == version:
+    prepared = f"{version} pools:{hashlib.sha256(POOLS_FILE.read_bytes()).hexdigest()[:12]}"
+    if stamp.exists() and stamp.read_text() == prepared:
         return
     env = {**os.environ, **airflow_environment(airflow_home)}
-    subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=env, check=True)
-    stamp.write_text(version)
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True)
+    subprocess.run([airflow, "pools", "import", str(POOLS_FILE)], env=env, check=True, stdout=subprocess.DEVNULL)
+    stamp.write_text(prepared)
 
 
 @dataclass
@@ -53,18 +60,72 @@ class DagRunResult:
         return (self.returned.get("validate") or {}).get("run_key")
 
 
-def run_dag(dag_id: str, conf: dict[str, Any] | None = None, logical_date: dt.datetime | None = None) -> DagRunResult:
-    """Run the DAG to the end in this process (tasks, deferrals and teardowns included)."""
+def run_dag(
+    dag_id: str,
+    conf: dict[str, Any] | None = None,
+    logical_date: dt.datetime | None = None,
+    run_after: dt.datetime | None = None,
+) -> DagRunResult:
+    """Run the DAG to the end in this process (tasks, deferrals and teardowns included).
+
+    The run id is `manual__<run_after>` (now, unless given): give it to know the run's key beforehand."""
     import time
 
     from airflow.dag_processing.dagbag import DagBag
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
     started = time.monotonic()
-    dag_run = dag.test(run_conf=conf or {}, logical_date=logical_date)
-    seconds = time.monotonic() - started
+    dag_run = dag.test(run_conf=conf or {}, logical_date=logical_date, run_after=run_after)
+    return _result(dag_id, dag_run, time.monotonic() - started)
+
+
+def resume_dag_run(dag_id: str, run_id: str, *, retry: Sequence[str]) -> DagRunResult:
+    """Carry on, in this process, a run whose process died (a worker crash): the tasks in `retry` are
+    cleared, as a retry or a user's "Clear" does, and the run goes on to its end. It keeps its run id (so
+    its run key), its finished tasks and what they returned, and each task's state store."""
+    import time
+    from unittest import mock
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.dagrun import DagRun
+    from airflow.serialization.definitions.dag import SerializedDAG
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import select
+
+    def find(session: Any) -> DagRun:
+        return session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+
+    def existing(*, dag: Any, session: Any, **_: Any) -> DagRun:
+        dag_run = find(session)
+        dag_run.dag = dag
+        return dag_run
+
+    with create_session() as session:
+        dag_run = find(session)
+        if dag_run is None:
+            raise ValueError(f"no run {run_id!r} of DAG {dag_id!r} to resume")
+        for ti in dag_run.get_task_instances(session=session):
+            if ti.task_id in retry:
+                ti.state = None
+        dag_run.state = DagRunState.RUNNING
+        logical_date, run_after = dag_run.logical_date, dag_run.run_after
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
+    started = time.monotonic()
+    # `dag.test` is the loop that runs a DAG run to its end; here it takes the existing run rather than
+    # replacing it with a new one (and clearing it).
+    with (
+        mock.patch("airflow.models.dagrun.get_or_create_dagrun", side_effect=existing),
+        mock.patch.object(SerializedDAG, "clear_dags"),
+    ):
+        dag_run = dag.test(logical_date=logical_date, run_after=run_after)
+    return _result(dag_id, dag_run, time.monotonic() - started)
+
+
+def _result(dag_id: str, dag_run: Any, seconds: float) -> DagRunResult:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
     with create_session() as session:
         rows = (
             session.query(XComModel)

@@ -23,6 +23,11 @@ DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_ex
 #: Updated by every successful training run, with its metrics summary and checkpoints as the event's extra.
 PRETRAINED_ENCODER = Asset(name="pcflow-pretrained-encoder", uri="x-pcflow://models/pretrained-encoder")
 VALIDATE_TASK = "validate"
+#: Pools that bound spend across all runs of all pcflow DAGs (created from include/pools.json): a cluster
+#: task holds a `pcflow_clusters` slot while it creates or adopts its cluster, a train task a `pcflow_trials`
+#: slot while its Slurm job (or a sweep's job array) runs, deferred included. Teardowns take no slot.
+CLUSTER_POOL = "pcflow_clusters"
+TRIAL_POOL = "pcflow_trials"
 
 
 def run_value(path: str) -> str:
@@ -379,6 +384,7 @@ def build_training_pipeline(
     settings = cluster_settings(run, network.output, image.output)
     cluster = EnsureClusterOperator(
         task_id="cluster",
+        pool=CLUSTER_POOL,
         provider=run_value("cluster.provider"),
         cluster=settings,
         stack=run_value("stack"),
@@ -404,9 +410,13 @@ def build_training_pipeline(
         "pending_timeout": run_value("training.pending_timeout_s"),
     }
     if sweep:
-        train = SlurmArrayJobOperator(task_id="train", trials=inputs["trials"], min_success_ratio=0.5, retries=0, **job)
+        train = SlurmArrayJobOperator(
+            task_id="train", trials=inputs["trials"], min_success_ratio=0.5, retries=0, pool=TRIAL_POOL, **job
+        )
     else:
-        train = SlurmJobOperator(task_id="train", hyperparameters=inputs["hyperparameters"], retries=0, **job)
+        train = SlurmJobOperator(
+            task_id="train", hyperparameters=inputs["hyperparameters"], retries=0, pool=TRIAL_POOL, **job
+        )
     inputs >> train
     harvest = SweepLeaderboardOperator if sweep else HarvestMetricsOperator
     metrics = harvest(

@@ -17,6 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from dagrun import POOLS_FILE
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -134,6 +136,8 @@ class AirflowServices:
         self.home.mkdir(parents=True, exist_ok=True)
         migrated = self.airflow("db", "migrate")
         assert migrated.returncode == 0, migrated.stdout[-3000:] + migrated.stderr[-3000:]
+        pools = self.airflow("pools", "import", str(POOLS_FILE))  # the pipeline's cluster and train tasks use them
+        assert pools.returncode == 0, pools.stdout[-3000:] + pools.stderr[-3000:]
         for name in self.COMPONENTS:
             argv = [str(BIN / "airflow"), name] + (["--port", str(self.port)] if name == "api-server" else [])
             log = open(self.home / f"{name}.log", "wb")  # the process owns it until stop()
