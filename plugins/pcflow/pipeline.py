@@ -223,6 +223,23 @@ def check_against_aws(run: dict[str, Any], aws_conn_id: str = "aws_default") -> 
         raise
 
 
+def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+    """ParallelCluster settings checked before the network exists: name, counts, schema of pcflow's
+    fields, and a GPU queue on a GPU instance type (EC2 DescribeInstanceTypes)."""
+    if run["cluster"]["provider"] != "parallelcluster":
+        return
+    from pcflow.aws.clients import aws_client
+    from pcflow.cluster.spec import ClusterSpec, ClusterSpecError, check_instance_type
+
+    planned = {"head_subnet_id": PLANNED_SUBNET, "compute_subnet_ids": [PLANNED_SUBNET]}
+    try:
+        spec = ClusterSpec.parse(settings_for_cluster(run, planned, run["ami"]["base_image_id"]))
+        ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
+        check_instance_type(ec2, spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa)
+    except ClusterSpecError as exc:
+        raise AirflowFailException(f"cluster.config: {exc}") from None
+
+
 @task(task_id=VALIDATE_TASK, multiple_outputs=False)
 def validate_run(
     dated_partitions: bool = False, params: dict[str, Any] | None = None, **context: Any
@@ -230,6 +247,7 @@ def validate_run(
     """Refuse bad settings before anything costs money; the resolved document is kept with the run."""
     document = resolve_for_run(params or {}, context, dated_partitions=dated_partitions)
     check_against_aws(document)
+    check_cluster_settings(document)
     return document
 
 
@@ -260,9 +278,13 @@ def dataset_source(run: dict[str, Any]) -> str:
     return str(materialize_digits(cache))
 
 
-@task(multiple_outputs=False)
-def cluster_settings(run: dict[str, Any], network: dict[str, Any], image: dict[str, Any] | None) -> dict[str, Any]:
-    """The provider's settings for this run: the profile's, plus what earlier stages produced."""
+#: Stands for the subnets the network task will make, in the checks the first task runs on the
+#: ParallelCluster settings (ParallelCluster itself resolves subnets, so its dry run waits for them).
+PLANNED_SUBNET = "subnet-00000000"
+
+
+def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id: str | None) -> dict[str, Any]:
+    """The provider's settings: the profile's, plus the network's subnets and the image to boot."""
     settings = dict(run["cluster"]["config"])
     if run["cluster"]["provider"] != "parallelcluster":
         return settings
@@ -272,18 +294,47 @@ def cluster_settings(run: dict[str, Any], network: dict[str, Any], image: dict[s
     return {
         "name": resource_name(run["stack"], "cluster", max_len=40),
         "region": run["region"],
-        "custom_ami": (image or {}).get("image_id"),
+        "custom_ami": image_id,
         "head_subnet_id": network["head_subnet_id"],
         "compute_subnet_ids": network["compute_subnet_ids"],
         "instance_type": run["instance_type"],
         "capacity_type": "SPOT" if run["capacity_type"] == "spot" else "ONDEMAND",
-        "max_count": max(training["nodes"], settings.pop("max_count", 0)),
+        "max_count": settings.pop("max_count", training["nodes"]),  # below the job's nodes: refused
         "job_nodes": training["nodes"],
         "gpus_required": training["gpus_per_node"] > 0,
         "s3_bucket": run["dataset"]["bucket"],
         "s3_prefix": run["dataset"]["prefix"],
         **settings,
     }
+
+
+def planned_image_id(run: dict[str, Any], aws_conn_id: str = "aws_default") -> str | None:
+    """The image a dry run checks the config against before anything is baked: the bake's base image
+    (the baked image derives from it: same OS, same ParallelCluster version, so the same validators)."""
+    ami = run["ami"]
+    if not ami["enabled"] or ami["base_image_id"]:
+        return ami["base_image_id"]
+    from pcflow.aws.ami import find_base_image
+    from pcflow.aws.clients import aws_client
+
+    ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
+    try:
+        return find_base_image(
+            ec2, region=run["region"], pcluster_version=ami["pcluster_version"], os=ami["os"],
+            owners=ami["base_image_owners"],
+        )  # fmt: skip
+    except ValueError as exc:
+        raise AirflowFailException(f"ami: {exc}") from None
+
+
+@task(multiple_outputs=False)
+def cluster_settings(
+    run: dict[str, Any], network: dict[str, Any], image: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The settings the cluster is made with; without `image` (the dry run, before the bake), the
+    settings with the image the bake will start from."""
+    image_id = (image or {}).get("image_id") if image is not None else planned_image_id(run)
+    return settings_for_cluster(run, network, image_id)
 
 
 def cluster_hook(cluster: dict[str, Any]):
@@ -340,7 +391,7 @@ def build_training_pipeline(
     from pcflow.aws.ami import BakeImageOperator
     from pcflow.aws.network import EnsureNetworkOperator
     from pcflow.aws.teardown import TeardownOperator
-    from pcflow.cluster.operators import DeleteClusterOperator, EnsureClusterOperator
+    from pcflow.cluster.operators import DeleteClusterOperator, EnsureClusterOperator, ValidateClusterConfigOperator
     from pcflow.dataset.operators import DatasetLoadOperator
     from pcflow.metrics.operators import HarvestMetricsOperator, SweepLeaderboardOperator
     from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
@@ -380,18 +431,31 @@ def build_training_pipeline(
         wait_for_ssm_agent=run_value("ami.wait_for_ssm_agent"),
         enabled=run_value("ami.enabled"),
     )
-    network >> image
+    cluster_args = {
+        "provider": run_value("cluster.provider"),
+        "stack": run_value("stack"),
+        "ssh_conn_id": run_value("cluster.ssh_conn_id"),
+        "suppress_validators": run_value("cluster.suppress_validators"),
+        "config_bucket": run_value("dataset.bucket"),
+    }
+    # Validate before spend: ParallelCluster's dry run needs real subnets (it resolves them while loading
+    # the config), so it runs once the network (free) exists, before the bake, the data or the cluster.
+    dry_run = ValidateClusterConfigOperator(
+        task_id="validate_cluster",
+        cluster=cluster_settings.override(task_id="dry_run_settings")(run, network.output),
+        run_scoped=run_scoped,
+        ttl_hours=ttl_hours,
+        **cluster_args,
+    )
+    bucket >> dry_run >> [dataset, image]
     settings = cluster_settings(run, network.output, image.output)
     cluster = EnsureClusterOperator(
         task_id="cluster",
-        pool=CLUSTER_POOL,
-        provider=run_value("cluster.provider"),
         cluster=settings,
-        stack=run_value("stack"),
-        ssh_conn_id=run_value("cluster.ssh_conn_id"),
-        suppress_validators=run_value("cluster.suppress_validators"),
         run_scoped=run_scoped,
         ttl_hours=ttl_hours,
+        pool=CLUSTER_POOL,
+        **cluster_args,
     )
     data_dir = stage_in(run, cluster.output, dataset.output)
     trials = "{{ params.trials }}" if sweep else None
@@ -440,14 +504,14 @@ def build_training_pipeline(
 
     delete_cluster = DeleteClusterOperator(
         task_id="delete_cluster",
-        provider=run_value("cluster.provider"),
         cluster=settings,
         cluster_name=task_value("cluster", "name"),
-        stack=run_value("stack"),
-        ssh_conn_id=run_value("cluster.ssh_conn_id"),
+        export_fsx=run_value("teardown.export_fsx"),
+        **cluster_args,
     )
     metrics >> delete_cluster.as_teardown(setups=cluster)
-    tasks = {"validate": run, "network": network, "dataset": dataset, "image": image, "cluster": cluster}
+    tasks = {"validate": run, "network": network, "validate_cluster": dry_run, "dataset": dataset, "image": image}
+    tasks["cluster"] = cluster
     tasks |= {"train": train, "metrics": metrics, "delete_cluster": delete_cluster}
     if run_scoped:
         teardown = TeardownOperator(

@@ -110,6 +110,7 @@ class TrainingSettings(_Section):
 class TeardownSettings(_Section):
     policy: Literal["always", "on_success", "never"] = "always"
     delete_image: bool = False
+    export_fsx: bool = Field(False, description="write FSx changes (checkpoints) back to S3 before the cluster goes")
 
 
 class MetricsSettings(_Section):

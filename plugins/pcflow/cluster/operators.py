@@ -9,16 +9,23 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
+
+if TYPE_CHECKING:
+    from pcflow.cluster.info import ClusterInfo
 
 # The providers (the SSH hook, the pcluster CLI's hook, the pydantic specs) are imported by the methods
 # that use them: a DAG file declaring these operators must parse without them.
 
+CONFIG_FILE = "cluster-config.yaml"
+
 
 class _ClusterOperator(BaseOperator):
-    template_fields: Sequence[str] = ("provider", "cluster", "stack", "ssh_conn_id", "suppress_validators", "ttl_hours")
+    template_fields: Sequence[str] = (
+        "provider", "cluster", "stack", "ssh_conn_id", "suppress_validators", "ttl_hours", "config_bucket",
+    )  # fmt: skip
     template_fields_renderers: ClassVar[dict[str, str]] = {"cluster": "json"}
 
     def __init__(
@@ -34,6 +41,8 @@ class _ClusterOperator(BaseOperator):
         suppress_validators: Sequence[str] = (),
         run_scoped: bool = False,
         ttl_hours: float | None = None,
+        config_bucket: str | None = None,
+        config_prefix: str = "runs",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -47,6 +56,8 @@ class _ClusterOperator(BaseOperator):
         self.suppress_validators = suppress_validators
         self.run_scoped = run_scoped
         self.ttl_hours = ttl_hours
+        self.config_bucket = config_bucket
+        self.config_prefix = config_prefix
 
     @cached_property
     def cluster_provider(self) -> Any:
@@ -71,6 +82,25 @@ class _ClusterOperator(BaseOperator):
         ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
         return run, ttl
 
+    def config_uri(self, context: Any, filename: str) -> str | None:
+        """Where the rendered config of this run is kept: `s3://<config_bucket>/runs/<run key>/<filename>`."""
+        from pcflow.naming import run_key_from_context
+
+        if not self.config_bucket:
+            return None
+        return f"s3://{self.config_bucket}/{self.config_prefix.strip('/')}/{run_key_from_context(context)}/{filename}"
+
+    def keep_config(self, context: Any, text: str, filename: str) -> str | None:
+        """The rendered config kept with the run (reproducibility); returns its S3 URI."""
+        uri = self.config_uri(context, filename)
+        if uri:
+            bucket, key = uri.removeprefix("s3://").split("/", 1)
+            self.cluster_provider.clients("s3").put_object(
+                Bucket=bucket, Key=key, Body=text.encode(), ContentType="application/yaml"
+            )
+            self.log.info("rendered cluster config kept at %s", uri)
+        return uri
+
     @property
     def trigger_aws_kwargs(self) -> dict[str, Any]:
         from pcflow.aws.clients import retry_botocore_config
@@ -83,33 +113,32 @@ class _ClusterOperator(BaseOperator):
 
 
 class ValidateClusterConfigOperator(_ClusterOperator):
-    """The pipeline's first task: ParallelCluster's dry run (or the static cluster's health check).
+    """Validate before spend: ParallelCluster's dry run (or the static cluster's health check).
 
-    :param config_bucket: when set, the rendered config is also kept in S3 under
-        `<config_prefix>/<run key>/cluster-config.yaml` (it is always in the returned XCom).
+    With `config_bucket`, the dry run's config is also kept in S3 as `cluster-config.dryrun.yaml`
+    beside the run's other files (it is always in the returned XCom).
     """
 
-    template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "config_bucket", "config_prefix")
     ui_color = "#e8f7e4"
 
-    def __init__(self, *, config_bucket: str | None = None, config_prefix: str = "pcflow/runs", **kwargs: Any):
-        super().__init__(**kwargs)
-        self.config_bucket = config_bucket
-        self.config_prefix = config_prefix
-
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from pcflow.cluster.pcluster import PclusterError
         from pcflow.cluster.providers import validate_cluster
-        from pcflow.naming import run_key_from_context
+        from pcflow.cluster.spec import ClusterSpecError
 
         run, ttl = self._run_and_ttl(context)
-        result = validate_cluster(self.cluster_provider, self.cluster, stack=self.stack, run=run, ttl=ttl)
-        if self.config_bucket and "config" in result:
-            key = f"{self.config_prefix.strip('/')}/{run_key_from_context(context)}/cluster-config.yaml"
-            self.cluster_provider.clients("s3").put_object(
-                Bucket=self.config_bucket, Key=key, Body=result["config"].encode(), ContentType="application/yaml"
-            )
-            result["config_s3_uri"] = f"s3://{self.config_bucket}/{key}"
-            self.log.info("rendered cluster config kept at %s", result["config_s3_uri"])
+        try:
+            result = validate_cluster(self.cluster_provider, self.cluster, stack=self.stack, run=run, ttl=ttl)
+        except ClusterSpecError as error:
+            raise AirflowFailException(str(error)) from None
+        except PclusterError as error:
+            if not error.config_rejected:
+                raise  # throttling, a network error...: worth a retry
+            raise AirflowFailException(f"{error}\nFix the cluster settings of the profile or the run") from None
+        if "config" in result:
+            result["config_s3_uri"] = self.keep_config(context, result["config"], "cluster-config.dryrun.yaml")
         return result
 
 
@@ -131,16 +160,21 @@ class EnsureClusterOperator(_ClusterOperator):
 
         run, ttl = self._run_and_ttl(context)
         provider = self.cluster_provider
-        if isinstance(provider, StaticProvider) or not self.deferrable:
-            return ensure_cluster(
-                provider, self.cluster, stack=self.stack, run=run, ttl=ttl,
+        if isinstance(provider, StaticProvider):
+            return provider.ensure().to_xcom()
+        spec = ClusterSpec.parse(self.cluster)
+        rendered = provider.render(spec, stack=self.stack, run=run, ttl=ttl)
+        self.keep_config(context, rendered.text, CONFIG_FILE)
+        if not self.deferrable:
+            info = ensure_cluster(
+                provider, spec, stack=self.stack, run=run, ttl=ttl,
                 waiter_delay=self.waiter_delay, waiter_max_attempts=self.waiter_max_attempts,
             )  # fmt: skip
-        spec = ClusterSpec.parse(self.cluster)
-        step = provider.start(spec, provider.render(spec, stack=self.stack, run=run, ttl=ttl))
+            return {**info, "config_s3_uri": self.config_uri(context, CONFIG_FILE)}
+        step = provider.start(spec, rendered)
         self.log.info("cluster %s: %s", step.cluster_name, step.action)
         if step.waiter is None:
-            return provider.finish(spec, step.action).to_xcom()
+            return self.outcome(context, provider.finish(spec, step.action))
         from pcflow.cluster.triggers import ClusterStackTrigger
 
         self.defer(
@@ -159,7 +193,10 @@ class EnsureClusterOperator(_ClusterOperator):
         if event.get("status") not in (None, "success"):
             self.log.warning("stack wait ended with %s: %s", event.get("status"), event.get("message"))
         # The outcome is read from describe-cluster either way; a failure is diagnosed there.
-        return self.cluster_provider.finish(ClusterSpec.parse(self.cluster), action).to_xcom()
+        return self.outcome(context, self.cluster_provider.finish(ClusterSpec.parse(self.cluster), action))
+
+    def outcome(self, context: Any, info: ClusterInfo) -> dict[str, Any]:
+        return {**info.to_xcom(), "config_s3_uri": self.config_uri(context, CONFIG_FILE)}
 
 
 class DeleteClusterOperator(_ClusterOperator):

@@ -1,0 +1,77 @@
+"""The pipeline with the `aws-gpu` profile (ParallelCluster) against the moto server: validate before
+spend. Bad cluster settings are refused by the first task; a config ParallelCluster's dry run (the
+REAL pcluster CLI, own venv) rejects fails the run right after the network (free), before the image,
+the dataset or the cluster cost anything. Moto lacks the APIs of MOTO_SUPPRESSED_VALIDATORS only.
+A cluster is never created here: that needs real AWS (CloudFormation running ParallelCluster's stack)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import boto3
+import pytest
+from dagrun import remove_stack, run_dag, tagged_resources
+
+from pcflow.cluster.pcluster import MOTO_SUPPRESSED_VALIDATORS
+from pcflow.runspec import deep_merge
+
+pytestmark = pytest.mark.stack
+NOT_STARTED = ("upstream_failed", "None", "skipped")
+
+
+@pytest.fixture
+def aws_gpu(airflow, pcluster_cli, monkeypatch):
+    """Conf for `pretrain` with the aws-gpu profile, pointed at what moto has (the stand-in
+    ParallelCluster base image is alinux2023, owned by this account); removes the stack after."""
+    monkeypatch.setenv("PCFLOW_PCLUSTER", str(pcluster_cli))
+    stack = f"pc{uuid.uuid4().hex[:8]}"
+
+    def conf(**overrides: Any) -> dict[str, Any]:
+        base = {
+            "stack": stack,
+            "dataset": {"source": "builtin:digits", "bucket": f"pcflow-{stack}-data", "mode": "sync"},
+            "ami": {"os": "alinux2023", "base_image_owners": ["self"], "wait_for_ssm_agent": False},
+            "cluster": {
+                "suppress_validators": list(MOTO_SUPPRESSED_VALIDATORS),
+                "config": {"os": "alinux2023"},
+            },
+        }
+        return {"profile": "aws-gpu", "partition": "dryrun", "overrides": deep_merge(base, overrides)}
+
+    yield conf
+    if tagged_resources("pcflow:stack", stack):
+        assert remove_stack(stack) == []
+
+
+def test_dry_run_rejection_stops_the_run_before_any_spend(aws_gpu):
+    result = run_dag("pretrain", aws_gpu(cluster={"config": {"extra_config": {"HeadNode": {"NoSuchSetting": 1}}}}))
+    states = result.task_states
+    assert result.state == "failed"
+    assert states["validate"] == states["network"] == "success"
+    assert states["validate_cluster"] == "failed"
+    for spend in ("image", "dataset", "cluster", "train"):
+        assert states[spend] in NOT_STARTED, (spend, states[spend])
+    assert states["teardown"] == "success"  # the network (a setup) is torn down all the same
+    assert tagged_resources("pcflow:run", result.run_key) == []
+    stack = result.returned["validate"]["stack"]
+    images = boto3.client("ec2").describe_images(Filters=[{"Name": "tag:pcflow:stack", "Values": [stack]}])
+    assert images["Images"] == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "complaint"),
+    [
+        ({"instance_type": "c5.xlarge"}, "has no GPUs"),
+        ({"cluster": {"config": {"name": "c" * 61}}}, "name"),
+        ({"cluster": {"config": {"name": "my_cluster!"}}}, "name"),
+        ({"cluster": {"config": {"max_count": 1}}, "training": {"nodes": 2}}, "max_count 1 is below"),
+    ],
+)
+def test_bad_cluster_settings_are_refused_by_the_first_task(aws_gpu, overrides, complaint, capfd):
+    conf = aws_gpu(**overrides)
+    result = run_dag("pretrain", conf)
+    assert result.task_states["validate"] == "failed"
+    assert all(state in NOT_STARTED for task, state in result.task_states.items() if task != "validate")
+    assert complaint in "".join(capfd.readouterr())  # the task log, as the user reads it
+    assert tagged_resources("pcflow:stack", conf["overrides"]["stack"]) == []
