@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""STAND-IN for the `pcluster` CLI's create-cluster / describe-cluster / delete-cluster (not dry runs).
+"""STAND-IN for the `pcluster` CLI's create/describe/update/delete-cluster (create: no dry runs).
 
 Why: a real `pcluster create-cluster` synthesises its template with CDK and then moto's CloudFormation
 refuses it ("Missing parameter ConfigVersion", see probes.md), so no real cluster can be made on the
@@ -7,6 +7,9 @@ emulator. This script follows pcluster 3.16's documented JSON output (describeCl
 deleteCluster response syntax, "Cluster 'X' does not exist ..." message, exit code 1 on errors) and does
 the AWS side for real against the moto server: a CloudFormation stack named after the cluster carrying
 the config's Tags plus `parallelcluster:version`, and a head-node EC2 instance tagged like pcluster's.
+update-cluster follows pcluster's controller (DryrunOperationException's message and changeSet;
+UpdateClusterBadRequestException's "Update failure" with updateValidationErrors), with a simplified
+update policy: queue sizes and tags update in place, anything else is refused as UNSUPPORTED.
 `PCFLOW_STANDIN_FAIL=<failureCode>` at create time makes describe-cluster report CREATE_FAILED with that
 code, as pcluster does after a failed head-node wait condition.
 """
@@ -23,6 +26,31 @@ import yaml
 
 VERSION = "3.16.1"
 FAIL_TAG = "pcflow-standin:fail"
+#: Settings the stand-in updates in place (pcluster: RESIZE_UPDATE_STRATEGY_ON_REMOVE / SUPPORTED).
+UPDATABLE = ("Scheduling.SlurmQueues.", "Tags")
+
+
+def template_for(config: dict) -> str:
+    """The stack remembers the cluster's config (as pcluster keeps it in its S3 bucket), for updates."""
+    resources = {"HeadNodeWaitConditionHandle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}
+    return json.dumps({"Metadata": {"ClusterConfig": config}, "Resources": resources})
+
+
+def flatten(value, path: str = "") -> dict[str, str]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in flatten(item, f"{path}{key}.").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in flatten(item, f"{path}{i}.").items()}
+    return {path.rstrip("."): str(value)}
+
+
+def changes(old: dict, new: dict) -> list[dict]:
+    before, after = flatten(old), flatten(new)
+    return [
+        {"parameter": key, "currentValue": before.get(key, "-"), "requestedValue": after.get(key, "-")}
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    ]
 
 
 def out(payload: dict, code: int = 0) -> None:
@@ -80,10 +108,9 @@ def main() -> None:
         tags.append({"Key": "parallelcluster:version", "Value": VERSION})
         if os.environ.get("PCFLOW_STANDIN_FAIL"):
             tags.append({"Key": FAIL_TAG, "Value": os.environ["PCFLOW_STANDIN_FAIL"]})
-        template = {"Resources": {"HeadNodeWaitConditionHandle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}}
         arn = cfn.create_stack(
             StackName=name,
-            TemplateBody=json.dumps(template),
+            TemplateBody=template_for(config),
             Tags=tags,
             DisableRollback=args.rollback_on_failure == "false",
         )["StackId"]
@@ -152,6 +179,30 @@ def main() -> None:
         if failures:
             described["failures"] = failures
         out(described)
+    if args.command == "update-cluster":
+        stack = stack_of(cfn, name)
+        if stack is None:
+            not_found(name)
+        body = cfn.get_template(StackName=name)["TemplateBody"]  # boto3 parses JSON bodies, moto may not
+        old = (json.loads(body) if isinstance(body, str) else body)["Metadata"]["ClusterConfig"]
+        new = yaml.safe_load(open(args.cluster_configuration))
+        change_set = changes(old, new)
+        refused = [
+            {**c, "message": "Update actions are not currently supported for this parameter"}
+            for c in change_set
+            if not c["parameter"].startswith(UPDATABLE)
+        ]
+        if refused:
+            out({"message": "Update failure", "updateValidationErrors": refused, "changeSet": change_set}, 1)
+        if args.dryrun == "true":
+            out({"message": "Request would have succeeded, but DryRun flag is set.", "changeSet": change_set}, 1)
+        tags = [{"Key": t["Key"], "Value": t["Value"]} for t in new.get("Tags", [])]
+        tags.append({"Key": "parallelcluster:version", "Value": VERSION})
+        cfn.update_stack(StackName=name, TemplateBody=template_for(new), Tags=tags)
+        out({"cluster": {"clusterName": name, "region": region, "version": VERSION,
+                         "clusterStatus": "UPDATE_IN_PROGRESS", "cloudformationStackStatus": "UPDATE_IN_PROGRESS",
+                         "cloudformationStackArn": stack["StackId"], "scheduler": {"type": "slurm"}},
+             "changeSet": change_set})  # fmt: skip
     if args.command == "delete-cluster":
         stack = stack_of(cfn, name)
         if stack is None:

@@ -128,3 +128,27 @@ def test_standin_teardown_loop_deletes_tagged_cluster_stacks(standin_cli, site):
                  {"Name": "instance-state-name", "Values": ["pending", "running"]}]
     )["Reservations"]  # fmt: skip
     assert head == []
+
+
+def test_standin_updatable_change_is_applied_in_place_and_others_refused(standin_cli, site):
+    """allow_updates: a larger queue updates the cluster in place (pcluster's dry run first, then the
+    update, then the stack's update wait); a new head node type is refused, the cluster untouched."""
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    provider.require_host_key = False
+    spec = site.spec(allow_updates=True)
+    try:
+        first = ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+        grown = ensure_cluster(
+            provider, {**spec, "max_count": 4}, stack=site.stack, waiter_delay=1, waiter_max_attempts=10
+        )
+        assert grown["status"] == "UPDATE_COMPLETE" and grown["config_hash"] != first["config_hash"]
+        assert len(stacks_named(spec["name"])) == 1
+        with pytest.raises(ClusterMismatch, match=r"(?s)in place.*HeadNode\.InstanceType: c5\.xlarge -> c5\.4xlarge"):
+            ensure_cluster(
+                provider, {**spec, "max_count": 4, "head_node_instance_type": "c5.4xlarge"}, stack=site.stack,
+                waiter_delay=1, waiter_max_attempts=10,
+            )  # fmt: skip
+        tags = {t["Key"]: t["Value"] for t in stacks_named(spec["name"])[0]["Tags"]}
+        assert tags["pcflow:config-hash"] == grown["config_hash"]
+    finally:
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)

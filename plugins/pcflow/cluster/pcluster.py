@@ -57,12 +57,14 @@ class PclusterError(RuntimeError):
         command: str = "",
         failures: Sequence[Mapping[str, str]] = (),
         validation_messages: Sequence[Mapping[str, str]] = (),
+        update_errors: Sequence[Mapping[str, str]] = (),
         exit_code: int | None = None,
     ):
         self.pcluster_message = message
         self.command = command
         self.failures = [dict(f) for f in failures]
         self.validation_messages = [dict(v) for v in validation_messages]
+        self.update_errors = [dict(u) for u in update_errors]
         self.exit_code = exit_code
         lines = [f"pcluster {command} failed: {message}".rstrip()]
         lines += [f"  {f.get('failureCode')}: {f.get('failureReason')}" for f in self.failures]
@@ -70,6 +72,10 @@ class PclusterError(RuntimeError):
             f"  [{v.get('level')}] {v.get('type')}: {v.get('message')}"
             for v in self.validation_messages
             if v.get("level") in ("ERROR", "WARNING")
+        ]
+        lines += [
+            f"  {u.get('parameter')}: {u.get('currentValue')} -> {u.get('requestedValue')}: {u.get('message')}"
+            for u in self.update_errors
         ]
         super().__init__("\n".join(lines))
 
@@ -178,6 +184,7 @@ class ParallelClusterHook(BaseHook):
                 command=command,
                 failures=answer.get("failures", ()),
                 validation_messages=answer.get("configurationValidationErrors", answer.get("validationMessages", ())),
+                update_errors=answer.get("updateValidationErrors", ()),
                 exit_code=proc.returncode,
             )
         return answer
