@@ -201,7 +201,7 @@ def resolve_for_run(
     document["dataset"]["partition"] = partition
     document["run_key"] = run_key_from_context(context)
     document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}
-    document["run_scoped"] = spec.teardown.policy == "always"
+    document["keep_resources"] = spec.teardown.policy == "never"
     return document
 
 
@@ -507,6 +507,7 @@ def build_training_pipeline(
         cluster=settings,
         cluster_name=task_value("cluster", "name"),
         export_fsx=run_value("teardown.export_fsx"),
+        keep=run_value("keep_resources"),
         **cluster_args,
     )
     metrics >> delete_cluster.as_teardown(setups=cluster)
@@ -519,7 +520,7 @@ def build_training_pipeline(
             stack=run_value("stack"),
             run=run_value("run_key"),
             handler_sets=("pcluster", "ec2", "fsx"),
-            dry_run="{{ ti.xcom_pull(task_ids='validate')['teardown']['policy'] == 'never' }}",
+            dry_run=run_value("keep_resources"),
         )
         delete_cluster >> teardown.as_teardown(setups=network)
         tasks["teardown"] = teardown

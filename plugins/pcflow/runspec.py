@@ -108,7 +108,7 @@ class TrainingSettings(_Section):
 
 
 class TeardownSettings(_Section):
-    policy: Literal["always", "on_success", "never"] = "always"
+    policy: Literal["always", "never"] = "always"  # never: kept for debugging until the janitor's TTL
     delete_image: bool = False
     export_fsx: bool = Field(False, description="write FSx changes (checkpoints) back to S3 before the cluster goes")
 

@@ -71,6 +71,14 @@ def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cl
     with pytest.raises(ClusterMismatch, match="exists with another configuration"):
         ensure_op(standin_cli, site, {**spec, "max_count": 7}).execute(make_context("ensure_cluster"))
 
+    # Teardown policy `never`: the delete task keeps the cluster and says so.
+    kept = DeleteClusterOperator(
+        task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], keep=True,
+        pcluster_path=str(standin_cli),
+    ).execute(make_context("delete_cluster"))  # fmt: skip
+    assert kept == {"cluster_name": spec["name"], "deleted": False, "kept": True}
+    assert len(stacks_named(spec["name"])) == 1
+
     # Delete: deferrable until the stack is gone, then idempotent.
     delete = DeleteClusterOperator(
         task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"],

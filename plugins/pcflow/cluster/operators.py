@@ -205,9 +205,11 @@ class DeleteClusterOperator(_ClusterOperator):
     :param cluster_name: the cluster to delete (default: the `name` in `cluster`), templated so it can
         come from the ensure task's XCom.
     :param export_fsx: export the cluster's FSx file systems to their S3 repository first.
+    :param keep: leave the cluster as it is (teardown policy `never`: kept for debugging until the
+        janitor's TTL); the task says so and deletes nothing.
     """
 
-    template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "cluster_name", "export_fsx")
+    template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "cluster_name", "export_fsx", "keep")
     ui_color = "#f4a6a6"
 
     def __init__(
@@ -215,6 +217,7 @@ class DeleteClusterOperator(_ClusterOperator):
         *,
         cluster_name: str | None = None,
         export_fsx: bool = False,
+        keep: bool = False,
         deferrable: bool = True,
         waiter_delay: int = 30,
         waiter_max_attempts: int = 240,
@@ -224,6 +227,7 @@ class DeleteClusterOperator(_ClusterOperator):
         super().__init__(**kwargs)
         self.cluster_name = cluster_name
         self.export_fsx = export_fsx
+        self.keep = keep
         self.deferrable = deferrable
         self.waiter_delay = waiter_delay
         self.waiter_max_attempts = waiter_max_attempts
@@ -235,6 +239,9 @@ class DeleteClusterOperator(_ClusterOperator):
         from pcflow.cluster.providers import delete_cluster
         from pcflow.cluster.static import StaticProvider
 
+        if self.keep:
+            self.log.info("teardown policy keeps cluster %s; the janitor deletes it when it expires", self._name())
+            return {"cluster_name": self._name(), "deleted": False, "kept": True}
         provider = self.cluster_provider
         if isinstance(provider, StaticProvider) or not self.deferrable:
             return delete_cluster(
