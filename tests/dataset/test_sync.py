@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from boto3.s3.transfer import TransferConfig
 
 from pcflow.dataset.errors import DestinationError, SourceChangedError, SourceError
 from pcflow.dataset.manifest import JOURNAL_KEY, read_manifest
-from pcflow.dataset.sources import LocalDirectorySource
+from pcflow.dataset.sources import LocalDirectorySource, S3PrefixSource
 from pcflow.dataset.sync import sync_to_s3
 
 from .conftest import make_client
@@ -168,6 +170,89 @@ def test_source_changing_during_the_load_is_refused(s3, bucket, tmp_path):
     assert read_manifest(s3, bucket, "ds/p/") is None
 
 
+class RewrittenAfterItsCheck(LocalDirectorySource):
+    """A real directory in which a writer rewrites big.bin after pcflow hashed it and before it is read
+    for the upload: same size, and the mtime put back, so only the checksums can tell."""
+
+    opened = 0
+
+    def open(self, item):
+        if item.rel == "big.bin":
+            self.opened += 1
+            if self.opened == 2:
+                path, st = self.path(item), self.path(item).stat()
+                path.write_bytes(os.urandom(st.st_size))
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return super().open(item)
+
+
+def test_source_rewritten_during_the_upload_is_caught_by_its_checksum(s3, bucket, tmp_path):
+    src = make_tree(tmp_path / "src", n=3, big=True)
+    kwargs = {"bucket": bucket, "prefix": "ds", "partition": "p", "transfer_config": SMALL_MULTIPART, "workers": 2}
+    good = sync_to_s3(s3, str(src), **kwargs)
+    (src / "big.bin").write_bytes(os.urandom(11 * MiB))  # a new version of the same size: hashed, then uploaded
+    with pytest.raises(SourceChangedError, match="sha256 differs"):
+        sync_to_s3(s3, RewrittenAfterItsCheck(src), **kwargs)
+    assert read_manifest(s3, bucket, "ds/p/")["content_hash"] == good["content_hash"]
+
+
+class OverwrittenAfterListing(S3PrefixSource):
+    """A real S3 prefix one of whose objects another writer replaces after pcflow listed it."""
+
+    def list(self):
+        items = super().list()
+        self.client.put_object(Bucket=self.bucket, Key=self.prefix + items[1].rel, Body=b"a newer version")
+        return items
+
+
+def test_s3_source_overwritten_during_the_load_is_refused(s3, bucket):
+    for i in range(3):
+        s3.put_object(Bucket=bucket, Key=f"raw/x/{i}.txt", Body=f"sample {i}".encode())
+    with pytest.raises(SourceChangedError, match="overwritten during the load"):
+        sync_to_s3(s3, OverwrittenAfterListing(s3, f"s3://{bucket}/raw/x"), bucket=bucket, prefix="ds", partition="p")
+    assert read_manifest(s3, bucket, "ds/p/") is None
+
+
+KILLED_LOAD = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import boto3
+from pcflow.dataset import writer
+from pcflow.dataset.sources import LocalDirectorySource
+from pcflow.dataset.sync import sync_to_s3
+
+writer.PartitionWriter.__init__.__kwdefaults__["journal_interval_s"] = 0.0  # journal after every upload
+
+class KilledAt(LocalDirectorySource):
+    def open(self, item):
+        if item.rel == sys.argv[3]:
+            os.kill(os.getpid(), signal.SIGKILL)  # no exception handler, no cleanup: the process is gone
+        return super().open(item)
+
+sync_to_s3(boto3.client("s3"), KilledAt(sys.argv[2]), bucket=sys.argv[4], prefix="ds", partition="p", workers=1)
+"""
+
+
+def test_killed_load_resumes_from_its_journal(s3, bucket, counter, tmp_path):
+    """The worker process is SIGKILLed half way (no `finally` runs), then the load runs again."""
+    src = make_tree(tmp_path / "src", n=30)
+    good = sync_to_s3(s3, str(src), bucket=bucket, prefix="ds", partition="p", workers=2)
+    for p in src.rglob("*.bin"):
+        p.write_bytes(os.urandom(64) + p.read_bytes())
+    plugins = str(Path(__file__).resolve().parents[2] / "plugins")
+    killed = subprocess.run([sys.executable, "-c", KILLED_LOAD, plugins, str(src), "c1/f001.bin", bucket], check=False)
+    assert killed.returncode == -9
+    assert read_manifest(s3, bucket, "ds/p/")["content_hash"] == good["content_hash"]
+    journaled = json.loads(s3.get_object(Bucket=bucket, Key=f"ds/p/{JOURNAL_KEY}")["Body"].read())["objects"]
+    assert sorted(e["key"] for e in journaled) == sorted(p.relative_to(src).as_posix() for p in src.glob("c0/*.bin"))
+
+    counter.reset()
+    resumed = sync_to_s3(s3, str(src), bucket=bucket, prefix="ds", partition="p", workers=2)
+    assert resumed["uploaded"] == 20 and resumed["skipped"] == 10, "the 10 journaled files are not uploaded again"
+    assert not {f"ds/p/{e['key']}" for e in journaled} & set(counter.data_puts())
+    assert read_manifest(s3, bucket, "ds/p/")["content_hash"] == resumed["content_hash"] != good["content_hash"]
+
+
 @pytest.mark.parametrize("case", ["missing", "empty", "dangling-symlink"])
 def test_bad_source_is_refused_before_any_request(s3, bucket, counter, tmp_path, case):
     src = tmp_path / "src"
@@ -199,6 +284,9 @@ def test_missing_bucket_and_bucket_in_another_region(local_stack, tmp_path, buck
 
 def test_no_permission_to_write_is_a_clear_error(s3, bucket, tmp_path):
     """The denial comes from a bucket policy, which the moto server enforces (IAM it does not)."""
+    src = make_tree(tmp_path / "src", n=3)
+    good = sync_to_s3(s3, str(src), bucket=bucket, prefix="ds", partition="p")
+    (src / "c0" / "f000.bin").write_bytes(b"a new version")
     deny = {
         "Version": "2012-10-17",
         "Statement": [
@@ -208,10 +296,10 @@ def test_no_permission_to_write_is_a_clear_error(s3, bucket, tmp_path):
     s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(deny))
     try:
         with pytest.raises(DestinationError, match="may not write"):
-            sync_to_s3(s3, str(make_tree(tmp_path / "src", n=3)), bucket=bucket, prefix="ds", partition="p")
+            sync_to_s3(s3, str(src), bucket=bucket, prefix="ds", partition="p")
     finally:
         s3.delete_bucket_policy(Bucket=bucket)
-    assert read_manifest(s3, bucket, "ds/p/") is None
+    assert read_manifest(s3, bucket, "ds/p/")["content_hash"] == good["content_hash"], "readers see the last good load"
 
 
 def test_s3_prefix_source_is_mirrored_and_skipped_by_etag(s3, bucket, counter, tmp_path):

@@ -1,8 +1,10 @@
 """`sync` mode: mirror a source (local directory or S3 prefix) to a partition, file for file.
 
 Skips every file whose size and sha256 (local) or ETag (S3 source) match the committed manifest or the
-journal of an interrupted load; uploads the rest in parallel; small files in one PutObject, large ones
-multipart through s3transfer; publishes manifest.json last.
+journal of an interrupted load; uploads the rest in parallel; small files in one PutObject (S3 checks
+it against our sha256), large ones multipart through s3transfer, read once and hashed as the parts go
+up; publishes manifest.json last. Keys are written in place (as `aws s3 sync` does): readers of an older
+manifest can tell a replaced object by the ETag that manifest recorded.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 from boto3.s3.transfer import TransferConfig
 
-from pcflow.dataset.errors import SourceChangedError, SourceError
+from pcflow.dataset.errors import SourceChangedError
 from pcflow.dataset.manifest import build_manifest, partition_root, summary
 from pcflow.dataset.progress import Progress
 from pcflow.dataset.sources import LocalDirectorySource, Source, SourceFile, iter_chunks, open_source
@@ -102,18 +104,45 @@ def _local_small(writer: PartitionWriter, src: LocalDirectorySource, item: Sourc
 
 
 def _local_large(writer: PartitionWriter, src: LocalDirectorySource, item: SourceFile):
-    """Hash first (to skip unchanged files), upload by path, then prove the file did not change meanwhile."""
-    digest = hashlib.sha256()
+    """One read when the file goes up: s3transfer reads it in order, part by part, and the sha256 is
+    computed on those same bytes while earlier parts upload. Only a file the manifest already holds at
+    this size is hashed first, to skip it when unchanged; if it then goes up after all, the upload's own
+    digest must equal that first one, or the file changed in between."""
+    expected = None
+    known = writer.current(item.rel, size=item.size)
+    if known:
+        digest = hashlib.sha256()
+        with src.open(item) as fh:
+            for chunk in iter_chunks(fh, 8 << 20):
+                digest.update(chunk)
+        expected = digest.hexdigest()
+        if expected == known.get("sha256"):
+            return known, False
     with src.open(item) as fh:
-        for chunk in iter_chunks(fh, 8 << 20):
-            digest.update(chunk)
-    sha = digest.hexdigest()
-    entry = writer.current(item.rel, size=item.size, sha256=sha)
-    if entry:
-        return entry, False
-    entry = writer.put_stream(item.rel, str(src.path(item)), item.size, sha)
+        entry = _upload_hashed(writer, src, item, fh, expected=expected)
     src.check_unchanged(item)  # size or mtime moved: what was uploaded may be torn
     return entry, True
+
+
+def _upload_hashed(
+    writer: PartitionWriter, src: Source, item: SourceFile, stream: IO[bytes], *, expected: str | None = None, **extra
+):
+    """Stream `item` up through a HashingReader; refuse it when its bytes are not the ones listed."""
+    reader = HashingReader(stream)
+    entry = writer.put_stream(item.rel, reader, item.size, None, **extra)
+    where = f"{src.uri.rstrip('/')}/{item.rel}"
+    if reader.size != item.size:
+        raise SourceChangedError(
+            f"{where}: read {reader.size} bytes, listed {item.size}: it changed during the load; "
+            "stop whatever writes the source, then run again"
+        )
+    if expected is not None and reader.hexdigest() != expected:
+        raise SourceChangedError(
+            f"{where} changed during the load (its sha256 differs between the check and the "
+            "upload): stop whatever writes the source, then run again"
+        )
+    entry["sha256"] = reader.hexdigest()
+    return entry
 
 
 def _remote(writer: PartitionWriter, src: Source, item: SourceFile, small: bool):
@@ -125,9 +154,4 @@ def _remote(writer: PartitionWriter, src: Source, item: SourceFile, small: bool)
         if small:
             data = body.read()
             return writer.put_bytes(item.rel, data, hashlib.sha256(data).hexdigest(), source_version=item.version), True
-        reader = HashingReader(body)
-        entry = writer.put_stream(item.rel, reader, item.size, None, source_version=item.version)
-    if reader.size != item.size:
-        raise SourceError(f"{src.uri}{item.rel}: read {reader.size} bytes, listed {item.size}; run again")
-    entry["sha256"] = reader.hexdigest()
-    return entry, True
+        return _upload_hashed(writer, src, item, body, source_version=item.version), True

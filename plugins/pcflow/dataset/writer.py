@@ -21,6 +21,7 @@ from typing import IO, Any
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 from s3transfer.manager import TransferManager
+from s3transfer.subscribers import BaseSubscriber
 
 from pcflow.dataset.errors import DestinationError
 from pcflow.dataset.manifest import FORMAT, JOURNAL_KEY, MANIFEST_NAME, read_json_object, read_manifest
@@ -28,9 +29,15 @@ from pcflow.dataset.manifest import FORMAT, JOURNAL_KEY, MANIFEST_NAME, read_jso
 log = logging.getLogger(__name__)
 
 MiB = 2**20
-#: Objects below this go up in one PutObject (one request, checksum verified by S3); above, multipart.
+#: Objects below 16 MiB go up in one PutObject (one request, S3 checks our sha256); above, multipart in
+#: 8 MiB parts (as the AWS CLI) on 10 connections. A streamed file's parts are held in memory until sent,
+#: at most 10 at a time (80 MiB); 16 MiB parts held 160 MiB and cost the moto server more per byte.
 DEFAULT_TRANSFER = TransferConfig(
-    multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB, max_concurrency=10, use_threads=True
+    multipart_threshold=16 * MiB,
+    multipart_chunksize=8 * MiB,
+    max_concurrency=10,
+    max_in_memory_upload_chunks=10,
+    use_threads=True,
 )
 DENIED = {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"}
 
@@ -159,10 +166,16 @@ class PartitionWriter:
     def put_stream(self, key: str, fileobj: str | IO[bytes], size: int, sha256: str | None, **extra: Any):
         """A large object through s3transfer (multipart, parts in parallel); `fileobj` may be a path.
 
-        Returns the entry; when sha256 is None the caller passes a HashingReader and fills it in after.
+        A stream (e.g. a HashingReader) is read once, in order, part by part, while earlier parts upload;
+        at most `max_in_memory_upload_chunks` parts are held. Returns the entry; when sha256 is None the
+        caller fills it in from its reader afterwards.
         """
         future = self._transfer_manager().upload(
-            fileobj, self.bucket, self.root + key, extra_args={"Tagging": self.tagging}
+            fileobj,
+            self.bucket,
+            self.root + key,
+            extra_args={"Tagging": self.tagging},
+            subscribers=[_KnownSize(size)],  # multipart decided (and parts sized) without reading ahead
         )
         try:
             future.result()
@@ -284,6 +297,16 @@ class PartitionWriter:
             self._pool.shutdown(wait=True)
             if self._transfer is not None:
                 self._transfer.shutdown()
+
+
+class _KnownSize(BaseSubscriber):
+    """Tells s3transfer the size of a stream it cannot stat, so it can size parts (S3 allows 10,000)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def on_queued(self, future: Any, **kwargs: Any) -> None:
+        future.meta.provide_transfer_size(self.size)
 
 
 class HashingReader:
