@@ -1,14 +1,13 @@
-"""DatasetLoadOperator through the `aws_default` connection of the local stack (moto server, HTTPS)."""
+"""DatasetLoadOperator through the `aws_default` connection of the local stack (moto server, HTTPS).
+
+The FSx import of a linked file system is in test_fsx_import.py."""
 
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from types import SimpleNamespace
 
-import boto3
 import pytest
-from botocore.exceptions import ClientError
 
 from pcflow.dataset.digits import materialize_digits
 from pcflow.dataset.manifest import read_manifest
@@ -57,39 +56,3 @@ def test_bad_input_fails_before_any_request(bucket, digits, stack_name, s3):
             task_id="l", source=str(digits), bucket=bucket, prefix="d", stack=stack_name, mode="copy"
         ).execute(context())
     assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=ClientError,
-    reason="moto 5.2.5 drops LustreConfiguration.ImportPath and answers 500 for DescribeDataRepositoryAssociations "
-    "and CreateDataRepositoryTask: the FSx import + deferral path runs up to that call, not further",
-)
-def test_fsx_import_of_a_linked_file_system_against_moto(s3, bucket, digits, stack_name):
-    """Runs the real path: load to S3, describe the file system, look up its links (moto: 500 here)."""
-    ec2, fsx = boto3.client("ec2"), boto3.client("fsx")
-    vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24")["Subnet"]["SubnetId"]
-    fs = fsx.create_file_system(
-        FileSystemType="LUSTRE",
-        StorageCapacity=1200,
-        SubnetIds=[subnet],
-        LustreConfiguration={"ImportPath": f"s3://{bucket}/datasets", "DeploymentType": "SCRATCH_2"},
-        Tags=[{"Key": "pcflow:stack", "Value": stack_name}],
-    )["FileSystem"]["FileSystemId"]
-    try:
-        DatasetLoadOperator(
-            task_id="load",
-            source=str(digits),
-            bucket=bucket,
-            prefix="datasets/digits",
-            stack=stack_name,
-            partition=f"v{uuid.uuid4().hex[:4]}",
-            fsx_file_system_id=fs,
-            mode="shard",
-            botocore_config={"retries": {"mode": "standard", "max_attempts": 1}},
-        ).execute(context())
-    finally:
-        fsx.delete_file_system(FileSystemId=fs)
-        ec2.delete_subnet(SubnetId=subnet)
-        ec2.delete_vpc(VpcId=vpc)

@@ -6,9 +6,9 @@ bucket converges to the same settings. A name owned by someone else, or a bucket
 is refused with a message saying what to change.
 
 FSx data repository tasks import S3 changes into an existing file system before training and export
-results to S3 before the file system is deleted. The moto server answers 500 for these APIs, so
-their tests use botocore's Stubber (see tests/aws/test_storage.py); the calls follow the FSx API
-reference.
+results to S3 before the file system is deleted. The moto server (5.2.5, the newest release) answers
+500 for these APIs, so their tests use botocore's Stubber (tests/aws/test_storage.py,
+tests/dataset/test_fsx_import.py); the calls follow the FSx API reference.
 """
 
 from __future__ import annotations
@@ -172,22 +172,29 @@ def start_data_repository_task(
 ) -> str:
     """Start (or find the already started) import/export task for `task_key`; returns its task id.
 
-    `task_key` identifies the logical task (e.g. run key + "export-results"): a task carrying it is
-    adopted whatever its state, and the create call's ClientRequestToken is derived from it, so an
-    Airflow retry never starts a second copy.
+    `task_key` identifies the logical task (e.g. run key + "export-results"): a running or succeeded
+    task carrying it is adopted, and the create call's ClientRequestToken is derived from it, so an
+    Airflow retry never starts a second copy. A failed or canceled one is not: the retry that follows
+    a fix starts a new task (its token counts the failed ones, so it is still deterministic).
     """
     if task_type not in TASK_TYPES:
         raise ValueError(f"task_type must be one of {sorted(TASK_TYPES)}, not {task_type!r}")
     filters = [{"Name": "file-system-id", "Values": [file_system_id]}]
     kwargs: dict[str, Any] = {"Filters": filters}
+    ended_badly = 0
     while True:  # botocore has no paginator for this operation
         page = fsx.describe_data_repository_tasks(**kwargs)
         for task in page.get("DataRepositoryTasks", []):
-            if {t["Key"]: t["Value"] for t in task.get("Tags", [])}.get(TASK_KEY_TAG) == task_key:
-                return task["TaskId"]
+            if {t["Key"]: t["Value"] for t in task.get("Tags", [])}.get(TASK_KEY_TAG) != task_key:
+                continue
+            if task["Lifecycle"] in ("FAILED", "CANCELED"):
+                ended_badly += 1
+                continue
+            return task["TaskId"]
         if not page.get("NextToken"):
             break
         kwargs["NextToken"] = page["NextToken"]
+    attempt = (str(ended_badly),) if ended_badly else ()
     report: dict[str, Any] = {"Enabled": False}
     if report_path:
         report = {"Enabled": True, "Path": report_path, "Format": "REPORT_CSV_20191124", "Scope": "FAILED_FILES_ONLY"}
@@ -195,17 +202,32 @@ def start_data_repository_task(
         "Type": TASK_TYPES[task_type],
         "FileSystemId": file_system_id,
         "Report": report,
-        "ClientRequestToken": f"pcflow-{digest(file_system_id, task_type, task_key, length=40)}",
+        "ClientRequestToken": f"pcflow-{digest(file_system_id, task_type, task_key, *attempt, length=40)}",
         "Tags": aws_tags({**(tags or {}), TASK_KEY_TAG: task_key}),
     }
     if paths:
         kwargs["Paths"] = list(paths)
-    return fsx.create_data_repository_task(**kwargs)["DataRepositoryTask"]["TaskId"]
+    from botocore.exceptions import ClientError
+
+    try:
+        return fsx.create_data_repository_task(**kwargs)["DataRepositoryTask"]["TaskId"]
+    except ClientError as error:
+        if error_code(error) == "DataRepositoryTaskExecuting":
+            raise DataRepositoryTaskFailed(
+                f"another data repository task is running on FSx {file_system_id} (FSx runs one at a time): "
+                "let it finish, then retry this task; it starts the import then"
+            ) from error
+        raise
 
 
 def data_repository_task_result(fsx: Any, task_id: str) -> dict[str, Any]:
     """The finished task's status; raises with FSx's failure details when it did not succeed."""
     task = fsx.describe_data_repository_tasks(TaskIds=[task_id])["DataRepositoryTasks"][0]
+    if task["Lifecycle"] in ACTIVE:
+        raise DataRepositoryTaskFailed(
+            f"FSx data repository task {task_id} is still {task['Lifecycle']} after the wait; it keeps running "
+            "in FSx: clear this Airflow task to wait for it again (the retry adopts it), or raise waiter_max_attempts"
+        )
     if task["Lifecycle"] != "SUCCEEDED":
         details = task.get("FailureDetails", {}).get("Message", "no details")
         raise DataRepositoryTaskFailed(
@@ -213,6 +235,23 @@ def data_repository_task_result(fsx: Any, task_id: str) -> dict[str, Any]:
             "in the S3 repository for the files that failed"
         )
     return {"task_id": task_id, "lifecycle": task["Lifecycle"], "status": task.get("Status", {})}
+
+
+def wait_for_data_repository_task(fsx: Any, waiter: Any, task_id: str, *, delay: int, max_attempts: int) -> dict:
+    """Wait in the worker (the non-deferrable path); returns the result, or raises with FSx's own reason."""
+    try:
+        wait_logged(
+            waiter,
+            {"TaskIds": [task_id]},
+            what=f"FSx task {task_id}",
+            status_args=["DataRepositoryTasks[0].Lifecycle", "DataRepositoryTasks[0].FailureDetails.Message"],
+            delay=delay,
+            max_attempts=max_attempts,
+        )
+    except Exception:  # the waiter's failure state or its timeout: the task itself says which, and why
+        data_repository_task_result(fsx, task_id)
+        raise
+    return data_repository_task_result(fsx, task_id)
 
 
 class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
@@ -284,15 +323,13 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
                 ),
                 method_name="execute_complete",
             )
-        wait_logged(
+        return wait_for_data_repository_task(
+            self.fsx,
             self.fsx_hook.get_waiter("DataRepositoryTaskComplete", client=self.fsx),
-            {"TaskIds": [task_id]},
-            what=f"FSx task {task_id}",
-            status_args=["DataRepositoryTasks[0].Lifecycle"],
+            task_id,
             delay=self.waiter_delay,
             max_attempts=self.waiter_max_attempts,
         )
-        return data_repository_task_result(self.fsx, task_id)
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
         event = event or {}

@@ -50,7 +50,11 @@ class FsxDataRepositoryTaskTrigger(AwsBaseWaiterTrigger):
             waiter_args={"TaskIds": [task_id]},
             failure_message=f"FSx data repository task {task_id} failed",
             status_message="FSx data repository task",
-            status_queries=["DataRepositoryTasks[0].Lifecycle", "DataRepositoryTasks[0].Status"],
+            status_queries=[
+                "DataRepositoryTasks[0].Lifecycle",
+                "DataRepositoryTasks[0].Status",
+                "DataRepositoryTasks[0].FailureDetails.Message",  # FSx's reason, in the triggerer's log
+            ],
             return_key="task_id",
             return_value=task_id,
             waiter_delay=waiter_delay,

@@ -17,12 +17,16 @@ def linked_repository_paths(fsx: Any, file_system_id: str) -> list[str]:
     """S3 paths the file system is linked to: its data repository associations, or the legacy ImportPath."""
     from botocore.exceptions import ClientError
 
+    missing = f"FSx file system {file_system_id!r} not found in this region: check fsx_file_system_id"
     try:
-        fs = fsx.describe_file_systems(FileSystemIds=[file_system_id])["FileSystems"][0]
+        found = fsx.describe_file_systems(FileSystemIds=[file_system_id])["FileSystems"]
     except ClientError as err:
         if err.response["Error"]["Code"] == "FileSystemNotFound":
-            raise ValueError(f"FSx file system {file_system_id!r} not found: check fsx_file_system_id") from err
+            raise ValueError(missing) from err
         raise
+    if not found:  # AWS answers FileSystemNotFound; some emulators an empty list
+        raise ValueError(missing)
+    fs = found[0]
     paths = []
     legacy = fs.get("LustreConfiguration", {}).get("DataRepositoryConfiguration", {}).get("ImportPath")
     if legacy:

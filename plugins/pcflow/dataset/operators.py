@@ -8,8 +8,9 @@ import in the triggerer.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
 
         self._check_arguments()
         partition = resolve_partition(context, self.partition)
+        linked = self._fsx_links()  # a wrong file system id fails here, before anything is uploaded
         run = run_key_from_context(context)
         tags = standard_tags(stack=self.stack, component=Component.DATASET, run=run, ttl=self.ttl)
         common = {
@@ -149,14 +151,22 @@ class DatasetLoadOperator(PcflowAwsOperator):
             result = sync_to_s3(self.hook.conn, self.source, prune=bool(self.prune), **common)
         result["fsx_import_task_id"] = None
         if self.fsx_file_system_id:
-            return self._import_into_fsx(result, tags)
+            return self._import_into_fsx(result, tags, linked)
         return result
 
-    def _import_into_fsx(self, result: dict[str, Any], tags: dict[str, str]) -> dict[str, Any]:
-        from pcflow.dataset.fsx import covers, linked_repository_paths, start_import
+    def _fsx_links(self) -> list[str]:
+        """S3 paths the cluster's file system is linked to ([] when the operator has no file system)."""
+        if not self.fsx_file_system_id:
+            return []
+        from pcflow.dataset.fsx import linked_repository_paths
+
+        return linked_repository_paths(self.fsx_hook.conn, self.fsx_file_system_id)
+
+    def _import_into_fsx(self, result: dict[str, Any], tags: dict[str, str], linked: list[str]) -> dict[str, Any]:
+        from pcflow.aws.storage import wait_for_data_repository_task
+        from pcflow.dataset.fsx import covers, start_import
 
         fsx = self.fsx_hook.conn
-        linked = linked_repository_paths(fsx, self.fsx_file_system_id)
         if not any(covers(path, result["uri"]) for path in linked):
             self.log.info(
                 "FSx %s is not linked to %s (linked: %s): the link made at cluster creation imports it",
@@ -190,17 +200,34 @@ class DatasetLoadOperator(PcflowAwsOperator):
                 method_name="execute_complete",
                 kwargs={"result": result},
             )
-        self.fsx_hook.get_waiter("DataRepositoryTaskComplete").wait(
-            TaskIds=[task_id], WaiterConfig={"Delay": self.waiter_delay, "MaxAttempts": self.waiter_max_attempts}
-        )
+        with self._import_failure_explained(result):
+            wait_for_data_repository_task(
+                fsx,
+                self.fsx_hook.get_waiter("DataRepositoryTaskComplete", client=fsx),
+                task_id,
+                delay=self.waiter_delay,
+                max_attempts=self.waiter_max_attempts,
+            )
         return result
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None, result: Any = None) -> Any:
-        if not event or event.get("status") != "success":
-            raise AirflowException(
-                f"FSx import of {result and result.get('uri')} failed: {event and event.get('message')}. "
-                "The data is in S3 and its manifest is committed; look at the task in the FSx console, fix "
-                "the cause (for example the file system's S3 permissions) and clear this task to retry"
-            )
-        self.log.info("FSx import task %s succeeded", event.get("task_id"))
+        """Back from the triggerer: FSx itself says whether the import succeeded (and why not)."""
+        from pcflow.aws.storage import data_repository_task_result
+
+        task_id = (event or {}).get("task_id") or result["fsx_import_task_id"]
+        with self._import_failure_explained(result):
+            data_repository_task_result(self.fsx_hook.conn, task_id)
+        self.log.info("FSx import task %s succeeded", task_id)
         return result
+
+    @contextlib.contextmanager
+    def _import_failure_explained(self, result: dict[str, Any]) -> Iterator[None]:
+        from pcflow.aws.storage import DataRepositoryTaskFailed
+
+        try:
+            yield
+        except DataRepositoryTaskFailed as err:
+            raise AirflowException(
+                f"FSx import of {result['uri']} failed: {err}. The data is in S3 and its manifest is committed; "
+                "fix the cause (for example the file system's S3 permissions) and clear this task to retry"
+            ) from err
