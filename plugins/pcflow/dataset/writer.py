@@ -31,13 +31,10 @@ log = logging.getLogger(__name__)
 MiB = 2**20
 #: Objects below 16 MiB go up in one PutObject (one request, S3 checks our sha256); above, multipart in
 #: 8 MiB parts (as the AWS CLI) on 10 connections. A streamed file's parts are held in memory until sent,
-#: at most 10 at a time (80 MiB); 16 MiB parts held 160 MiB and cost the moto server more per byte.
+#: at most 10 at a time (s3transfer's max_in_memory_upload_chunks: 80 MiB); 16 MiB parts held 160 MiB
+#: and cost the moto server more per byte.
 DEFAULT_TRANSFER = TransferConfig(
-    multipart_threshold=16 * MiB,
-    multipart_chunksize=8 * MiB,
-    max_concurrency=10,
-    max_in_memory_upload_chunks=10,
-    use_threads=True,
+    multipart_threshold=16 * MiB, multipart_chunksize=8 * MiB, max_concurrency=10, use_threads=True
 )
 DENIED = {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"}
 
