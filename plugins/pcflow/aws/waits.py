@@ -2,7 +2,8 @@
 
 A module of its own because it loads the Amazon provider's hooks and triggers (boto3): operators
 import it only when they defer, so a DAG file declaring them parses without boto3. The triggerer
-imports the triggers by class path, `pcflow.aws.waits.<class>`.
+imports the triggers by class path, `pcflow.aws.waits.<class>`. A trigger's `**connection` (aws_conn_id,
+region_name, verify, botocore_config) goes to the Amazon provider's AwsBaseWaiterTrigger as it is.
 """
 
 from __future__ import annotations
@@ -39,10 +40,7 @@ class FsxDataRepositoryTaskTrigger(AwsBaseWaiterTrigger):
         task_id: str,
         waiter_delay: int = 30,
         waiter_max_attempts: int = 480,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
-        verify: bool | str | None = None,
-        botocore_config: dict | None = None,
+        **connection: Any,
     ):
         super().__init__(
             serialized_fields={"task_id": task_id},
@@ -59,10 +57,7 @@ class FsxDataRepositoryTaskTrigger(AwsBaseWaiterTrigger):
             return_value=task_id,
             waiter_delay=waiter_delay,
             waiter_max_attempts=waiter_max_attempts,
-            aws_conn_id=aws_conn_id,
-            region_name=region_name,
-            verify=verify,
-            botocore_config=botocore_config,
+            **connection,
         )
 
 
@@ -77,10 +72,7 @@ class ImageAvailableTrigger(AwsBaseWaiterTrigger):
         image_id: str,
         waiter_delay: int = 30,
         waiter_max_attempts: int = 240,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
-        verify: bool | str | None = None,
-        botocore_config: dict | None = None,
+        **connection: Any,
     ):
         super().__init__(
             serialized_fields={"image_id": image_id},
@@ -93,10 +85,7 @@ class ImageAvailableTrigger(AwsBaseWaiterTrigger):
             return_value=image_id,
             waiter_delay=waiter_delay,
             waiter_max_attempts=waiter_max_attempts,
-            aws_conn_id=aws_conn_id,
-            region_name=region_name,
-            verify=verify,
-            botocore_config=botocore_config,
+            **connection,
         )
 
     @property

@@ -3,6 +3,8 @@ cluster), with the Amazon provider's waiter trigger and botocore's CloudFormatio
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHook
 from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
 
@@ -21,10 +23,7 @@ class ClusterStackTrigger(AwsBaseWaiterTrigger):
         waiter_name: str,
         waiter_delay: int = 30,
         waiter_max_attempts: int = 240,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
-        verify: bool | str | None = None,
-        botocore_config: dict | None = None,
+        **connection: Any,
     ):
         if waiter_name not in STACK_WAITERS:
             raise ValueError(f"waiter_name must be one of {STACK_WAITERS}, not {waiter_name!r}")
@@ -39,8 +38,5 @@ class ClusterStackTrigger(AwsBaseWaiterTrigger):
             return_value=stack_name,
             waiter_delay=waiter_delay,
             waiter_max_attempts=waiter_max_attempts,
-            aws_conn_id=aws_conn_id,
-            region_name=region_name,
-            verify=verify,
-            botocore_config=botocore_config,
+            **connection,
         )
