@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import clients
+from fsx_standin import FsxStandIn
 from taskcontext import make_context
 
+from pcflow.aws.storage import DataRepositoryTaskFailed
 from pcflow.aws.teardown import Selector, teardown
 from pcflow.cluster import teardown as cluster_teardown
 from pcflow.cluster.operators import DeleteClusterOperator, EnsureClusterOperator
@@ -159,4 +161,35 @@ def test_standin_updatable_change_is_applied_in_place_and_others_refused(standin
         tags = {t["Key"]: t["Value"] for t in stacks_named(spec["name"])[0]["Tags"]}
         assert tags["pcflow:config-hash"] == grown["config_hash"]
     finally:
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_standin_fsx_export_before_delete_and_a_failed_export_keeps_the_cluster(standin_cli, site, monkeypatch):
+    """teardown.export_fsx: each file system is exported to S3 before delete-cluster. The file system
+    is real (moto); its export tasks come from the FSx STAND-IN (moto lacks them), and since moto's
+    CloudFormation cannot hold an AWS::FSx::FileSystem, the stack's file system list is given."""
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    provider.require_host_key = False
+    spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
+    ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+    fsx = provider.clients("fsx")
+    fs_id = fsx.create_file_system(
+        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[site.subnet_id],
+        LustreConfiguration={"DeploymentType": "SCRATCH_2"},
+    )["FileSystem"]["FileSystemId"]  # fmt: skip
+    monkeypatch.setattr(provider, "file_system_ids", lambda name: [fs_id] if name == spec["name"] else [])
+    standin = FsxStandIn(links={fs_id: ["s3://bucket/prefix"]}, ends=("FAILED", "S3 access denied")).attach(fsx)
+    try:
+        with pytest.raises(DataRepositoryTaskFailed, match="ended FAILED: S3 access denied"):
+            delete_cluster(provider, spec["name"], export_fsx=True, waiter_delay=1, waiter_max_attempts=10)
+        assert len(stacks_named(spec["name"])) == 1  # the data only the file system holds is not lost
+        standin.ends = ("SUCCEEDED", None)
+        result = delete_cluster(provider, spec["name"], export_fsx=True, waiter_delay=1, waiter_max_attempts=10)
+        assert result["deleted"] and stacks_named(spec["name"]) == []
+        assert [c["Type"] for c in standin.creates()] == ["EXPORT_TO_REPOSITORY"] * 2
+        assert [e["task_id"] for e in result["exports"]] == [
+            standin.by_token[standin.creates()[1]["ClientRequestToken"]]
+        ]
+    finally:
+        fsx.delete_file_system(FileSystemId=fs_id)
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)

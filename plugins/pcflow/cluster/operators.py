@@ -254,7 +254,10 @@ class DeleteClusterOperator(_ClusterOperator):
         if not name:
             raise ValueError("DeleteClusterOperator needs cluster_name (or a cluster section with a name)")
         result = provider.start_delete(
-            name, export_fsx=bool(self.export_fsx), task_key=f"{run_key_from_context(context)}/export-before-delete"
+            name,
+            export_fsx=bool(self.export_fsx),
+            task_key=f"{run_key_from_context(context)}/export-before-delete",
+            export_delay=self.waiter_delay,
         )
         if not result.pop("wait"):
             return result

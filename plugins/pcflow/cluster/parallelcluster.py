@@ -273,7 +273,9 @@ class ParallelClusterProvider:
         resources = cfn.describe_stack_resources(StackName=name).get("StackResources", [])
         return [r["PhysicalResourceId"] for r in resources if r.get("ResourceType") == "AWS::FSx::FileSystem"]
 
-    def start_delete(self, name: str, *, export_fsx: bool = False, task_key: str | None = None) -> dict[str, Any]:
+    def start_delete(
+        self, name: str, *, export_fsx: bool = False, task_key: str | None = None, export_delay: int = 15
+    ) -> dict[str, Any]:
         """Export FSx (when asked), then `delete-cluster`. Returns what happened and the stack to wait for."""
         described = self.hook.describe_cluster(name)
         if described is None:
@@ -281,11 +283,15 @@ class ParallelClusterProvider:
             return {"cluster_name": name, "deleted": False, "wait": False, "exports": []}
         exports = []
         if export_fsx and not str(described.get("clusterStatus", "")).startswith("DELETE"):
-            exports = self.export_file_systems(name, task_key=task_key or f"{name}/export-before-delete")
+            exports = self.export_file_systems(
+                name, task_key=task_key or f"{name}/export-before-delete", delay=export_delay
+            )
         self.hook.delete_cluster(name)
         return {"cluster_name": name, "deleted": True, "wait": True, "exports": exports}
 
-    def export_file_systems(self, name: str, *, task_key: str) -> list[dict[str, Any]]:
+    def export_file_systems(self, name: str, *, task_key: str, delay: int = 15) -> list[dict[str, Any]]:
+        """Each FSx file system of the cluster written back to its S3 repository; a failed export
+        raises, so the cluster (and the data only it holds) stays until someone looks."""
         from pcflow.aws.clients import wait_logged
         from pcflow.aws.storage import data_repository_task_result, start_data_repository_task
         from pcflow.aws.waits import FsxHook
@@ -295,11 +301,17 @@ class ParallelClusterProvider:
         for fs_id in self.file_system_ids(name):
             task_id = start_data_repository_task(fsx, file_system_id=fs_id, task_type="export", task_key=task_key)
             log.info("exporting FSx %s to S3 before deleting cluster %s (task %s)", fs_id, name, task_id)
-            wait_logged(
-                FsxHook().get_waiter("DataRepositoryTaskComplete", client=fsx),
-                {"TaskIds": [task_id]},
-                what=f"FSx export {task_id}",
-                status_args=["DataRepositoryTasks[0].Lifecycle"],
-            )
+            try:
+                wait_logged(
+                    FsxHook().get_waiter("DataRepositoryTaskComplete", client=fsx),
+                    {"TaskIds": [task_id]},
+                    what=f"FSx export {task_id}",
+                    status_args=["DataRepositoryTasks[0].Lifecycle", "DataRepositoryTasks[0].FailureDetails.Message"],
+                    delay=delay,
+                    max_attempts=max(40, 12 * 3600 // max(delay, 1)),
+                )
+            except Exception:
+                data_repository_task_result(fsx, task_id)  # raises with FSx's reason when the task failed
+                raise
             results.append(data_repository_task_result(fsx, task_id))
         return results

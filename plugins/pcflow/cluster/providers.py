@@ -130,7 +130,7 @@ def delete_cluster(
         return provider.delete()
     if not cluster_name:
         raise ValueError("delete_cluster needs the cluster name")
-    result = provider.start_delete(cluster_name, export_fsx=export_fsx)
+    result = provider.start_delete(cluster_name, export_fsx=export_fsx, export_delay=waiter_delay)
     if result["wait"]:
         _wait(provider, cluster_name, "stack_delete_complete", waiter_delay, waiter_max_attempts)
     return {k: v for k, v in result.items() if k != "wait"}
