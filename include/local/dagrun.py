@@ -81,16 +81,18 @@ def run_dag(
 
 def resume_dag_run(dag_id: str, run_id: str, *, retry: Sequence[str]) -> DagRunResult:
     """Carry on, in this process, a run whose process died (a worker crash): the tasks in `retry` are
-    cleared, as a retry or a user's "Clear" does, and the run goes on to its end. It keeps its run id (so
-    its run key), its finished tasks and what they returned, and each task's state store."""
+    failed, as the scheduler does with a dead worker's task, and cleared for another try, as a retry or
+    a user's "Clear" does; then the run goes on to its end. It keeps its run id (so its run key), its
+    finished tasks and what they returned, and its tasks' state stores."""
     import time
     from unittest import mock
 
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import clear_task_instances
     from airflow.serialization.definitions.dag import SerializedDAG
     from airflow.utils.session import create_session
-    from airflow.utils.state import DagRunState
+    from airflow.utils.state import DagRunState, TaskInstanceState
     from sqlalchemy import select
 
     def find(session: Any) -> DagRun:
@@ -105,9 +107,10 @@ def resume_dag_run(dag_id: str, run_id: str, *, retry: Sequence[str]) -> DagRunR
         dag_run = find(session)
         if dag_run is None:
             raise ValueError(f"no run {run_id!r} of DAG {dag_id!r} to resume")
-        for ti in dag_run.get_task_instances(session=session):
-            if ti.task_id in retry:
-                ti.state = None
+        tis = [ti for ti in dag_run.get_task_instances(session=session) if ti.task_id in retry]
+        for ti in tis:
+            ti.state = TaskInstanceState.FAILED
+        clear_task_instances(tis, session, dag_run_state=False)
         dag_run.state = DagRunState.RUNNING
         logical_date, run_after = dag_run.logical_date, dag_run.run_after
     dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
