@@ -109,10 +109,13 @@ def test_sweep_ranks_trials_and_picks_the_best(airflow):
     result = run_dag("pretrain_sweep", {"partition": "e2e", "trials": trials, "tasks_per_node": 1, **FAST})
     assert result.state == "success", result.task_states
     board = result.returned["metrics"]
+    assert board["objective"] == {"name": "probe_accuracy", "mode": "max"}
     assert len(board["leaderboard"]) == 3
     values = [row["value"] for row in board["leaderboard"]]
-    assert values == sorted(values, reverse=True)
-    assert board["best"]["hyperparameters"]["lr"] in {t["lr"] for t in trials}
+    assert None not in values and values == sorted(values, reverse=True)
+    best = board["best"]
+    assert best["value"] == max(values) and best["trial"] == board["leaderboard"][0]["trial"]
+    assert best["hyperparameters"]["lr"] in {t["lr"] for t in trials}
     assert tagged_resources("pcflow:run", result.run_key) == []
 
 
