@@ -72,14 +72,15 @@ def test_training_failure_still_tears_down_and_fails_the_run(airflow):
 @pytest.mark.parametrize(
     ("conf", "complaint"),
     [
-        ({"instance_type": "zz9.galactic"}, "instance_type"),
-        ({"overrides": {"training": {"nodes": -1}}}, "training.nodes"),
-        ({"overrides": {"stack": "$(touch /tmp/pwned)"}}, "stack"),
-        ({"overrides": {"training": {"partition": "gpu; rm -rf /"}}}, "training.partition"),
+        ({"instance_type": "zz9.galactic"}, "instance_type: zz9.galactic is not offered"),
+        ({"overrides": {"training": {"nodes": -1}}}, "training.nodes: Input should be greater than or equal to 1"),
+        ({"overrides": {"stack": "$(touch /tmp/pwned)"}}, "stack: Value error, invalid stack name"),
+        ({"overrides": {"training": {"partition": "gpu; rm -rf /"}}}, "training.partition: String should match"),
     ],
 )
-def test_invalid_conf_is_refused_before_anything_is_created(airflow, conf, complaint):
+def test_invalid_conf_is_refused_before_anything_is_created(airflow, conf, complaint, capfd):
     result = run_dag("pretrain", {"partition": "e2e", **conf})
+    assert complaint in "".join(capfd.readouterr())  # the validate task's log names the field
     assert result.state == "failed"
     assert result.task_states["validate"] == "failed"
     assert all(state in ("upstream_failed", "skipped", "failed", "None") for state in result.task_states.values())
