@@ -193,3 +193,45 @@ def test_standin_fsx_export_before_delete_and_a_failed_export_keeps_the_cluster(
     finally:
         fsx.delete_file_system(FileSystemId=fs_id)
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(standin_cli, site, monkeypatch):
+    """The delete task holds no worker while FSx exports: it defers on the export task, then on the
+    stack. Re-entered after each wait, it finds the export again by its key: nothing runs twice."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
+
+    spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
+    delete = DeleteClusterOperator(
+        task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], export_fsx=True,
+        pcluster_path=str(standin_cli), waiter_delay=1, waiter_max_attempts=10,
+    )  # fmt: skip
+    provider = delete.cluster_provider
+    provider.require_host_key = False
+    ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+    fsx = provider.clients("fsx")
+    fs_id = fsx.create_file_system(
+        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[site.subnet_id],
+        LustreConfiguration={"DeploymentType": "SCRATCH_2"},
+    )["FileSystem"]["FileSystemId"]  # fmt: skip
+    monkeypatch.setattr(provider, "file_system_ids", lambda name: [fs_id] if name == spec["name"] else [])
+    standin = FsxStandIn(links={fs_id: ["s3://bucket/prefix"]}).attach(fsx)
+    context = make_context("delete_cluster")
+    try:
+        with pytest.raises(TaskDeferred) as deferred:
+            delete.execute(context)
+        trigger = deferred.value.trigger
+        assert isinstance(trigger, FsxDataRepositoryTaskTrigger) and len(stacks_named(spec["name"])) == 1
+        task_id = trigger.return_value
+        standin.finish(task_id, "SUCCEEDED")  # what the triggerer waited for
+        with pytest.raises(TaskDeferred) as deferred:
+            delete.export_complete(context, {"status": "success", "task_id": task_id})
+        assert isinstance(deferred.value.trigger, ClusterStackTrigger)
+        assert len(standin.creates()) == 1  # re-entered, the export was adopted, not started again
+        event = wait_like_trigger(deferred.value.trigger)
+        assert delete.execute_complete(context, event, **deferred.value.kwargs)["deleted"]
+        assert stacks_named(spec["name"]) == []
+    finally:
+        fsx.delete_file_system(FileSystemId=fs_id)
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)

@@ -248,17 +248,37 @@ class DeleteClusterOperator(_ClusterOperator):
                 provider, self._name(), export_fsx=bool(self.export_fsx),
                 waiter_delay=self.waiter_delay, waiter_max_attempts=self.waiter_max_attempts,
             )  # fmt: skip
-        from pcflow.naming import run_key_from_context
+        return self.export_then_delete(context)
+
+    def export_then_delete(self, context: Any) -> dict[str, Any]:
+        """Deferrable all the way: each FSx export (when asked), then the stack's deletion. Called again
+        after each wait; the exports are found again by their task key, so nothing rides in the
+        deferral's kwargs and nothing is exported twice."""
+        from pcflow.aws.storage import ACTIVE, data_repository_task_result
 
         name = self._name()
         if not name:
             raise ValueError("DeleteClusterOperator needs cluster_name (or a cluster section with a name)")
-        result = provider.start_delete(
-            name,
-            export_fsx=bool(self.export_fsx),
-            task_key=f"{run_key_from_context(context)}/export-before-delete",
-            export_delay=self.waiter_delay,
-        )
+        provider = self.cluster_provider
+        exports = []
+        if self.export_fsx:
+            fsx = provider.clients("fsx")
+            for task_id in provider.start_exports(name, task_key=self.export_key(context)):
+                task = fsx.describe_data_repository_tasks(TaskIds=[task_id])["DataRepositoryTasks"][0]
+                if task["Lifecycle"] in ACTIVE:
+                    from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
+
+                    self.defer(
+                        trigger=FsxDataRepositoryTaskTrigger(
+                            task_id=task_id, waiter_delay=self.waiter_delay,
+                            waiter_max_attempts=max(self.waiter_max_attempts, 12 * 3600 // max(self.waiter_delay, 1)),
+                            **self.trigger_aws_kwargs,
+                        ),
+                        method_name="export_complete",
+                    )  # fmt: skip
+                exports.append(data_repository_task_result(fsx, task_id))  # raises when it failed
+        result = provider.start_delete(name)
+        result["exports"] = exports
         if not result.pop("wait"):
             return result
         from pcflow.cluster.triggers import ClusterStackTrigger
@@ -271,6 +291,20 @@ class DeleteClusterOperator(_ClusterOperator):
             method_name="execute_complete",
             kwargs={"result": result},
         )  # fmt: skip
+
+    def export_key(self, context: Any) -> str:
+        from pcflow.naming import run_key_from_context
+
+        return f"{run_key_from_context(context)}/export-before-delete"
+
+    def export_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
+        from pcflow.aws.storage import data_repository_task_result
+
+        event = event or {}
+        if event.get("status") not in (None, "success"):  # FSx's reason, and the cluster is kept
+            data_repository_task_result(self.cluster_provider.clients("fsx"), event.get("task_id", ""))
+            raise RuntimeError(f"FSx export before deleting cluster {self._name()} failed: {event.get('message')}")
+        return self.export_then_delete(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, result: dict | None = None) -> Any:
         event = event or {}

@@ -282,25 +282,39 @@ class ParallelClusterProvider:
             log.info("cluster %s does not exist: nothing to delete", name)
             return {"cluster_name": name, "deleted": False, "wait": False, "exports": []}
         exports = []
-        if export_fsx and not str(described.get("clusterStatus", "")).startswith("DELETE"):
+        if export_fsx:
             exports = self.export_file_systems(
                 name, task_key=task_key or f"{name}/export-before-delete", delay=export_delay
             )
         self.hook.delete_cluster(name)
         return {"cluster_name": name, "deleted": True, "wait": True, "exports": exports}
 
+    def start_exports(self, name: str, *, task_key: str) -> list[str]:
+        """Start (or adopt: same `task_key`) the export of each of the cluster's FSx file systems to its
+        S3 repository; returns the task ids. Nothing to export once the cluster is gone or going."""
+        from pcflow.aws.storage import start_data_repository_task
+
+        described = self.hook.describe_cluster(name)
+        if described is None or str(described.get("clusterStatus", "")).startswith("DELETE"):
+            return []
+        fsx = self.clients("fsx")
+        task_ids = []
+        for fs_id in self.file_system_ids(name):
+            task_id = start_data_repository_task(fsx, file_system_id=fs_id, task_type="export", task_key=task_key)
+            log.info("exporting FSx %s to S3 before deleting cluster %s (task %s)", fs_id, name, task_id)
+            task_ids.append(task_id)
+        return task_ids
+
     def export_file_systems(self, name: str, *, task_key: str, delay: int = 15) -> list[dict[str, Any]]:
-        """Each FSx file system of the cluster written back to its S3 repository; a failed export
-        raises, so the cluster (and the data only it holds) stays until someone looks."""
+        """The exports, waited for here (the operator defers instead); a failed export raises, so the
+        cluster (and the data only it holds) stays until someone looks."""
         from pcflow.aws.clients import wait_logged
-        from pcflow.aws.storage import data_repository_task_result, start_data_repository_task
+        from pcflow.aws.storage import data_repository_task_result
         from pcflow.aws.waits import FsxHook
 
         fsx = self.clients("fsx")
         results = []
-        for fs_id in self.file_system_ids(name):
-            task_id = start_data_repository_task(fsx, file_system_id=fs_id, task_type="export", task_key=task_key)
-            log.info("exporting FSx %s to S3 before deleting cluster %s (task %s)", fs_id, name, task_id)
+        for task_id in self.start_exports(name, task_key=task_key):
             try:
                 wait_logged(
                     FsxHook().get_waiter("DataRepositoryTaskComplete", client=fsx),
