@@ -164,13 +164,9 @@ def test_standin_updatable_change_is_applied_in_place_and_others_refused(standin
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
 
 
-def test_standin_fsx_export_before_delete_and_a_failed_export_keeps_the_cluster(standin_cli, site, monkeypatch):
-    """teardown.export_fsx: each file system is exported to S3 before delete-cluster. The file system
-    is real (moto); its export tasks come from the FSx STAND-IN (moto lacks them), and since moto's
-    CloudFormation cannot hold an AWS::FSx::FileSystem, the stack's file system list is given."""
-    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
-    provider.require_host_key = False
-    spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
+def cluster_with_file_system(provider, site, spec, monkeypatch) -> tuple:
+    """A stand-in cluster plus a real (moto) Lustre file system that the provider counts as the
+    cluster's: moto's CloudFormation cannot hold an AWS::FSx::FileSystem. Returns (fsx client, id)."""
     ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
     fsx = provider.clients("fsx")
     fs_id = fsx.create_file_system(
@@ -178,6 +174,17 @@ def test_standin_fsx_export_before_delete_and_a_failed_export_keeps_the_cluster(
         LustreConfiguration={"DeploymentType": "SCRATCH_2"},
     )["FileSystem"]["FileSystemId"]  # fmt: skip
     monkeypatch.setattr(provider, "file_system_ids", lambda name: [fs_id] if name == spec["name"] else [])
+    return fsx, fs_id
+
+
+def test_standin_fsx_export_before_delete_and_a_failed_export_keeps_the_cluster(standin_cli, site, monkeypatch):
+    """teardown.export_fsx: each file system is exported to S3 before delete-cluster. The file system
+    is real (moto); its export tasks come from the FSx STAND-IN (moto lacks them), and since moto's
+    CloudFormation cannot hold an AWS::FSx::FileSystem, the stack's file system list is given."""
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    provider.require_host_key = False
+    spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
+    fsx, fs_id = cluster_with_file_system(provider, site, spec, monkeypatch)
     standin = FsxStandIn(links={fs_id: ["s3://bucket/prefix"]}, ends=("FAILED", "S3 access denied")).attach(fsx)
     try:
         with pytest.raises(DataRepositoryTaskFailed, match="ended FAILED: S3 access denied"):
@@ -209,13 +216,7 @@ def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(stan
     )  # fmt: skip
     provider = delete.cluster_provider
     provider.require_host_key = False
-    ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
-    fsx = provider.clients("fsx")
-    fs_id = fsx.create_file_system(
-        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[site.subnet_id],
-        LustreConfiguration={"DeploymentType": "SCRATCH_2"},
-    )["FileSystem"]["FileSystemId"]  # fmt: skip
-    monkeypatch.setattr(provider, "file_system_ids", lambda name: [fs_id] if name == spec["name"] else [])
+    fsx, fs_id = cluster_with_file_system(provider, site, spec, monkeypatch)
     standin = FsxStandIn(links={fs_id: ["s3://bucket/prefix"]}).attach(fsx)
     context = make_context("delete_cluster")
     try:
