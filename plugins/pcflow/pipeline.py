@@ -255,12 +255,13 @@ def validate_run(
 def ensure_dataset_bucket(run: dict[str, Any]) -> dict[str, Any]:
     """The dataset/report bucket: created with pcflow's settings, or adopted."""
     from pcflow.aws.clients import aws_client
-    from pcflow.aws.storage import ensure_bucket
+    from pcflow.aws.storage import ABORT_INCOMPLETE_UPLOADS, ensure_bucket
     from pcflow.naming import Component, standard_tags
 
     s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
     tags = standard_tags(stack=run["stack"], component=Component.STORAGE)
-    return ensure_bucket(s3, run["dataset"]["bucket"], region=run["region"], tags=tags)
+    bucket = run["dataset"]["bucket"]
+    return ensure_bucket(s3, bucket, region=run["region"], tags=tags, lifecycle_rules=[ABORT_INCOMPLETE_UPLOADS])
 
 
 @task

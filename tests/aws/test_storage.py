@@ -10,6 +10,7 @@ from botocore.stub import ANY, Stubber
 
 from pcflow.aws.clients import aws_client
 from pcflow.aws.storage import (
+    ABORT_INCOMPLETE_UPLOADS,
     BucketUnavailable,
     DataRepositoryTaskFailed,
     FsxDataRepositoryTaskOperator,
@@ -53,6 +54,11 @@ def test_ensure_bucket_twice_applies_settings_and_creates_once(aws, bucket_name)
     assert sse["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
     assert aws.s3.get_bucket_versioning(Bucket=name)["Status"] == "Enabled"
     assert aws.s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"][0]["ID"] == "expire-tmp"
+    # Adopted with pcflow's own rule: the owner's rule stays, pcflow's is added once.
+    ensure_bucket(aws.s3, name, region="us-east-1", tags=TAGS, lifecycle_rules=[ABORT_INCOMPLETE_UPLOADS])
+    ensure_bucket(aws.s3, name, region="us-east-1", tags=TAGS, lifecycle_rules=[ABORT_INCOMPLETE_UPLOADS])
+    ids = [rule["ID"] for rule in aws.s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]]
+    assert ids == ["expire-tmp", ABORT_INCOMPLETE_UPLOADS["ID"]]
     tags = {t["Key"]: t["Value"] for t in aws.s3.get_bucket_tagging(Bucket=name)["TagSet"]}
     assert tags == TAGS
 

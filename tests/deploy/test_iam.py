@@ -36,6 +36,7 @@ S3_ACTIONS = {
     "ListBuckets": "ListAllMyBuckets",
     "DeleteObjects": "DeleteObject",
     "PutBucketEncryption": "PutEncryptionConfiguration",
+    "GetBucketLifecycleConfiguration": "GetLifecycleConfiguration",
     "PutBucketLifecycleConfiguration": "PutLifecycleConfiguration",
     "PutPublicAccessBlock": "PutBucketPublicAccessBlock",
     "CreateMultipartUpload": "PutObject",

@@ -74,6 +74,16 @@ def _owned_bucket_region(s3: Any, name: str) -> str | None:
     return None
 
 
+#: The parts of a multipart upload killed half way (a crashed load) cost storage until aborted: S3
+#: aborts them after two days, which no resumed load needs.
+ABORT_INCOMPLETE_UPLOADS = {
+    "ID": "pcflow-abort-incomplete-uploads",
+    "Status": "Enabled",
+    "Filter": {"Prefix": ""},
+    "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 2},
+}
+
+
 def ensure_bucket(
     s3: Any,
     name: str,
@@ -87,7 +97,8 @@ def ensure_bucket(
     """Create or adopt `name` and apply pcflow's bucket settings; returns `{"bucket", "region", "created"}`.
 
     `versioning=False` leaves an existing bucket's versioning as it is (suspending it could lose
-    history someone relies on); `lifecycle_rules` replace the bucket's rules when given.
+    history someone relies on); `lifecycle_rules` are added to the bucket's own rules (a rule with the
+    same ID is replaced), so adopting a bucket keeps the rules its owner set.
     """
     from botocore.exceptions import ClientError
 
@@ -129,10 +140,25 @@ def ensure_bucket(
     )
     if versioning:
         s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
-    if lifecycle_rules is not None:
-        s3.put_bucket_lifecycle_configuration(Bucket=name, LifecycleConfiguration={"Rules": list(lifecycle_rules)})
+    if lifecycle_rules:
+        current = _lifecycle_rules(s3, name)
+        ours = {rule["ID"] for rule in lifecycle_rules}
+        merged = [rule for rule in current if rule.get("ID") not in ours] + [dict(r) for r in lifecycle_rules]
+        if merged != current:
+            s3.put_bucket_lifecycle_configuration(Bucket=name, LifecycleConfiguration={"Rules": merged})
     s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": aws_tags({**_bucket_tags(s3, name), **tags})})
     return {"bucket": name, "region": region, "created": created}
+
+
+def _lifecycle_rules(s3: Any, name: str) -> list[dict[str, Any]]:
+    from botocore.exceptions import ClientError
+
+    try:
+        return s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
+    except ClientError as error:
+        if error_code(error) == "NoSuchLifecycleConfiguration":
+            return []
+        raise
 
 
 def _bucket_tags(s3: Any, name: str) -> dict[str, str]:
