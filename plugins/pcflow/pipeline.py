@@ -30,6 +30,12 @@ CLUSTER_POOL = "pcflow_clusters"
 TRIAL_POOL = "pcflow_trials"
 
 
+#: The FSx file system of a cluster that exists before this run (the dry run reports it), else None.
+EXISTING_FILE_SYSTEM = (
+    "{{ ((ti.xcom_pull(task_ids='validate_cluster').get('existing') or {}).get('file_system_ids') or [none])[0] }}"
+)
+
+
 def run_value(path: str) -> str:
     """A template for one value of the resolved run settings, e.g. `run_value("dataset.bucket")`."""
     lookup = "".join(f"[{part!r}]" for part in path.split("."))
@@ -49,6 +55,10 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
 
     def optional(kind: str, **schema: Any) -> dict[str, Any]:
         return {"type": ["null", kind], **schema}
+
+    def optional_choice(*values: str) -> dict[str, Any]:
+        """A select whose empty choice reads as what it means (the UI labels None by the key "null")."""
+        return {"type": ["null", "string"], "enum": [None, *values], "values_display": {"null": "as the profile says"}}
 
     return {
         "profile": Param(
@@ -90,8 +100,7 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
         ),
         "capacity_type": Param(
             None,
-            type=["null", "string"],
-            enum=[None, "spot", "ondemand"],
+            **optional_choice("spot", "ondemand"),
             title="Capacity",
             description="Spot (cheaper, may be interrupted: jobs requeue and resume) or on-demand.",
             section="Resources",
@@ -109,8 +118,7 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
         ),
         "launcher": Param(
             None,
-            type=["null", "string"],
-            enum=[None, "srun", "torchrun", "vissl", "mpirun"],
+            **optional_choice("srun", "torchrun", "vissl", "mpirun"),
             title="Launcher",
             section="Training",
         ),
@@ -124,8 +132,7 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
         ),
         "teardown_policy": Param(
             None,
-            type=["null", "string"],
-            enum=[None, "always", "never"],
+            **optional_choice("always", "never"),
             title="Teardown",
             description="`always`: delete this run's resources when it ends, failed or not; `never`: keep them "
             "(the janitor removes them when their TTL expires).",
@@ -415,6 +422,8 @@ def build_training_pipeline(
         stack=run_value("stack"),
         partition=run_value("dataset.partition"),
         mode=run_value("dataset.mode"),
+        # A cluster kept from an earlier run already has its file system: import the new partition.
+        fsx_file_system_id=EXISTING_FILE_SYSTEM,
     )
     bucket >> dataset
     image = BakeImageOperator(

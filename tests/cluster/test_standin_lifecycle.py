@@ -16,7 +16,7 @@ from pcflow.aws.teardown import Selector, teardown
 from pcflow.cluster import teardown as cluster_teardown
 from pcflow.cluster.operators import DeleteClusterOperator, EnsureClusterOperator
 from pcflow.cluster.parallelcluster import ClusterCreateFailed, ClusterMismatch, HostKeyUnavailable
-from pcflow.cluster.providers import delete_cluster, ensure_cluster, make_provider
+from pcflow.cluster.providers import delete_cluster, ensure_cluster, make_provider, validate_cluster
 from pcflow.cluster.triggers import ClusterStackTrigger
 
 pytestmark = pytest.mark.stack
@@ -235,4 +235,22 @@ def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(stan
         assert stacks_named(spec["name"]) == []
     finally:
         fsx.delete_file_system(FileSystemId=fs_id)
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_standin_dry_run_of_an_existing_cluster_adopts_checks_the_update_or_refuses(standin_cli, site):
+    """A nightly's cluster outlives its run: `create-cluster --dryrun` would answer "already exists", so
+    the dry run decides what ensure will do (the stand-in refuses create dry runs: none is made here)."""
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    provider.require_host_key = False
+    spec = site.spec()
+    try:
+        ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+        same = validate_cluster(provider, spec, stack=site.stack)["existing"]
+        assert same == {"status": "CREATE_COMPLETE", "config_hash": same["config_hash"], "file_system_ids": []}
+        with pytest.raises(ClusterMismatch, match="exists with another configuration"):
+            validate_cluster(provider, {**spec, "max_count": 4}, stack=site.stack)
+        grown = validate_cluster(provider, {**spec, "max_count": 4, "allow_updates": True}, stack=site.stack)
+        assert grown["existing"]["update"] is True and grown["config_hash"] != same["config_hash"]
+    finally:
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)

@@ -256,7 +256,9 @@ def test_trigger_form_renders_every_param(airflow, artifacts_dir):
             assert field["help"] == param["description"], (name, field)
         if "enum" in schema:
             assert field["select"], f"{name}: enum not rendered as a select"
-            assert field["options"] == ["null" if v is None else str(v) for v in schema["enum"]], (name, field)
+            shown_as = ["null" if v is None else str(v) for v in schema["enum"]]  # the UI's keys for values_display
+            labels = [schema.get("values_display", {}).get(key, key) for key in shown_as]
+            assert field["options"] == labels, (name, field)
         else:
             assert not field["select"], (name, field)
         if "minimum" in schema:

@@ -116,7 +116,8 @@ class ValidateClusterConfigOperator(_ClusterOperator):
     """Validate before spend: ParallelCluster's dry run (or the static cluster's health check).
 
     With `config_bucket`, the dry run's config is also kept in S3 as `cluster-config.dryrun.yaml`
-    beside the run's other files (it is always in the returned XCom).
+    beside the run's other files (it is always in the returned XCom). A cluster that already exists
+    is reported under `existing` (status, config hash, FSx file systems) for the stages after it.
     """
 
     ui_color = "#e8f7e4"
@@ -124,6 +125,7 @@ class ValidateClusterConfigOperator(_ClusterOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
+        from pcflow.cluster.parallelcluster import ClusterMismatch
         from pcflow.cluster.pcluster import PclusterError
         from pcflow.cluster.providers import validate_cluster
         from pcflow.cluster.spec import ClusterSpecError
@@ -131,7 +133,7 @@ class ValidateClusterConfigOperator(_ClusterOperator):
         run, ttl = self._run_and_ttl(context)
         try:
             result = validate_cluster(self.cluster_provider, self.cluster, stack=self.stack, run=run, ttl=ttl)
-        except ClusterSpecError as error:
+        except (ClusterSpecError, ClusterMismatch) as error:
             raise AirflowFailException(str(error)) from None
         except PclusterError as error:
             if not error.config_rejected:

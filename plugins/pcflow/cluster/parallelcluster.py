@@ -128,11 +128,25 @@ class ParallelClusterProvider:
         return render_config(spec, efa=efa, tags=tags)
 
     def validate(self, spec: ClusterSpec, rendered: RenderedConfig) -> dict[str, Any]:
-        """`create-cluster --dryrun true`: ParallelCluster's own validators, nothing created."""
-        answer = self.hook.create_cluster(
-            spec.name, rendered.text, dryrun=True, suppress_validators=self.suppress_validators
-        )
-        messages = answer.get("validationMessages", [])
+        """ParallelCluster's own validators, nothing created: `create-cluster --dryrun true`, or for a
+        cluster that already exists (a nightly's, kept between runs) what the ensure step will do with
+        it: adopt (same config: validated when it was made), update (`update-cluster --dryrun true`),
+        or refuse, now rather than after the bake and the data load."""
+        described = self.hook.describe_cluster(spec.name)
+        messages: list[dict[str, Any]] = []
+        existing = None
+        if described is None:
+            answer = self.hook.create_cluster(
+                spec.name, rendered.text, dryrun=True, suppress_validators=self.suppress_validators
+            )
+            messages = answer.get("validationMessages", [])
+        else:
+            found_hash = describe_tags(described).get(TAG_CONFIG_HASH)
+            existing = {"status": described.get("clusterStatus"), "config_hash": found_hash}
+            if found_hash != rendered.config_hash:
+                self.check_update(spec, rendered, described, found_hash)
+                existing["update"] = True
+            existing["file_system_ids"] = self.file_system_ids(spec.name)
         for message in messages:
             log.warning("pcluster %s %s: %s", message.get("level"), message.get("type"), message.get("message"))
         return {
@@ -142,6 +156,7 @@ class ParallelClusterProvider:
             "config": rendered.text,
             "validation_messages": messages,
             "suppressed_validators": list(self.suppress_validators),
+            "existing": existing,
         }
 
     # -- ensure -----------------------------------------------------------------------------
@@ -175,6 +190,16 @@ class ParallelClusterProvider:
         self, spec: ClusterSpec, rendered: RenderedConfig, described: Mapping[str, Any], found_hash: str | None
     ) -> EnsureStep:
         name = spec.name
+        self.check_update(spec, rendered, described, found_hash)
+        self.hook.update_cluster(name, rendered.text, suppress_validators=self.suppress_validators)
+        return EnsureStep("updating", name, name, "stack_update_complete", rendered.config_hash)
+
+    def check_update(
+        self, spec: ClusterSpec, rendered: RenderedConfig, described: Mapping[str, Any], found_hash: str | None
+    ) -> None:
+        """An existing cluster with another config: refused unless the spec allows updates and
+        ParallelCluster's `update-cluster --dryrun true` says the change can be made in place."""
+        name = spec.name
         if not spec.allow_updates:
             found = found_hash or "none: not made by pcflow"
             raise ClusterMismatch(
@@ -192,8 +217,6 @@ class ParallelClusterProvider:
                     f"cluster {name} has another configuration and ParallelCluster cannot update it in place: "
                     f"{error}. Delete the cluster (or stop its compute fleet if the change needs it) and retry"
                 ) from error
-        self.hook.update_cluster(name, rendered.text, suppress_validators=self.suppress_validators)
-        return EnsureStep("updating", name, name, "stack_update_complete", rendered.config_hash)
 
     def finish(self, spec: ClusterSpec, step_action: str = "adopted") -> ClusterInfo:
         """After the wait: the cluster is ready, or its failure is diagnosed and raised."""
