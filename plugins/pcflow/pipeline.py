@@ -150,7 +150,7 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
 
 def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """The run's Params as a partial run-spec document (empty fields leave the profile's value)."""
-    from pcflow.runspec import deep_merge
+    from pcflow.merge import deep_merge
 
     layout = {
         "stack": ("stack",),

@@ -6,7 +6,6 @@ up front, with the field's path and the values it may take — before anything c
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import re
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
 from pcflow.paths import include_dir
 from pcflow.patterns import INSTANCE_TYPE, PARTITION
@@ -186,17 +186,6 @@ def load_profile(name: str) -> dict[str, Any]:
             f"profile: no profile {name!r} in {profiles_dir()}; available: {', '.join(available_profiles())}"
         )
     return yaml.safe_load(path.read_text()) or {}
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Dicts merge key by key; anything else in `override` (lists included) replaces the base value."""
-    merged = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def expand_paths(value: Any) -> Any:

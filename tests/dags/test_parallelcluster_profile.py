@@ -14,7 +14,7 @@ import pytest
 from dagrun import remove_stack, run_dag, tagged_resources
 
 from pcflow.cluster.pcluster import MOTO_SUPPRESSED_VALIDATORS
-from pcflow.runspec import deep_merge
+from pcflow.merge import deep_merge
 
 pytestmark = pytest.mark.stack
 NOT_STARTED = ("upstream_failed", "None", "skipped")

@@ -7,7 +7,6 @@ is parsed back with `yaml.safe_load`, `extra_config` is deep-merged, and the doc
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -17,6 +16,7 @@ import jinja2
 import yaml
 
 from pcflow.cluster.spec import ClusterSpec
+from pcflow.merge import deep_merge
 from pcflow.naming import digest
 from pcflow.paths import include_dir
 
@@ -33,17 +33,6 @@ def _environment() -> jinja2.Environment:
         autoescape=False,  # YAML, not HTML; values are escaped by `tojson`
         keep_trailing_newline=True,
     )
-
-
-def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """Mappings merged key by key; anything else (lists included) in `override` replaces."""
-    merged = copy.deepcopy(dict(base))
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def s3_uri(bucket: str, prefix: str) -> str:
