@@ -268,12 +268,16 @@ class HarvestMetricsOperator(PcflowAwsOperator):
 
     # -- execute -----------------------------------------------------------------------------------
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        objective, definitions, _ = self.settings()
+    def refs_to_harvest(self) -> list[JobRef]:
+        """The job(s) to harvest, from the train task's XCom; a malformed one fails without retries."""
         try:
-            refs = job_refs(self.job)
+            return job_refs(self.job)
         except ValueError as exc:
             raise AirflowFailException(f"Task {self.task_id}: {exc}") from exc
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        objective, definitions, _ = self.settings()
+        refs = self.refs_to_harvest()
         key = run_key_from_context(context)
         try:
             if len(refs) == 1 and refs[0].trial is None:
@@ -316,10 +320,7 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
         objective, definitions, _ = self.settings()
         if objective is None:
             raise AirflowFailException(f"Task {self.task_id}: a leaderboard needs an objective (name and mode)")
-        try:
-            refs = job_refs(self.job)
-        except ValueError as exc:
-            raise AirflowFailException(f"Task {self.task_id}: {exc}") from exc
+        refs = self.refs_to_harvest()
         key = run_key_from_context(context)
         try:
             documents, _, _ = self.harvest_trials(context, refs, key, objective, definitions)
