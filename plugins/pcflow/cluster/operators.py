@@ -257,6 +257,7 @@ class DeleteClusterOperator(_ClusterOperator):
         after each wait; the exports are found again by their task key, so nothing rides in the
         deferral's kwargs and nothing is exported twice."""
         from pcflow.aws.storage import ACTIVE, data_repository_task_result
+        from pcflow.cluster.parallelcluster import export_attempts
 
         name = self._name()
         if not name:
@@ -273,7 +274,7 @@ class DeleteClusterOperator(_ClusterOperator):
                     self.defer(
                         trigger=FsxDataRepositoryTaskTrigger(
                             task_id=task_id, waiter_delay=self.waiter_delay,
-                            waiter_max_attempts=max(self.waiter_max_attempts, 12 * 3600 // max(self.waiter_delay, 1)),
+                            waiter_max_attempts=export_attempts(self.waiter_delay, at_least=self.waiter_max_attempts),
                             **self.trigger_aws_kwargs,
                         ),
                         method_name="export_complete",

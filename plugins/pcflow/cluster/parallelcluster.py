@@ -35,6 +35,15 @@ BOOTSTRAP_LOG_RE = re.compile(r"error|fail|cfn-init|cloud-init.*(warn|error)|che
 MAX_DIAGNOSTIC_LINES = 40
 
 
+#: How long an FSx export before delete may take (a large file system writing back to S3).
+EXPORT_WAIT_LIMIT_S = 12 * 3600
+
+
+def export_attempts(delay: int, at_least: int = 40) -> int:
+    """Polls of an export task that cover EXPORT_WAIT_LIMIT_S at `delay` seconds apart."""
+    return max(at_least, EXPORT_WAIT_LIMIT_S // max(delay, 1))
+
+
 class ClusterMismatch(RuntimeError):
     """A cluster with this name exists with another configuration."""
 
@@ -345,7 +354,7 @@ class ParallelClusterProvider:
                     what=f"FSx export {task_id}",
                     status_args=["DataRepositoryTasks[0].Lifecycle", "DataRepositoryTasks[0].FailureDetails.Message"],
                     delay=delay,
-                    max_attempts=max(40, 12 * 3600 // max(delay, 1)),
+                    max_attempts=export_attempts(delay),
                 )
             except Exception:
                 data_repository_task_result(fsx, task_id)  # raises with FSx's reason when the task failed
