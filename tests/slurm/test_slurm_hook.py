@@ -1,11 +1,17 @@
-"""Reaching a head node whose address and host key are known only at run time (a new cluster)."""
+"""Reaching a head node: address and host key known only at run time (a new cluster), and a head
+node that stops answering (the call fails within its limit, never hangs the task)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import asyncssh
+import psutil
 import pytest
 
 from pcflow.slurm.hook import PinnedSSHHookAsync, SlurmConnectionError, SlurmHook, parse_host_key
@@ -62,3 +68,32 @@ def test_parse_host_key_refuses_garbage():
         parse_host_key("AAAA")
     with pytest.raises(ValueError, match="unreadable"):
         parse_host_key("ssh-ed25519 not-base64!")
+
+
+@contextmanager
+def stalled(hook: SlurmHook) -> Iterator[None]:
+    """Freeze the sshd process that serves this hook's connection (other connections still work)."""
+    client_port = hook.get_conn().get_transport().sock.getsockname()[1]
+    (server,) = {c.pid for c in psutil.net_connections(kind="tcp") if c.raddr and c.raddr.port == client_port and c.pid}
+    os.kill(server, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server, signal.SIGCONT)
+
+
+def test_a_stalled_head_node_fails_the_call_and_the_next_call_reconnects(local_stack):
+    hook = SlurmHook(command_timeout=2)
+    try:
+        marker = local_stack.shared_root / "stall-probe.txt"
+        marker.write_text("probe")
+        assert hook.read_file(str(marker)) == b"probe"
+        with stalled(hook), pytest.raises(SlurmConnectionError, match=r"did not answer the read of .*stall-probe"):
+            hook.read_file(str(marker))
+        assert hook.run(["echo", "back"]).stdout == "back\n"
+
+        with pytest.raises(SlurmConnectionError, match=r"did not answer `sleep 30` within 1 s"):
+            hook.run(["sleep", "30"], timeout=1)
+        assert hook.read_file(str(marker)) == b"probe"
+    finally:
+        hook.close()

@@ -17,8 +17,10 @@ import binascii
 import posixpath
 import shlex
 import stat
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -190,8 +192,55 @@ class SlurmHook(BaseHook):
     def sftp(self) -> SFTPClient:
         client = self.get_conn()
         if self._sftp is None or self._sftp.get_channel().closed:
-            self._sftp = client.open_sftp()
+            with self._deadline(client, self.command_timeout, "the SFTP subsystem request"):
+                self._sftp = client.open_sftp()
+            # Every later SFTP reply is awaited at most this long (a stalled server raises, never hangs).
+            self._sftp.get_channel().settimeout(self.command_timeout)
         return self._sftp
+
+    @contextmanager
+    def _deadline(self, client: paramiko.SSHClient, seconds: float, what: str) -> Iterator[None]:
+        """paramiko waits without limit for some answers (an exec or subsystem request, an exit
+        status): a head node that stops answering would hang the task for good. Closing the transport
+        wakes every waiter, so past the deadline the call fails, and the next one reconnects."""
+        transport = client.get_transport()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            if transport is not None:
+                transport.close()
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        except Exception as exc:
+            if expired.is_set() or isinstance(exc, TimeoutError):
+                raise SlurmConnectionError(self._stalled(what, seconds)) from exc
+            raise
+        finally:
+            timer.cancel()
+        if expired.is_set():
+            raise SlurmConnectionError(self._stalled(what, seconds))
+
+    @contextmanager
+    def _sftp_request(self, what: str) -> Iterator[SFTPClient]:
+        """An SFTP call whose reply did not come in time drops the connection: a late reply must
+        never be read as the answer to the next request."""
+        try:
+            yield self.sftp
+        except TimeoutError as exc:
+            self.close()
+            raise SlurmConnectionError(self._stalled(what, self.command_timeout)) from exc
+
+    def _stalled(self, what: str, seconds: float) -> str:
+        return (
+            f"The head node of connection {self.ssh_conn_id!r} did not answer {what} within {seconds:.0f} s, "
+            "so the SSH connection was closed. Check the head node's load and its sshd; a slow but healthy "
+            "head node needs a larger command_timeout."
+        )
 
     def close(self) -> None:
         for closable in (self._sftp, self._client):
@@ -205,11 +254,13 @@ class SlurmHook(BaseHook):
     # -- commands and files --------------------------------------------------------------------
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = None) -> CommandResult:
-        """Run one command on the head node; `argv` is quoted element by element."""
-        argv = self._slurm_argv(argv)
+        """Run one command on the head node; `argv` is quoted element by element. `timeout` bounds
+        the whole command, output and exit status included."""
+        argv = tuple(self._slurm_argv(argv))
         command = quote_command(argv)
+        limit = timeout or self.command_timeout
         try:
-            _, stdout, stderr = self.get_conn().exec_command(command, timeout=timeout or self.command_timeout)
+            result = self._exec(argv, command, limit)
         except paramiko.SSHException as exc:
             # Only when the channel never opened is the command known not to have run (sbatch must not
             # run twice): then one more try on a new connection is safe.
@@ -217,11 +268,17 @@ class SlurmHook(BaseHook):
                 raise
             self.log.warning("SSH channel to the head node failed (%s); reconnecting once", exc)
             self.close()
-            _, stdout, stderr = self.get_conn().exec_command(command, timeout=timeout or self.command_timeout)
-        out = stdout.read().decode(errors="replace")
-        err = stderr.read().decode(errors="replace")
-        result = CommandResult(tuple(argv), stdout.channel.recv_exit_status(), out, err)
+            result = self._exec(argv, command, limit)
         return result.check() if check else result
+
+    def _exec(self, argv: tuple[str, ...], command: str, limit: float) -> CommandResult:
+        client = self.get_conn()
+        with self._deadline(client, limit, f"`{shlex.join(argv)[:200]}`"):
+            _, stdout, stderr = client.exec_command(command, timeout=limit)
+            out = stdout.read().decode(errors="replace")
+            err = stderr.read().decode(errors="replace")
+            code = stdout.channel.recv_exit_status()
+        return CommandResult(argv, code, out, err)
 
     def makedirs(self, *paths: str) -> None:
         self.run(["mkdir", "-p", "--", *paths])
@@ -231,10 +288,11 @@ class SlurmHook(BaseHook):
         payload = data.encode() if isinstance(data, str) else data
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         try:
-            with self.sftp.open(tmp, "wb") as fh:
-                fh.write(payload)
-            self.sftp.chmod(tmp, mode)
-            self.sftp.posix_rename(tmp, path)
+            with self._sftp_request(f"the write of {path}") as sftp:
+                with sftp.open(tmp, "wb") as fh:
+                    fh.write(payload)
+                sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, path)
         except OSError as exc:
             self._remove_quietly(tmp)
             hint = " The cluster's disk may be full." if "space" in str(exc).lower() or exc.errno == 28 else ""
@@ -248,14 +306,15 @@ class SlurmHook(BaseHook):
 
     def file_size(self, path: str) -> int | None:
         try:
-            return self.sftp.stat(path).st_size
+            with self._sftp_request(f"a stat of {path}") as sftp:
+                return sftp.stat(path).st_size
         except FileNotFoundError:
             return None
 
     def read_file(self, path: str, offset: int = 0, max_bytes: int | None = None) -> bytes:
         """Bytes of a remote file from `offset`; empty when the file does not exist (yet)."""
         try:
-            with self.sftp.open(path, "rb") as fh:
+            with self._sftp_request(f"the read of {path}") as sftp, sftp.open(path, "rb") as fh:
                 fh.seek(offset)
                 return fh.read(max_bytes) if max_bytes is not None else fh.read()
         except FileNotFoundError:
@@ -263,7 +322,8 @@ class SlurmHook(BaseHook):
 
     def is_dir(self, path: str) -> bool:
         try:
-            return stat.S_ISDIR(self.sftp.stat(path).st_mode or 0)
+            with self._sftp_request(f"a stat of {path}") as sftp:
+                return stat.S_ISDIR(sftp.stat(path).st_mode or 0)
         except FileNotFoundError:
             return False
 
