@@ -130,6 +130,14 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
             "file the job reads; never passed through a shell.",
             section="Training",
         ),
+        "early_stopping_patience": Param(
+            None,
+            **optional("integer", minimum=1, maximum=10000),
+            title="Early stopping patience",
+            description="Stop a trial (scancel, recorded as stopped early, not failed) whose objective has not "
+            "improved for this many evaluations, or has become NaN/inf; empty: as the profile says (off).",
+            section="Training",
+        ),
         "teardown_policy": Param(
             None,
             **optional_choice("always", "never"),
@@ -163,6 +171,7 @@ def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
         "tasks_per_node": ("training", "tasks_per_node"),
         "launcher": ("training", "launcher"),
         "teardown_policy": ("teardown", "policy"),
+        "early_stopping_patience": ("metrics", "early_stopping", "patience"),
     }
     document: dict[str, Any] = {}
     for param, path in layout.items():
@@ -208,8 +217,18 @@ def resolve_for_run(
     document["dataset"]["partition"] = partition
     document["run_key"] = run_key_from_context(context)
     document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}
+    document["early_stopping"] = early_stopping_rule(spec.metrics)
     document["keep_resources"] = spec.teardown.policy == "never"
     return document
+
+
+def early_stopping_rule(metrics: Any) -> dict[str, Any] | None:
+    """The train task's early-stopping rule (its trigger applies it while the job runs), or None."""
+    stopping = metrics.early_stopping
+    if stopping is None:
+        return None
+    objective = {"name": stopping.metric or metrics.objective, "mode": stopping.mode or metrics.mode}
+    return {"objective": objective, "patience": stopping.patience, "min_delta": stopping.min_delta}
 
 
 def check_against_aws(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
@@ -481,6 +500,7 @@ def build_training_pipeline(
         "host_key": inputs["host_key"],
         "shared_root": inputs["shared_root"],
         "max_restarts": run_value("training.max_restarts"),
+        "early_stopping": run_value("early_stopping"),
         "pending_timeout": run_value("training.pending_timeout_s"),
     }
     if sweep:

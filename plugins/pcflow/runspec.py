@@ -113,9 +113,22 @@ class TeardownSettings(_Section):
     export_fsx: bool = Field(False, description="write FSx changes (checkpoints) back to S3 before the cluster goes")
 
 
+METRIC_NAME = r"^[A-Za-z0-9_.:/-]{1,128}$"
+
+
+class EarlyStoppingSettings(_Section):
+    """Stop a trial (scancel) whose metric has not improved for `patience` evaluations or is NaN/inf."""
+
+    patience: int = Field(ge=1, le=10_000)
+    min_delta: float = Field(0.0, ge=0)
+    metric: str | None = Field(None, pattern=METRIC_NAME, description="empty: the run's objective")
+    mode: Literal["max", "min"] | None = Field(None, description="empty: the objective's mode")
+
+
 class MetricsSettings(_Section):
-    objective: str = Field("probe_accuracy", pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")
+    objective: str = Field("probe_accuracy", pattern=METRIC_NAME)
     mode: Literal["max", "min"] = "max"
+    early_stopping: EarlyStoppingSettings | None = None
     publish_cloudwatch: bool = True
     metric_definitions: list[dict[str, Any]] = Field(
         default_factory=list,

@@ -14,7 +14,7 @@ from taskcontext import first_event, make_context
 
 from pcflow.metrics.early_stop import EarlyStoppingOperator
 from pcflow.metrics.operators import SweepLeaderboardOperator
-from pcflow.slurm.operators import SlurmArrayJobOperator
+from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
 
 pytestmark = pytest.mark.stack
 
@@ -94,3 +94,45 @@ def test_early_stop_then_leaderboard(slurm, s3, bucket, stack_name):
     assert "Trial 0 (completed)" in best and "&quot;mode&quot;: &quot;good&quot;" in best
     trial_doc = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "trials/1/metrics.json")["Body"].read())
     assert trial_doc["early_stop"]["decision"]["reason"] == "diverged"
+
+
+STOP_RULE = {"objective": {"name": "acc", "mode": "max"}, "patience": 2, "min_delta": 0.0}
+
+
+def test_the_train_task_stops_trials_early_while_it_waits(slurm):
+    """The pipeline's way: the rule travels with the train task, no check task waits beside it."""
+    context = make_context("sweep-stop")
+    train = SlurmArrayJobOperator(
+        task_id="sweep-stop",
+        program=["bash", "-c", TRIAL],
+        trials=[{"mode": "good"}, {"mode": "nan"}, {"mode": "flat"}],
+        min_success_ratio=1.0,
+        poll_interval=0.2,
+        confirm_interval=1.0,
+        early_stopping=STOP_RULE,
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        train.execute(context)
+    job = train.execute_complete(context, first_event(revive(deferred.value)))
+    assert [t["outcome"] for t in job["trials"]] == ["success", "stopped_early", "stopped_early"]
+    records = [json.loads(slurm.read_file(t["run_dir"] + "/early_stop.json")) for t in job["trials"][1:]]
+    assert [r["decision"]["reason"] for r in records] == ["diverged", "no_improvement"]
+    assert [r["job_id"] for r in records] == [f"{job['job_id']}_1", f"{job['job_id']}_2"]
+    assert slurm.read_file(job["trials"][0]["run_dir"] + "/early_stop.json") == b""
+
+
+def test_a_single_job_stopped_early_says_so(slurm):
+    context = make_context("single-stop")
+    train = SlurmJobOperator(
+        task_id="single-stop",
+        program=["bash", "-c", TRIAL],
+        hyperparameters={"mode": "flat"},
+        poll_interval=0.2,
+        confirm_interval=1.0,
+        early_stopping=STOP_RULE,
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        train.execute(context)
+    result = train.execute_complete(context, first_event(revive(deferred.value)))
+    assert result["outcome"] == "stopped_early" and result["state"] != "COMPLETED"
+    assert json.loads(slurm.read_file(result["run_dir"] + "/early_stop.json"))["decision"]["reason"] == "no_improvement"

@@ -1,10 +1,11 @@
 """Early stopping: cancel a trial whose objective stopped improving or diverged, as a decision, not a failure.
 
-`decide` is the rule (plain, tested alone). `EarlyStoppingTrigger` applies it in the triggerer while
-the job runs: it finds the job from the run directory's `submitted` file (SlurmJobOperator writes it
-at sbatch time, so the check can start beside the train task), re-reads the metrics file each poll,
-and on a stop writes `early_stop.json` into the run directory before `scancel` — the harvest then
-reports the trial as `stopped_early`. `EarlyStoppingOperator` defers to it.
+`decide` is the rule (plain, tested alone); `evaluate` applies it to a trial's metrics file and
+`stop_trial` writes `early_stop.json` into the trial's directory before `scancel` — the job's wait
+then reports the trial as `stopped_early`, and so does the harvest. The pipeline gives the rule to the
+train task (`SlurmJobOperator(early_stopping=...)`), whose trigger checks each running trial as it
+confirms the job with slurmctld. `EarlyStoppingOperator` is the same check as a task of its own, for
+a job pcflow's train task did not submit: it finds the job from the run directory's `submitted` file.
 """
 
 from __future__ import annotations
@@ -61,6 +62,42 @@ def decide(values: Sequence[float], objective: Objective, *, patience: int, min_
     return Decision(stale >= patience, "no_improvement" if stale >= patience else "", len(values), best, last)
 
 
+async def evaluate(
+    trigger: HeadNodeTrigger, sftp: asyncssh.SFTPClient, trial_dir: str, rule: dict[str, Any]
+) -> Decision:
+    """The rule (`{"objective", "patience", "min_delta"}`) applied to the trial's metrics so far."""
+    objective = Objective.parse(rule["objective"])
+    points = read_metric_lines(await trigger.read_bytes(sftp, posixpath.join(trial_dir, "metrics.jsonl")) or b"")
+    series = group(points.points).get(objective.name)
+    values = [p.value for p in series.points] if series else []
+    return decide(values, objective, patience=int(rule["patience"]), min_delta=float(rule.get("min_delta") or 0.0))
+
+
+async def stop_trial(
+    trigger: HeadNodeTrigger,
+    conn: asyncssh.SSHClientConnection,
+    sftp: asyncssh.SFTPClient,
+    *,
+    job_id: str,
+    trial_dir: str,
+    rule: dict[str, Any],
+    decision: Decision,
+) -> None:
+    """Record the decision, then scancel: the batch wrapper reads the record on SIGTERM and marks the
+    trial stopped early instead of failed."""
+    record = {
+        "job_id": job_id,
+        "run_dir": trial_dir,
+        "decision": asdict(decision),
+        "objective": Objective.parse(rule["objective"]).as_dict(),
+        "time": time.time(),
+    }
+    # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
+    async with sftp.open(posixpath.join(trial_dir, EARLY_STOP_FILE), "wb") as fh:
+        await fh.write(json.dumps(record, default=str).encode())
+    await trigger.run_command(conn, ["scancel", job_id])
+
+
 class EarlyStoppingTrigger(HeadNodeTrigger):
     """Fires when the trial was stopped (payload outcome `stopped_early`) or ended by itself (`finished`)."""
 
@@ -86,31 +123,17 @@ class EarlyStoppingTrigger(HeadNodeTrigger):
     def trial_dir(self) -> str:
         return self.run_dir if self.element is None else posixpath.join(self.run_dir, str(self.element))
 
-    async def read(self, sftp: asyncssh.SFTPClient, path: str) -> bytes | None:
-        try:
-            async with sftp.open(path, "rb") as fh:
-                return await fh.read()
-        except asyncssh.SFTPNoSuchFile:
-            return None
-
     async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
-        submitted = (await self.read(sftp, posixpath.join(self.run_dir, "submitted")) or b"").decode().strip()
+        submitted = (await self.read_bytes(sftp, posixpath.join(self.run_dir, "submitted")) or b"").decode().strip()
         if not submitted.isdigit():
             return None  # not submitted yet
         job_id = submitted if self.element is None else f"{submitted}_{self.element}"
         marker = await self.read_json(sftp, posixpath.join(self.trial_dir, "exit.json"))
-        objective = Objective.parse(self.objective)
-        points = read_metric_lines(await self.read(sftp, posixpath.join(self.trial_dir, "metrics.jsonl")) or b"")
-        series = group(points.points).get(objective.name)
-        values = [p.value for p in series.points] if series else []
-        decision = decide(values, objective, patience=self.patience, min_delta=self.min_delta)
+        rule = {"objective": self.objective, "patience": self.patience, "min_delta": self.min_delta}
+        decision = await evaluate(self, sftp, self.trial_dir, rule)
         base = {"job_id": job_id, "run_dir": self.trial_dir, "decision": asdict(decision)}
         if decision.stop and not marker:
-            # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
-            record = {**base, "objective": objective.as_dict(), "time": time.time()}
-            async with sftp.open(posixpath.join(self.trial_dir, EARLY_STOP_FILE), "wb") as fh:
-                await fh.write(json.dumps(record, default=str).encode())
-            await self.run_command(conn, ["scancel", job_id])
+            await stop_trial(self, conn, sftp, job_id=job_id, trial_dir=self.trial_dir, rule=rule, decision=decision)
             return {**base, "status": "success", "outcome": "stopped_early"}
         if marker and str(marker.get("job_id")) == job_id:
             return {**base, "status": "success", "outcome": "finished"}

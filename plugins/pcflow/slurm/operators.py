@@ -56,6 +56,9 @@ class SlurmJobOperator(BaseOperator):
     :param shared_root: a directory all nodes see; defaults to the connection's `shared_root` extra.
     :param pending_timeout: seconds a job may stay pending before pcflow cancels it and fails.
     :param max_restarts: Slurm requeues (node failure, preemption) tolerated before pcflow gives up.
+    :param early_stopping: `{"objective": {"name", "mode"}, "patience", "min_delta"}`: the wait scancels
+        a trial whose objective has not improved for `patience` evaluations or is NaN/inf; the task
+        still succeeds, with outcome `stopped_early` (see metrics/early_stop.py).
     :param deferrable: wait in the triggerer (default) or in this worker with the same semantics.
     """
 
@@ -72,6 +75,7 @@ class SlurmJobOperator(BaseOperator):
         "host_key",
         "max_restarts",
         "pending_timeout",
+        "early_stopping",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -93,6 +97,7 @@ class SlurmJobOperator(BaseOperator):
         confirm_interval: float = 30.0,
         pending_timeout: float | None = None,
         max_restarts: int = 3,
+        early_stopping: dict[str, Any] | None = None,
         deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -111,6 +116,7 @@ class SlurmJobOperator(BaseOperator):
         self.confirm_interval = confirm_interval
         self.pending_timeout = pending_timeout
         self.max_restarts = max_restarts
+        self.early_stopping = early_stopping
         self.deferrable = deferrable
         self.job_id: str | None = None
 
@@ -228,6 +234,7 @@ class SlurmJobOperator(BaseOperator):
             "accounting": self.hook.accounting_enabled,
             "slurm_bin": self.hook.extras.get("slurm_bin"),
             "policy": self.policy_kwargs(),
+            "early_stopping": self.early_stopping or None,
         }
 
     def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:
@@ -283,17 +290,21 @@ class SlurmJobOperator(BaseOperator):
 
     def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:
         info = JobInfo.from_dict(event["job"]) if event.get("job") else None
-        return self.result(run_dir, info, exit_code=event.get("exit_code") or 0)
+        return self.result(run_dir, info, exit_code=event.get("exit_code") or 0, outcome=event["outcome"])
 
     def failure_message(self, run_dir: RunDir, event: dict[str, Any]) -> str:
         tail = "\n".join(event.get("log_tail") or [])
         return f"{event['message']}\nLast lines of {run_dir.log}:\n{tail}"
 
-    def result(self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0) -> dict[str, Any]:
+    def result(
+        self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0, outcome: str = str(Outcome.SUCCESS)
+    ) -> dict[str, Any]:
         """The small XCom of a successful job, for the metrics stage and for users."""
+        stopped = outcome == str(Outcome.STOPPED_EARLY)
         return {
             "job_id": self.job_id,
-            "state": str(JobState.COMPLETED),
+            "outcome": outcome,
+            "state": info.raw_state if stopped and info else str(JobState.COMPLETED),
             "exit_code": exit_code,
             "elapsed_s": info.elapsed_s if info else None,
             "restarts": info.restarts if info else 0,
@@ -383,7 +394,9 @@ class SlurmArrayJobOperator(SlurmJobOperator):
             size=len(self.trials), min_success_ratio=self.min_success_ratio, **self.trigger_kwargs(run_dir)
         )
 
-    def result(self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0) -> dict[str, Any]:
+    def result(
+        self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0, outcome: str = str(Outcome.SUCCESS)
+    ) -> dict[str, Any]:
         elements = [{"index": i, "outcome": "success", "exit_code": 0} for i in range(len(self.trials))]
         return self.result_from_event(run_dir, {"elements": elements})
 

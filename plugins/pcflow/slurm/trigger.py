@@ -22,7 +22,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.slurm import queries
 from pcflow.slurm.hook import PinnedSSHHookAsync, quote_command, with_slurm_bin
-from pcflow.slurm.states import JobInfo
+from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Verdict, WatchPolicy, marker_matches
 
 CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
@@ -47,6 +47,7 @@ class HeadNodeTrigger(BaseTrigger):
         policy: dict[str, Any] | None = None,
         max_reconnect_attempts: int = 8,
         command_timeout: float = 60.0,
+        early_stopping: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
@@ -59,6 +60,8 @@ class HeadNodeTrigger(BaseTrigger):
         self.policy = dict(policy or {})
         self.max_reconnect_attempts = max_reconnect_attempts
         self.command_timeout = command_timeout
+        self.early_stopping = early_stopping
+        self.stopped_early: set[str] = set()
         self.queries_sent = 0
         self.next_confirm: float | None = None
 
@@ -77,6 +80,7 @@ class HeadNodeTrigger(BaseTrigger):
             "policy": self.policy,
             "max_reconnect_attempts": self.max_reconnect_attempts,
             "command_timeout": self.command_timeout,
+            "early_stopping": self.early_stopping,
         }
 
     @functools.cached_property
@@ -107,12 +111,37 @@ class HeadNodeTrigger(BaseTrigger):
         return await queries.adrive(query, functools.partial(self.run_command, conn))
 
     @staticmethod
-    async def read_json(sftp: asyncssh.SFTPClient, path: str) -> dict | None:
+    async def read_bytes(sftp: asyncssh.SFTPClient, path: str) -> bytes | None:
         try:
             async with sftp.open(path, "rb") as fh:
-                return json.loads(await fh.read())
-        except (asyncssh.SFTPNoSuchFile, json.JSONDecodeError, UnicodeDecodeError):
+                return await fh.read()
+        except asyncssh.SFTPNoSuchFile:
             return None
+
+    @classmethod
+    async def read_json(cls, sftp: asyncssh.SFTPClient, path: str) -> dict | None:
+        try:
+            return json.loads(await cls.read_bytes(sftp, path) or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
+    async def stop_early_if_due(
+        self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, job_id: str, trial_dir: str
+    ) -> None:
+        """Apply the run's early-stopping rule to a running trial (the wait already looks at it, so no
+        other task has to: nothing waits for a job that was never submitted)."""
+        if not self.early_stopping or job_id in self.stopped_early:
+            return
+        from pcflow.metrics.early_stop import evaluate, stop_trial
+
+        decision = await evaluate(self, sftp, trial_dir, self.early_stopping)
+        if decision.stop:
+            await stop_trial(
+                self, conn, sftp, job_id=job_id, trial_dir=trial_dir, rule=self.early_stopping, decision=decision
+            )
+            self.stopped_early.add(job_id)
+            self.log.info("Stopping Slurm job %s early: %s after %d evaluations", job_id, decision.reason,
+                          decision.evaluations)  # fmt: skip
 
     @staticmethod
     async def size_of(sftp: asyncssh.SFTPClient, path: str) -> int | None:
@@ -231,6 +260,8 @@ class SlurmJobTrigger(HeadNodeTrigger):
             return None
         info = await self.ask_slurm(conn, queries.job_info(self.job_id, self.accounting))
         verdict = self.watch.assess(info, marker, now)
+        if verdict is None and info is not None and info.state is JobState.RUNNING:
+            await self.stop_early_if_due(conn, sftp, self.job_id, self.run_dir)
         if verdict is None:
             fast = info is not None and marker_matches(marker, info)
             self.next_confirm = now + (FAST_CONFIRM_S if fast else self.watch_policy.confirm_interval)
@@ -288,6 +319,10 @@ class SlurmArrayTrigger(HeadNodeTrigger):
                 markers[index] = await self.read_json(sftp, posixpath.join(self.run_dir, str(index), "exit.json"))
         verdict = self.watch.assess(elements, markers, now)
         if verdict is None:
+            for index, info in known.items():
+                if info.state is JobState.RUNNING and index is not None:
+                    trial_dir = posixpath.join(self.run_dir, str(index))
+                    await self.stop_early_if_due(conn, sftp, f"{self.job_id}_{index}", trial_dir)
             self.next_confirm = now + self.watch_policy.confirm_interval
             return None
         return {
