@@ -6,14 +6,13 @@ the run then still ends failed. The stages live in plugins/pcflow/pipeline.py.
 
 from airflow.sdk import DAG
 
-from pcflow.pipeline import DEFAULT_ARGS, build_training_pipeline, training_params
+from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, training_params
 
 with DAG(
     dag_id="pretrain",
     schedule=None,
     params=training_params(profile="local", partition="default"),
-    render_template_as_native_obj=True,
-    default_args=DEFAULT_ARGS,
+    **TRAINING_DAG_ARGS,
     max_active_runs=4,
     tags=["pcflow", "training"],
     doc_md=__doc__,

@@ -8,15 +8,14 @@ Each run writes under its own run key, so two runs never write the same place.
 
 from airflow.sdk import DAG
 
-from pcflow.pipeline import DEFAULT_ARGS, build_training_pipeline, training_params
+from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, training_params
 
 with DAG(
     dag_id="pretrain_nightly",
     schedule="0 2 * * *",
     catchup=False,
     params=training_params(profile="local"),
-    render_template_as_native_obj=True,
-    default_args=DEFAULT_ARGS,
+    **TRAINING_DAG_ARGS,
     max_active_runs=1,
     tags=["pcflow", "training", "nightly"],
     doc_md=__doc__,

@@ -4,7 +4,7 @@ shared cluster; at least half must succeed. Each trial's hyperparameters are lai
 
 from airflow.sdk import DAG, Param
 
-from pcflow.pipeline import DEFAULT_ARGS, build_training_pipeline, training_params
+from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, training_params
 
 with DAG(
     dag_id="pretrain_sweep",
@@ -22,8 +22,7 @@ with DAG(
             section="Training",
         ),
     },
-    render_template_as_native_obj=True,
-    default_args=DEFAULT_ARGS,
+    **TRAINING_DAG_ARGS,
     max_active_runs=2,
     tags=["pcflow", "training", "sweep"],
     doc_md=__doc__,

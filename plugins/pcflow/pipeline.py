@@ -20,6 +20,9 @@ PROFILES = ["local", "aws-gpu"]
 #: Every stage is idempotent, so a retry is always safe: it adopts what the failed attempt made. Training
 #: is the exception (a retry costs GPU hours): Slurm requeues lost nodes itself, a user retries the rest.
 DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
+#: What a DAG built with `build_training_pipeline` must set: its operators read lists and dicts from the
+#: validate task through templates (native rendering), with the stages' retry policy.
+TRAINING_DAG_ARGS: dict[str, Any] = {"render_template_as_native_obj": True, "default_args": DEFAULT_ARGS}
 #: Updated by every successful training run, with its metrics summary and checkpoints as the event's extra.
 PRETRAINED_ENCODER = Asset(name="pcflow-pretrained-encoder", uri="x-pcflow://models/pretrained-encoder")
 VALIDATE_TASK = "validate"
