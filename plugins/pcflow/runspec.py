@@ -22,7 +22,6 @@ from pcflow.patterns import INSTANCE_TYPE, PARTITION
 PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]{1,512}$")
-REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 
 
 class RunSpecError(ValueError):
@@ -166,9 +165,9 @@ class RunSpec(_Section):
     @field_validator("region")
     @classmethod
     def _region(cls, value: str) -> str:
-        if not REGION.match(value):
-            raise ValueError("must be an AWS region name such as us-east-1")
-        return value
+        from pcflow.aws.clients import validate_region  # botocore's region list, as the cluster spec checks it
+
+        return validate_region(value)
 
     @field_validator("instance_type")
     @classmethod

@@ -182,19 +182,3 @@ def test_early_stop_decision():
     assert decide([0.1, math.nan], obj, patience=5).reason == "diverged"
     assert not decide([1.0, 0.9, 0.95], Objective("loss", "min"), patience=2).stop
 
-
-def test_early_stopping_rule_from_the_trigger_form_and_the_profile():
-    from pcflow.pipeline import early_stopping_rule, overrides_from_params
-
-    assert early_stopping_rule(resolve_run_spec("local", {}).metrics) is None  # off unless asked for
-    spec = resolve_run_spec("local", overrides_from_params({"early_stopping_patience": 3}))
-    assert early_stopping_rule(spec.metrics) == {
-        "objective": {"name": "probe_accuracy", "mode": "max"},
-        "patience": 3,
-        "min_delta": 0.0,
-    }
-    own = {"patience": 2, "metric": "epoch_loss", "mode": "min", "min_delta": 0.01}
-    spec = resolve_run_spec("local", {"metrics": {"early_stopping": own}})
-    assert early_stopping_rule(spec.metrics)["objective"] == {"name": "epoch_loss", "mode": "min"}
-    with pytest.raises(RunSpecError, match="metrics.early_stopping.patience"):
-        resolve_run_spec("local", {"metrics": {"early_stopping": {"patience": 0}}})
