@@ -181,4 +181,3 @@ def test_early_stop_decision():
     assert decide([0.1, 0.5, 0.4, 0.45], obj, patience=2).reason == "no_improvement"
     assert decide([0.1, math.nan], obj, patience=5).reason == "diverged"
     assert not decide([1.0, 0.9, 0.95], Objective("loss", "min"), patience=2).stop
-
