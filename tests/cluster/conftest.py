@@ -52,15 +52,11 @@ class MotoSite:
         return {**values, **overrides}
 
 
-def clients(service: str):
-    return aws_client(service, aws_conn_id="aws_default")
-
-
 @pytest.fixture
 def site(local_stack) -> MotoSite:
     os.environ.setdefault("AIRFLOW_HOME", "/tmp/afhome-cluster")
     unique = uuid.uuid4().hex[:10]
-    ec2, s3 = clients("ec2"), clients("s3")
+    ec2, s3 = aws_client("ec2"), aws_client("s3")
     vpc = ec2.create_vpc(CidrBlock="10.77.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.77.0.0/20")["Subnet"]["SubnetId"]
     ec2.create_key_pair(KeyName=f"pcflow-{unique}")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import clients
 from taskcontext import make_context
 
+from pcflow.aws.clients import aws_client as clients
 from pcflow.cluster.operators import ValidateClusterConfigOperator
 from pcflow.cluster.pcluster import MOTO_SUPPRESSED_VALIDATORS, PclusterError
 from pcflow.cluster.providers import make_provider, validate_cluster

@@ -7,10 +7,10 @@ against moto's CloudFormation."""
 from __future__ import annotations
 
 import pytest
-from conftest import clients
 from fsx_standin import FsxStandIn
 from taskcontext import make_context
 
+from pcflow.aws.clients import aws_client as clients
 from pcflow.aws.storage import DataRepositoryTaskFailed
 from pcflow.aws.teardown import Selector, teardown
 from pcflow.cluster import teardown as cluster_teardown

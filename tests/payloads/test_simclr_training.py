@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
-from conftest import SIMCLR
 from stacktools import LocalStack
 from taskcontext import first_event, make_context
 
@@ -23,7 +22,7 @@ from pcflow.slurm.states import JobState
 pytestmark = pytest.mark.stack
 
 FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
-TRAIN = SIMCLR / "train.py"
+TRAIN = Path(__file__).resolve().parents[2] / "include" / "payloads" / "simclr" / "train.py"
 CHANCE = 0.1  # ten digit classes
 
 
