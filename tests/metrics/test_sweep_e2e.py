@@ -119,6 +119,8 @@ def test_the_train_task_stops_trials_early_while_it_waits(slurm):
     assert [r["decision"]["reason"] for r in records] == ["diverged", "no_improvement"]
     assert [r["job_id"] for r in records] == [f"{job['job_id']}_1", f"{job['job_id']}_2"]
     assert slurm.read_file(job["trials"][0]["run_dir"] + "/early_stop.json") == b""
+    # A retry of the task (a worker lost after the job ended) adopts the array instead of training again.
+    assert train.execute(make_context("sweep-stop", run_id=context["run_id"]))["job_id"] == job["job_id"]
 
 
 def test_a_single_job_stopped_early_says_so(slurm):
@@ -135,4 +137,6 @@ def test_a_single_job_stopped_early_says_so(slurm):
         train.execute(context)
     result = train.execute_complete(context, first_event(revive(deferred.value)))
     assert result["outcome"] == "stopped_early" and result["state"] != "COMPLETED"
+    retry = train.execute(make_context("single-stop", run_id=context["run_id"]))  # adopts, does not resubmit
+    assert (retry["job_id"], retry["outcome"]) == (result["job_id"], "stopped_early")
     assert json.loads(slurm.read_file(result["run_dir"] + "/early_stop.json"))["decision"]["reason"] == "no_improvement"

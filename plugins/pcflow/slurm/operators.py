@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm import DEFAULT_SSH_CONN_ID
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.watch import Outcome, WatchPolicy
+from pcflow.slurm.watch import EARLY_STOP_SIGNAL, Outcome, WatchPolicy
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -187,13 +187,24 @@ class SlurmJobOperator(BaseOperator):
     def job_status(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
         return self.hook.job_info(job_id) or self._from_marker(job_id, run_dir)
 
-    def _from_marker(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
-        """Slurm forgot the job (no accounting, MinJobAge passed): its exit marker still tells the end."""
+    def _marker(self, job_id: str, run_dir: RunDir) -> dict | None:
+        """The batch wrapper's exit record of this job, if it left one."""
         try:
             marker = json.loads(self.hook.read_file(run_dir.marker) or b"null")
         except json.JSONDecodeError:
             return None
-        if not marker or str(marker.get("job_id")) != job_id:
+        return marker if marker and str(marker.get("job_id")) == job_id else None
+
+    def stopped_early(self, info: JobInfo, run_dir: RunDir) -> bool:
+        """The job ended because the early-stopping rule cancelled it (Slurm says CANCELLED)."""
+        if info.state.is_active:
+            return False
+        return (self._marker(info.job_id, run_dir) or {}).get("signal") == EARLY_STOP_SIGNAL
+
+    def _from_marker(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
+        """Slurm forgot the job (no accounting, MinJobAge passed): its exit marker still tells the end."""
+        marker = self._marker(job_id, run_dir)
+        if not marker:
             return None
         code = int(marker.get("exit_code", 1))
         state = JobState.COMPLETED if code == 0 else JobState.FAILED
@@ -210,6 +221,10 @@ class SlurmJobOperator(BaseOperator):
             self.log.info("Slurm job %s of this run already completed; adopting its result", previous.job_id)
             self.job_id = previous.job_id
             return self.result(run_dir, previous, exit_code=previous.exit_code or 0)
+        if previous is not None and self.stopped_early(previous, run_dir):
+            self.log.info("Slurm job %s of this run was stopped early; adopting that outcome", previous.job_id)
+            self.job_id = previous.job_id
+            return self.result(run_dir, previous, outcome=str(Outcome.STOPPED_EARLY))
         if previous is not None and (previous.state.is_active or previous.state.is_interruption):
             self.log.info("Re-attaching to Slurm job %s (%s)", previous.job_id, previous.raw_state)
             self.job_id = previous.job_id
@@ -382,7 +397,11 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         if any(e.state.is_active for e in elements):
             state = JobState.RUNNING
         else:
-            succeeded = sum(e.state is JobState.COMPLETED for e in elements)
+            succeeded = sum(
+                e.state is JobState.COMPLETED
+                or (e.array_index is not None and self.stopped_early(e, run_dir.element(e.array_index)))
+                for e in elements
+            )
             enough = succeeded >= math.ceil(self.min_success_ratio * len(self.trials))
             state = JobState.COMPLETED if enough else JobState.FAILED
         return JobInfo(job_id=job_id, state=state, raw_state=str(state), exit_code=0, source="array")
