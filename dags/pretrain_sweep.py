@@ -1,27 +1,16 @@
-"""A hyperparameter sweep: every trial in `trials` runs as one element of a Slurm job array on one
-shared cluster; at least half must succeed. Each trial's hyperparameters are laid over the profile's.
+"""A hyperparameter sweep: every trial in `trials` (crossed with every point of `grid`) runs as one
+element of a Slurm job array on one shared cluster; at least half must succeed. Each trial's
+hyperparameters are laid over the profile's; the leaderboard returns the best trial's.
 """
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 
-from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, training_params
+from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, sweep_params, training_params
 
 with DAG(
     dag_id="pretrain_sweep",
     schedule=None,
-    params={
-        **training_params(profile="local", partition="default"),
-        "trials": Param(
-            [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.004}],
-            type="array",
-            minItems=1,
-            maxItems=1000,
-            items={"type": "object"},
-            title="Trials",
-            description='One hyperparameter object per trial, e.g. [{"lr": 0.001}, {"lr": 0.01}].',
-            section="Training",
-        ),
-    },
+    params={**training_params(profile="local", partition="default"), **sweep_params()},
     **TRAINING_DAG_ARGS,
     max_active_runs=2,
     tags=["pcflow", "training", "sweep"],

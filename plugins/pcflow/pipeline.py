@@ -159,6 +159,53 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
     }
 
 
+MAX_TRIALS = 1000
+
+
+def sweep_params() -> dict[str, Param]:
+    """The sweep's own fields: a list of trials, each crossed with every point of a grid."""
+    return {
+        "trials": Param(
+            [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.004}],
+            type="array",
+            minItems=1,
+            maxItems=MAX_TRIALS,
+            items={"type": "object"},
+            title="Trials",
+            description='One hyperparameter object per trial, e.g. [{"lr": 0.001}, {"lr": 0.01}]; laid over the '
+            "profile's hyperparameters.",
+            section="Sweep",
+        ),
+        "grid": Param(
+            {},
+            type="object",
+            additionalProperties={"type": "array", "minItems": 1},
+            title="Grid",
+            description='Values to try per hyperparameter, e.g. {"lr": [0.001, 0.01], "temperature": [0.1, 0.5]}: '
+            "every trial above is crossed with every combination (grid values win), so trials [{}] runs the "
+            f"plain grid. At most {MAX_TRIALS} trials in all.",
+            section="Sweep",
+        ),
+    }
+
+
+def expand_trials(trials: list[dict[str, Any]], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every trial crossed with every point of the grid, in a stable order (trial-major)."""
+    import itertools
+
+    for name, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"grid.{name}: needs a non-empty list of values, got {values!r}")
+    points = [dict(zip(grid, combination, strict=True)) for combination in itertools.product(*grid.values())]
+    expanded = [{**trial, **point} for trial in trials for point in points]
+    if len(expanded) > MAX_TRIALS:
+        raise ValueError(
+            f"trials: {len(trials)} trials x {len(points)} grid points = {len(expanded)} trials, more than "
+            f"{MAX_TRIALS}; split the sweep or shrink the grid"
+        )
+    return expanded
+
+
 def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """The run's Params as a partial run-spec document (empty fields leave the profile's value)."""
     from pcflow.merge import deep_merge
@@ -221,6 +268,11 @@ def resolve_for_run(
     document["run_key"] = run_key_from_context(context)
     document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}
     document["early_stopping"] = early_stopping_rule(spec.metrics)
+    if "trials" in params:  # a sweep
+        try:
+            document["trials"] = expand_trials(params["trials"], params.get("grid") or {})
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
     document["keep_resources"] = spec.teardown.policy == "never"
     return document
 
@@ -490,7 +542,7 @@ def build_training_pipeline(
         **cluster_args,
     )
     data_dir = stage_in(run, cluster.output, dataset.output)
-    trials = "{{ params.trials }}" if sweep else None
+    trials = run_value("trials") if sweep else None
     inputs = training_inputs(run, cluster.output, data_dir, trials)
     job = {
         "program": run_value("training.program"),

@@ -106,8 +106,9 @@ def test_nightly_backfill_of_two_days_shares_infrastructure_and_keeps_outputs_ap
 
 
 def test_sweep_ranks_trials_and_picks_the_best(airflow):
-    trials = [{"lr": 0.002, "seed": 0}, {"lr": 0.004, "seed": 1}, {"lr": 0.0005, "seed": 2}]
-    result = run_dag("pretrain_sweep", {"partition": "e2e", "trials": trials, "tasks_per_node": 1, **FAST})
+    grid = {"lr": [0.002, 0.004, 0.0005]}  # crossed with the one trial: three trials
+    conf = {"partition": "e2e", "trials": [{"seed": 0}], "grid": grid, "tasks_per_node": 1, **FAST}
+    result = run_dag("pretrain_sweep", conf)
     assert result.state == "success", result.task_states
     board = result.returned["metrics"]
     assert board["objective"] == {"name": "probe_accuracy", "mode": "max"}
@@ -116,7 +117,8 @@ def test_sweep_ranks_trials_and_picks_the_best(airflow):
     assert None not in values and values == sorted(values, reverse=True)
     best = board["best"]
     assert best["value"] == max(values) and best["trial"] == board["leaderboard"][0]["trial"]
-    assert best["hyperparameters"]["lr"] in {t["lr"] for t in trials}
+    assert best["hyperparameters"]["lr"] in grid["lr"] and best["hyperparameters"]["seed"] == 0
+    assert sorted(row["hyperparameters"]["lr"] for row in board["leaderboard"]) == sorted(grid["lr"])
     assert tagged_resources("pcflow:run", result.run_key) == []
 
 
