@@ -91,6 +91,8 @@ def test_a_stalled_head_node_fails_the_call_and_the_next_call_reconnects(local_s
         with stalled(hook), pytest.raises(SlurmConnectionError, match=r"did not answer the read of .*stall-probe"):
             hook.read_file(str(marker))
         assert hook.run(["echo", "back"]).stdout == "back\n"
+        with stalled(hook):  # the channel never opens: the command cannot have run, so one reconnect
+            assert hook.run(["echo", "again"]).stdout == "again\n"
 
         with pytest.raises(SlurmConnectionError, match=r"did not answer `sleep 30` within 1 s"):
             hook.run(["sleep", "30"], timeout=1)

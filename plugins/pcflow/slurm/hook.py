@@ -35,6 +35,7 @@ from pcflow.slurm.states import JobInfo
 if TYPE_CHECKING:
     from paramiko.sftp_client import SFTPClient
 
+DEADLINE_GRACE_S = 5.0
 SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "sacctmgr"})
 
 
@@ -211,7 +212,9 @@ class SlurmHook(BaseHook):
             if transport is not None:
                 transport.close()
 
-        timer = threading.Timer(seconds, expire)
+        # Past paramiko's own timeouts (same `seconds`), so a channel that never opened still raises
+        # paramiko's error first, which `run` answers with one reconnect.
+        timer = threading.Timer(seconds + DEADLINE_GRACE_S, expire)
         timer.daemon = True
         timer.start()
         try:
