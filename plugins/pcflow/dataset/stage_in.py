@@ -3,16 +3,28 @@
 On ParallelCluster, FSx for Lustre is linked to the dataset's S3 prefix and loads files lazily, so
 the data is already at `<mount>/<partition>/`. A static cluster has no such link: pcflow copies the
 objects the partition's manifest lists (and only those: a half-loaded partition is never read) into
-the cluster's shared directory over SFTP, skipping files already there with the same size.
+the cluster's shared directory, skipping files already there with the same size. The copy is one
+`tar -x` fed over SSH (one round trip, not four SFTP requests per file: 1,797 digits took 18-36 s
+file by file), from parallel S3 reads checked against the manifest's sha256 before they are sent.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import posixpath
+import tarfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pcflow.dataset.manifest import read_manifest
 from pcflow.slurm.hook import SlurmHook
+
+#: Objects read ahead of the tar stream: at most this many, and this many bytes (or one larger object).
+WINDOW_OBJECTS = 256
+WINDOW_BYTES = 256 << 20
 
 
 def data_dir_on_cluster(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, Any]) -> str:
@@ -26,20 +38,53 @@ def data_dir_on_cluster(run: dict[str, Any], cluster: dict[str, Any], dataset: d
     return posixpath.join(cluster["shared_root"], "pcflow", "datasets", dataset["bucket"], dataset["root"].rstrip("/"))
 
 
-def copy_partition(s3: Any, hook: SlurmHook, *, bucket: str, root: str, dest: str, log: Any) -> dict[str, int]:
+def windows(entries: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """Consecutive groups small enough to hold in memory (so the partition never is, all at once)."""
+    window: list[dict[str, Any]] = []
+    size = 0
+    for entry in entries:
+        if window and (size + entry["size"] > WINDOW_BYTES or len(window) >= WINDOW_OBJECTS):
+            yield window
+            window, size = [], 0
+        window.append(entry)
+        size += entry["size"]
+    if window:
+        yield window
+
+
+def copy_partition(
+    s3: Any, hook: SlurmHook, *, bucket: str, root: str, dest: str, log: Any, workers: int = 16
+) -> dict[str, int]:
     """Copy the manifest's objects under `dest`; returns counts of copied and skipped files."""
     manifest = read_manifest(s3, bucket, root)
     if manifest is None:
         raise ValueError(f"s3://{bucket}/{root} has no manifest: the dataset stage has not completed a load there")
     objects = manifest["objects"]
-    hook.makedirs(dest, *sorted({posixpath.join(dest, posixpath.dirname(o["key"])) for o in objects}))
-    copied = skipped = 0
     for entry in objects:
-        target = posixpath.join(dest, entry["key"])
-        if hook.file_size(target) == entry["size"]:
-            skipped += 1
-            continue
-        hook.write_file(target, s3.get_object(Bucket=bucket, Key=root + entry["key"])["Body"].read())
-        copied += 1
-    log.info("staged s3://%s/%s into %s: %d copied, %d already there", bucket, root, dest, copied, skipped)
-    return {"copied": copied, "skipped": skipped, "files": len(objects)}
+        parts = entry["key"].split("/")
+        if entry["key"].startswith("/") or ".." in parts:
+            raise ValueError(f"manifest of s3://{bucket}/{root} lists {entry['key']!r}, outside the partition")
+    hook.makedirs(dest)
+    present = hook.file_sizes(dest)
+    todo = [o for o in objects if present.get(o["key"]) != o["size"]]
+
+    def fetch(entry: dict[str, Any]) -> bytes:
+        data = s3.get_object(Bucket=bucket, Key=root + entry["key"])["Body"].read()
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ValueError(
+                f"s3://{bucket}/{root}{entry['key']} does not match the manifest's sha256: the partition was "
+                "changed after its load; load it again"
+            )
+        return data
+
+    if todo:
+        with hook.command_input(["tar", "-x", "-f", "-", "-C", dest]) as sink:
+            with tarfile.open(fileobj=sink, mode="w|") as tar, ThreadPoolExecutor(workers) as pool:
+                for window in windows(todo):
+                    for entry, data in zip(window, pool.map(fetch, window), strict=True):
+                        info = tarfile.TarInfo(entry["key"])
+                        info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+                        tar.addfile(info, io.BytesIO(data))
+    skipped = len(objects) - len(todo)
+    log.info("staged s3://%s/%s into %s: %d copied, %d already there", bucket, root, dest, len(todo), skipped)
+    return {"copied": len(todo), "skipped": skipped, "files": len(objects)}

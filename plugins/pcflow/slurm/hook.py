@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import paramiko
 from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
@@ -282,6 +282,41 @@ class SlurmHook(BaseHook):
             err = stderr.read().decode(errors="replace")
             code = stdout.channel.recv_exit_status()
         return CommandResult(argv, code, out, err)
+
+    @contextmanager
+    def command_input(self, argv: Sequence[str]) -> Iterator[IO[bytes]]:
+        """Run a command that reads what the caller writes to it (e.g. `tar -x`), in one round trip
+        for any amount of data; fails when the command does. Each write waits at most
+        command_timeout for the head node to take more."""
+        argv = tuple(self._slurm_argv(argv))
+        client = self.get_conn()
+        with self._deadline(client, self.command_timeout, f"`{shlex.join(argv)[:200]}`"):
+            stdin, stdout, stderr = client.exec_command(quote_command(argv), timeout=self.command_timeout)
+        try:
+            yield stdin
+            stdin.flush()
+            stdin.channel.shutdown_write()
+            with self._deadline(client, self.command_timeout, f"the end of `{shlex.join(argv)[:200]}`"):
+                out = stdout.read().decode(errors="replace")
+                err = stderr.read().decode(errors="replace")
+                code = stdout.channel.recv_exit_status()
+        except TimeoutError as exc:
+            self.close()
+            raise SlurmConnectionError(self._stalled(f"`{shlex.join(argv)[:200]}`", self.command_timeout)) from exc
+        except BaseException:
+            stdin.channel.close()  # the command sees its input cut short and fails; nothing half-done is kept
+            raise
+        CommandResult(argv, code, out, err).check()
+
+    def file_sizes(self, directory: str) -> dict[str, int]:
+        """Size of every file under `directory` by relative path, in one command (empty if it is absent)."""
+        result = self.run(["find", directory, "-type", "f", "-printf", "%s %P\\0"], check=False)
+        sizes = {}
+        for record in result.stdout.split("\0"):
+            size, _, rel = record.partition(" ")
+            if size.isdigit() and rel:
+                sizes[rel] = int(size)
+        return sizes
 
     def makedirs(self, *paths: str) -> None:
         self.run(["mkdir", "-p", "--", *paths])
