@@ -182,9 +182,20 @@ def remove_stack(stack: str) -> list[str]:
     teardown(clients, Selector(stack=stack), handler_sets=("pcluster", "ec2", "fsx", "images"), pass_delay=0)
     s3 = clients("s3")
     for bucket in [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith(f"pcflow-{stack}-")]:
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
-        s3.delete_bucket(Bucket=bucket)
+        delete_bucket(s3, bucket)
     return tagged_resources("pcflow:stack", stack)
+
+
+def delete_bucket(s3: Any, bucket: str) -> None:
+    """Delete a bucket with everything in it, every version and delete marker included (the dataset
+    bucket is versioned). Local tooling only: pcflow itself never deletes a data bucket."""
+    versions = [
+        {"Key": v["Key"], "VersionId": v["VersionId"]}
+        for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket)
+        for v in page.get("Versions", []) + page.get("DeleteMarkers", [])
+    ]
+    for start in range(0, len(versions), 1000):  # DeleteObjects takes at most 1,000 keys
+        failed = s3.delete_objects(Bucket=bucket, Delete={"Objects": versions[start : start + 1000], "Quiet": True})
+        if failed.get("Errors"):
+            raise RuntimeError(f"could not empty bucket {bucket}: {failed['Errors'][:3]}")
+    s3.delete_bucket(Bucket=bucket)

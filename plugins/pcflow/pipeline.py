@@ -334,15 +334,17 @@ def validate_run(
 
 @task(multiple_outputs=False)
 def ensure_dataset_bucket(run: dict[str, Any]) -> dict[str, Any]:
-    """The dataset/report bucket: created with pcflow's settings, or adopted."""
+    """The dataset/report bucket: created with pcflow's settings, or adopted. Versioned, so a manifest
+    names the exact bytes it lists while a later load replaces keys (replaced versions expire)."""
     from pcflow.aws.clients import aws_client
-    from pcflow.aws.storage import ABORT_INCOMPLETE_UPLOADS, ensure_bucket
+    from pcflow.aws.storage import ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS, ensure_bucket
     from pcflow.naming import Component, standard_tags
 
     s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
     tags = standard_tags(stack=run["stack"], component=Component.STORAGE)
     bucket = run["dataset"]["bucket"]
-    return ensure_bucket(s3, bucket, region=run["region"], tags=tags, lifecycle_rules=[ABORT_INCOMPLETE_UPLOADS])
+    rules = [ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS]
+    return ensure_bucket(s3, bucket, region=run["region"], tags=tags, versioning=True, lifecycle_rules=rules)
 
 
 @task

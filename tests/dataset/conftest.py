@@ -9,6 +9,7 @@ import uuid
 import boto3
 import pytest
 from botocore.config import Config
+from dagrun import delete_bucket
 
 from pcflow.naming import standard_tags
 
@@ -65,11 +66,7 @@ def bucket(s3):
     name = f"pcflow-dataset-test-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=name)
     yield name
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
-        objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-        if objs:
-            s3.delete_objects(Bucket=name, Delete={"Objects": objs, "Quiet": True})
-    s3.delete_bucket(Bucket=name)
+    delete_bucket(s3, name)
 
 
 @pytest.fixture

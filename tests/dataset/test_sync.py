@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from pcflow.dataset.errors import DestinationError, SourceChangedError, SourceError
-from pcflow.dataset.manifest import JOURNAL_KEY, read_manifest
+from pcflow.dataset.manifest import JOURNAL_KEY, read_listed_object, read_manifest
 from pcflow.dataset.sources import LocalDirectorySource, S3PrefixSource
 from pcflow.dataset.sync import sync_to_s3
 
@@ -151,6 +152,27 @@ def test_interrupted_load_resumes_without_reuploading(s3, bucket, counter, tmp_p
     assert (
         resumed["object_count"] == 40 and read_manifest(s3, bucket, "ds/p/")["content_hash"] == resumed["content_hash"]
     )
+
+
+def test_readers_of_the_last_good_load_keep_its_bytes_while_a_dead_load_replaced_keys(s3, bucket, tmp_path):
+    """Sync writes keys in place; in a versioned bucket (pcflow's dataset bucket) the manifest names
+    each object's version, so what it lists never changes under its readers."""
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    src = make_tree(tmp_path / "src", n=40)
+    sync_to_s3(s3, str(src), bucket=bucket, prefix="ds", partition="p", workers=2)
+    listed = read_manifest(s3, bucket, "ds/p/")["objects"]
+    assert all(entry.get("version_id") for entry in listed)
+    for p in src.rglob("*.bin"):
+        p.write_bytes(os.urandom(64) + p.read_bytes())
+    with pytest.raises(SourceError, match="cannot read"):
+        sync_to_s3(s3, VanishingSource(src, "c2/f020.bin"), bucket=bucket, prefix="ds", partition="p", workers=2)
+
+    def sha(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    latest = {e["key"]: sha(s3.get_object(Bucket=bucket, Key="ds/p/" + e["key"])["Body"].read()) for e in listed}
+    assert any(latest[e["key"]] != e["sha256"] for e in listed), "the dead load replaced keys in place"
+    assert all(sha(read_listed_object(s3, bucket, "ds/p/", e)) == e["sha256"] for e in listed)
 
 
 class GrowingSource(LocalDirectorySource):

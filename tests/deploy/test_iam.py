@@ -52,6 +52,7 @@ PARAMETER_ACTIONS = {
     (("ec2", "RunInstances"), "IamInstanceProfile"): "iam:PassRole",
     (("ec2", "*"), "TagSpecifications"): "ec2:CreateTags",
     (("s3", "PutObject"), "Tagging"): "s3:PutObjectTagging",
+    (("s3", "GetObject"), "VersionId"): "s3:GetObjectVersion",
 }
 #: Method names that are AWS operations but are called on something else here.
 NOT_AWS_CALLS = {"get_template": "jinja2.Environment.get_template (report and batch templates)"}

@@ -82,6 +82,14 @@ ABORT_INCOMPLETE_UPLOADS = {
     "Filter": {"Prefix": ""},
     "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 2},
 }
+#: In a versioned dataset bucket, a replaced object stays readable (by the manifests that list it) a week.
+EXPIRE_REPLACED_VERSIONS = {
+    "ID": "pcflow-expire-replaced-versions",
+    "Status": "Enabled",
+    "Filter": {"Prefix": ""},
+    "NoncurrentVersionExpiration": {"NoncurrentDays": 7},
+    "Expiration": {"ExpiredObjectDeleteMarker": True},
+}
 
 
 def ensure_bucket(

@@ -7,7 +7,9 @@ Layout of a loaded partition::
     s3://<bucket>/<prefix>/<partition>/_pcflow/journal.json    <- what an unfinished load already uploaded
 
 Readers (the training payload, FSx users) take the object list from the manifest, never from a listing,
-so a half-loaded partition is invisible. The manifest records size, sha256 and ETag of every object, so
+so a half-loaded partition is invisible. In a versioned bucket (pcflow's dataset bucket is) the
+manifest also records each object's version, so its readers keep reading the bytes it lists while a
+later load replaces keys in place (`read_listed_object`). The manifest records size, sha256 and ETag of every object, so
 a re-run decides what to skip from one GET and one LIST, without reading any remote object.
 """
 
@@ -100,6 +102,13 @@ def read_manifest(client: Any, bucket: str, root: str) -> dict[str, Any] | None:
     """The partition's committed manifest; one written by another format is treated as absent."""
     doc = read_json_object(client, bucket, root + MANIFEST_NAME)
     return doc if doc and doc.get("format") == FORMAT else None
+
+
+def read_listed_object(client: Any, bucket: str, root: str, entry: Mapping[str, Any]) -> bytes:
+    """The bytes a manifest entry lists: its version when the bucket keeps versions (a load that
+    replaced the key later, even one that died before its manifest, does not change them)."""
+    version = {"VersionId": entry["version_id"]} if entry.get("version_id") else {}
+    return client.get_object(Bucket=bucket, Key=root + entry["key"], **version)["Body"].read()
 
 
 def summary(manifest: Mapping[str, Any], **counters: int) -> dict[str, Any]:

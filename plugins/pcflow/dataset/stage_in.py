@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pcflow.dataset.manifest import read_manifest
+from pcflow.dataset.manifest import read_listed_object, read_manifest
 from pcflow.slurm.hook import SlurmHook
 
 #: Objects read ahead of the tar stream: at most this many, and this many bytes (or one larger object).
@@ -69,7 +69,7 @@ def copy_partition(
     todo = [o for o in objects if present.get(o["key"]) != o["size"]]
 
     def fetch(entry: dict[str, Any]) -> bytes:
-        data = s3.get_object(Bucket=bucket, Key=root + entry["key"])["Body"].read()
+        data = read_listed_object(s3, bucket, root, entry)
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ValueError(
                 f"s3://{bucket}/{root}{entry['key']} does not match the manifest's sha256: the partition was "

@@ -158,7 +158,7 @@ class PartitionWriter:
             )
         except ClientError as err:
             raise self._explain(err, "write", key) from err
-        return {"key": key, "size": len(data), "sha256": sha256, "etag": resp["ETag"], **extra}
+        return {"key": key, "size": len(data), "sha256": sha256, "etag": resp["ETag"], **_version(resp), **extra}
 
     def put_stream(self, key: str, fileobj: str | IO[bytes], size: int, sha256: str | None, **extra: Any):
         """A large object through s3transfer (multipart, parts in parallel); `fileobj` may be a path.
@@ -176,10 +176,10 @@ class PartitionWriter:
         )
         try:
             future.result()
-            etag = self.client.head_object(Bucket=self.bucket, Key=self.root + key)["ETag"]
+            head = self.client.head_object(Bucket=self.bucket, Key=self.root + key)
         except ClientError as err:
             raise self._explain(err, "write", key) from err
-        return {"key": key, "size": size, "sha256": sha256, "etag": etag, **extra}
+        return {"key": key, "size": size, "sha256": sha256, "etag": head["ETag"], **_version(head), **extra}
 
     def _transfer_manager(self) -> TransferManager:
         with self._lock:
@@ -320,3 +320,10 @@ class HashingReader:
 
     def hexdigest(self) -> str:
         return self.hash.hexdigest()
+
+
+def _version(response: Mapping[str, Any]) -> dict[str, str]:
+    """`{"version_id": ...}` in a versioned bucket: the manifest then names the exact bytes it lists,
+    which a later load replacing the key does not change for its readers."""
+    version = response.get("VersionId")
+    return {"version_id": version} if version and version != "null" else {}
