@@ -3,8 +3,9 @@
 Skips every file whose size and sha256 (local) or ETag (S3 source) match the committed manifest or the
 journal of an interrupted load; uploads the rest in parallel; small files in one PutObject (S3 checks
 it against our sha256), large ones multipart through s3transfer, read once and hashed as the parts go
-up; publishes manifest.json last. Keys are written in place (as `aws s3 sync` does): readers of an older
-manifest can tell a replaced object by the ETag that manifest recorded.
+up; publishes manifest.json last. Keys are written in place (as `aws s3 sync` does); in a versioned bucket
+(pcflow's dataset bucket is) each manifest names the versions it lists, so readers of an older manifest
+still get its bytes, and elsewhere they can tell a replaced object by the ETag that manifest recorded.
 """
 
 from __future__ import annotations
