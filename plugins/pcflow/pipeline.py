@@ -53,8 +53,11 @@ def task_value(task_id: str, key: str) -> str:
 # -- the trigger form ----------------------------------------------------------------------------
 
 
-def training_params(*, profile: str = "local", partition: str | None = None) -> dict[str, Param]:
-    """The trigger form: every field optional except the profile; empty means "as the profile says"."""
+def training_params(
+    *, profile: str = "local", partition: str | None = None, extra: dict[str, Param] | None = None
+) -> dict[str, Param]:
+    """The trigger form: every field optional except the profile; empty means "as the profile says".
+    `extra` (a DAG's own fields) comes after the training fields, before cleanup and overrides."""
 
     def optional(kind: str, **schema: Any) -> dict[str, Any]:
         return {"type": ["null", kind], **schema}
@@ -141,6 +144,7 @@ def training_params(*, profile: str = "local", partition: str | None = None) -> 
             "improved for this many evaluations, or has become NaN/inf; empty: as the profile says (off).",
             section="Training",
         ),
+        **(extra or {}),
         "teardown_policy": Param(
             None,
             **optional_choice("always", "never"),
