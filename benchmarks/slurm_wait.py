@@ -29,7 +29,7 @@ sys.path[:0] = [str(REPO / "plugins"), str(REPO / "tests")]
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".stack" / "airflow"))
 
 from airflow.sdk.exceptions import TaskDeferred  # noqa: E402
-from stacktools import read_env_file, stack_cli  # noqa: E402
+from stacktools import start_for_script  # noqa: E402
 from taskcontext import make_context  # noqa: E402
 
 from pcflow.slurm.hook import SlurmHook  # noqa: E402
@@ -166,13 +166,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=100)
     args = parser.parse_args()
 
-    up = stack_cli("up")
-    if up.returncode != 0:
-        print(up.stdout + up.stderr, file=sys.stderr)
-        return 1
-    env = read_env_file(REPO / ".stack" / "env")
-    os.environ.update(env)
-    shared = Path(json.loads(env["AIRFLOW_CONN_SLURM_DEFAULT"])["extra"]["shared_root"])
+    shared = start_for_script()
     (shared / "bench").mkdir(parents=True, exist_ok=True)
 
     pcflow = measure_pcflow(shared, args.jobs, args.job_seconds)

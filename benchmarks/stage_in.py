@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO / "tests")]
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".stack" / "airflow"))
 
-from stacktools import read_env_file, stack_cli  # noqa: E402
+from stacktools import start_for_script  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "stage_in.json"
 GOAL = "pcflow stages the 1,797 digits at least 5x faster than S3ToSFTPOperator, and a re-run copies nothing"
@@ -46,13 +46,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    up = stack_cli("up")
-    if up.returncode != 0:
-        print(up.stdout + up.stderr, file=sys.stderr)
-        return 1
-    env = read_env_file(REPO / ".stack" / "env")
-    os.environ.update(env)
-    shared = Path(json.loads(env["AIRFLOW_CONN_SLURM_DEFAULT"])["extra"]["shared_root"])
+    shared = start_for_script()
 
     from airflow.providers.amazon.aws.transfers.s3_to_sftp import S3ToSFTPOperator
 

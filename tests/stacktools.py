@@ -44,6 +44,17 @@ def read_env_file(path: Path) -> dict[str, str]:
     return env
 
 
+def start_for_script() -> Path:
+    """For scripts outside pytest (benchmarks): start the local stack (a no-op when it is up), take its
+    environment into os.environ, and return the shared root every Slurm node sees."""
+    up = stack_cli("up")
+    if up.returncode != 0:
+        raise SystemExit(f"the local stack did not start:\n{up.stdout}{up.stderr}")
+    env = read_env_file(Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")) / "env")
+    os.environ.update(env)
+    return Path(json.loads(env["AIRFLOW_CONN_SLURM_DEFAULT"])["extra"]["shared_root"])
+
+
 @dataclass(frozen=True)
 class LocalStack:
     state_dir: Path

@@ -99,21 +99,26 @@ def test_early_stop_then_leaderboard(slurm, s3, bucket, stack_name):
 STOP_RULE = {"objective": {"name": "acc", "mode": "max"}, "patience": 2, "min_delta": 0.0}
 
 
-def test_the_train_task_stops_trials_early_while_it_waits(slurm):
-    """The pipeline's way: the rule travels with the train task, no check task waits beside it."""
-    context = make_context("sweep-stop")
-    train = SlurmArrayJobOperator(
-        task_id="sweep-stop",
+def run_with_stop_rule(operator, task_id: str, **kwargs) -> tuple[dict, object, dict]:
+    """The pipeline's way: the rule travels with the train task, no check task waits beside it.
+    Returns the task's result, the operator and the run's context."""
+    context = make_context(task_id)
+    train = operator(
+        task_id=task_id,
         program=["bash", "-c", TRIAL],
-        trials=[{"mode": "good"}, {"mode": "nan"}, {"mode": "flat"}],
-        min_success_ratio=1.0,
         poll_interval=0.2,
         confirm_interval=1.0,
         early_stopping=STOP_RULE,
+        **kwargs,
     )
     with pytest.raises(TaskDeferred) as deferred:
         train.execute(context)
-    job = train.execute_complete(context, first_event(revive(deferred.value)))
+    return train.execute_complete(context, first_event(revive(deferred.value))), train, context
+
+
+def test_the_train_task_stops_trials_early_while_it_waits(slurm):
+    trials = [{"mode": "good"}, {"mode": "nan"}, {"mode": "flat"}]
+    job, train, context = run_with_stop_rule(SlurmArrayJobOperator, "sweep-stop", trials=trials, min_success_ratio=1.0)
     assert [t["outcome"] for t in job["trials"]] == ["success", "stopped_early", "stopped_early"]
     records = [json.loads(slurm.read_file(t["run_dir"] + "/early_stop.json")) for t in job["trials"][1:]]
     assert [r["decision"]["reason"] for r in records] == ["diverged", "no_improvement"]
@@ -124,18 +129,7 @@ def test_the_train_task_stops_trials_early_while_it_waits(slurm):
 
 
 def test_a_single_job_stopped_early_says_so(slurm):
-    context = make_context("single-stop")
-    train = SlurmJobOperator(
-        task_id="single-stop",
-        program=["bash", "-c", TRIAL],
-        hyperparameters={"mode": "flat"},
-        poll_interval=0.2,
-        confirm_interval=1.0,
-        early_stopping=STOP_RULE,
-    )
-    with pytest.raises(TaskDeferred) as deferred:
-        train.execute(context)
-    result = train.execute_complete(context, first_event(revive(deferred.value)))
+    result, train, context = run_with_stop_rule(SlurmJobOperator, "single-stop", hyperparameters={"mode": "flat"})
     assert result["outcome"] == "stopped_early" and result["state"] != "COMPLETED"
     retry = train.execute(make_context("single-stop", run_id=context["run_id"]))  # adopts, does not resubmit
     assert (retry["job_id"], retry["outcome"]) == (result["job_id"], "stopped_early")
