@@ -84,6 +84,10 @@ def test_failed_after_a_term_marker_waits_for_a_requeue():
     assert verdict is None
     plain = {**term, "signal": ""}
     assert JobWatch("9").assess(info(JobState.FAILED), plain, 0).outcome is Outcome.FAILED
+    # slurmctld may already count the restart while it still shows the requeued attempt as FAILED
+    assert JobWatch("9").assess(info(JobState.FAILED, restarts=1), term, 0) is None
+    two_back = {**term, "restart": 0}
+    assert JobWatch("9").assess(info(JobState.FAILED, restarts=2), two_back, 0).outcome is Outcome.FAILED
 
 
 def test_pending_timeout_counts_from_first_pending_sight():

@@ -120,8 +120,11 @@ class JobWatch:
     @staticmethod
     def _requeue_in_flight(info: JobInfo, marker: dict | None) -> bool:
         """`scontrol requeue` ends the attempt with SIGTERM, and slurmctld can show FAILED for a moment
-        before the job is pending again: a TERM marker on a FAILED job gets the interruption grace."""
-        return info.state is JobState.FAILED and marker_matches(marker, info) and marker.get("signal") == "TERM"
+        before the job is pending again, its restart count already raised: a TERM marker of this attempt
+        or of the one before it on a FAILED job gets the interruption grace."""
+        if info.state is not JobState.FAILED or not marker or marker.get("signal") != "TERM":
+            return False
+        return str(marker.get("job_id")) == info.job_id and int(marker.get("restart", -1)) >= info.restarts - 1
 
     def _pending(self, info: JobInfo, now: float) -> Verdict | None:
         self.interrupted_since = None
