@@ -29,7 +29,7 @@ for e in 0 1 2 3; do
     "$(date +%s.%N)" $e $e "$v" >> "$PCFLOW_METRICS_FILE"
   sleep 0.3
 done
-[ "$mode" != good ] && sleep 60
+[ "$mode" != good ] && exec sleep 60  # exec: the task itself, so scancel's TERM reaches it
 exit 0
 """
 
