@@ -263,10 +263,11 @@ class DeleteClusterOperator(_ClusterOperator):
         if not name:
             raise ValueError("DeleteClusterOperator needs cluster_name (or a cluster section with a name)")
         provider = self.cluster_provider
+        described = provider.hook.describe_cluster(name)
         exports = []
         if self.export_fsx:
             fsx = provider.clients("fsx")
-            for task_id in provider.start_exports(name, task_key=self.export_key(context)):
+            for task_id in provider.start_exports(name, described, task_key=self.export_key(context)):
                 task = fsx.describe_data_repository_tasks(TaskIds=[task_id])["DataRepositoryTasks"][0]
                 if task["Lifecycle"] in ACTIVE:
                     from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
@@ -280,8 +281,7 @@ class DeleteClusterOperator(_ClusterOperator):
                         method_name="export_complete",
                     )  # fmt: skip
                 exports.append(data_repository_task_result(fsx, task_id))  # raises when it failed
-        result = provider.start_delete(name)
-        result["exports"] = exports
+        result = {**provider.delete_described(name, described), "exports": exports}
         if not result.pop("wait"):
             return result
         from pcflow.cluster.triggers import ClusterStackTrigger

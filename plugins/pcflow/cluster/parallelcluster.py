@@ -308,25 +308,29 @@ class ParallelClusterProvider:
     def start_delete(
         self, name: str, *, export_fsx: bool = False, task_key: str | None = None, export_delay: int = 15
     ) -> dict[str, Any]:
-        """Export FSx (when asked), then `delete-cluster`. Returns what happened and the stack to wait for."""
+        """Export FSx (when asked, waiting here), then `delete-cluster`. Returns what happened and
+        whether there is a stack to wait for."""
         described = self.hook.describe_cluster(name)
-        if described is None:
-            log.info("cluster %s does not exist: nothing to delete", name)
-            return {"cluster_name": name, "deleted": False, "wait": False, "exports": []}
         exports = []
         if export_fsx:
             exports = self.export_file_systems(
-                name, task_key=task_key or f"{name}/export-before-delete", delay=export_delay
+                name, described, task_key=task_key or f"{name}/export-before-delete", delay=export_delay
             )
-        self.hook.delete_cluster(name)
-        return {"cluster_name": name, "deleted": True, "wait": True, "exports": exports}
+        return {**self.delete_described(name, described), "exports": exports}
 
-    def start_exports(self, name: str, *, task_key: str) -> list[str]:
+    def delete_described(self, name: str, described: Mapping[str, Any] | None) -> dict[str, Any]:
+        """`delete-cluster` for a cluster just described (None: it does not exist, nothing to delete)."""
+        if described is None:
+            log.info("cluster %s does not exist: nothing to delete", name)
+            return {"cluster_name": name, "deleted": False, "wait": False}
+        self.hook.delete_cluster(name)
+        return {"cluster_name": name, "deleted": True, "wait": True}
+
+    def start_exports(self, name: str, described: Mapping[str, Any] | None, *, task_key: str) -> list[str]:
         """Start (or adopt: same `task_key`) the export of each of the cluster's FSx file systems to its
         S3 repository; returns the task ids. Nothing to export once the cluster is gone or going."""
         from pcflow.aws.storage import start_data_repository_task
 
-        described = self.hook.describe_cluster(name)
         if described is None or str(described.get("clusterStatus", "")).startswith("DELETE"):
             return []
         fsx = self.clients("fsx")
@@ -337,7 +341,9 @@ class ParallelClusterProvider:
             task_ids.append(task_id)
         return task_ids
 
-    def export_file_systems(self, name: str, *, task_key: str, delay: int = 15) -> list[dict[str, Any]]:
+    def export_file_systems(
+        self, name: str, described: Mapping[str, Any] | None, *, task_key: str, delay: int = 15
+    ) -> list[dict[str, Any]]:
         """The exports, waited for here (the operator defers instead); a failed export raises, so the
         cluster (and the data only it holds) stays until someone looks."""
         from pcflow.aws.clients import wait_logged
@@ -346,7 +352,7 @@ class ParallelClusterProvider:
 
         fsx = self.clients("fsx")
         results = []
-        for task_id in self.start_exports(name, task_key=task_key):
+        for task_id in self.start_exports(name, described, task_key=task_key):
             try:
                 wait_logged(
                     FsxHook().get_waiter("DataRepositoryTaskComplete", client=fsx),
