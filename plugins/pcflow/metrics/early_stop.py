@@ -99,25 +99,17 @@ async def stop_trial(
 
 
 class EarlyStoppingTrigger(HeadNodeTrigger):
-    """Fires when the trial was stopped (payload outcome `stopped_early`) or ended by itself (`finished`)."""
+    """Fires when the trial was stopped (payload outcome `stopped_early`) or ended by itself (`finished`).
+    The rule is the base trigger's `early_stopping`, the same one a train task's wait applies."""
 
-    def __init__(
-        self, *, objective: dict[str, str], patience: int, min_delta: float = 0.0, element: int | None = None, **kwargs
-    ) -> None:
+    def __init__(self, *, element: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.objective = objective
-        self.patience = patience
-        self.min_delta = min_delta
+        if not self.early_stopping:
+            raise ValueError("EarlyStoppingTrigger needs an early_stopping rule")
         self.element = element
 
     def kwargs(self) -> dict[str, Any]:
-        return {
-            **super().kwargs(),
-            "objective": self.objective,
-            "patience": self.patience,
-            "min_delta": self.min_delta,
-            "element": self.element,
-        }
+        return {**super().kwargs(), "element": self.element}
 
     @property
     def trial_dir(self) -> str:
@@ -129,7 +121,7 @@ class EarlyStoppingTrigger(HeadNodeTrigger):
             return None  # not submitted yet
         job_id = submitted if self.element is None else f"{submitted}_{self.element}"
         marker = await self.read_json(sftp, posixpath.join(self.trial_dir, "exit.json"))
-        rule = {"objective": self.objective, "patience": self.patience, "min_delta": self.min_delta}
+        rule = self.early_stopping
         decision = await evaluate(self, sftp, self.trial_dir, rule)
         base = {"job_id": job_id, "run_dir": self.trial_dir, "decision": asdict(decision)}
         if decision.stop and not marker:
@@ -200,9 +192,11 @@ class EarlyStoppingOperator(BaseOperator):
             host_key=self.hook.host_key,
             slurm_bin=self.hook.extras.get("slurm_bin"),
             policy={"poll_interval": self.poll_interval},
-            objective=Objective.parse(self.objective).as_dict(),
-            patience=int(self.patience),
-            min_delta=float(self.min_delta),
+            early_stopping={
+                "objective": Objective.parse(self.objective).as_dict(),
+                "patience": int(self.patience),
+                "min_delta": float(self.min_delta),
+            },
             element=None if self.element in (None, "") else int(self.element),
         )
 
