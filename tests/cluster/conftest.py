@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from dagrun import delete_bucket
 
 from pcflow.aws.ami import delete_image
 from pcflow.aws.clients import aws_client
@@ -66,9 +67,7 @@ def site(local_stack) -> MotoSite:
     ec2.terminate_instances(InstanceIds=[builder])
     s3.create_bucket(Bucket=f"pcflow-{unique}")
     yield MotoSite(unique, f"t{unique}", subnet, f"pcflow-{unique}", ami, f"pcflow-{unique}")
-    for obj in s3.list_objects_v2(Bucket=f"pcflow-{unique}").get("Contents", []):
-        s3.delete_object(Bucket=f"pcflow-{unique}", Key=obj["Key"])
-    s3.delete_bucket(Bucket=f"pcflow-{unique}")
+    delete_bucket(s3, f"pcflow-{unique}")
     delete_image(ec2, ami)  # with its snapshot: deregistering alone leaks it
     ec2.delete_key_pair(KeyName=f"pcflow-{unique}")
     ec2.delete_subnet(SubnetId=subnet)

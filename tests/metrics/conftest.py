@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from dagrun import delete_bucket
 
 from pcflow.aws.clients import aws_client
 from pcflow.slurm.hook import SlurmHook
@@ -32,10 +33,7 @@ def bucket(s3) -> str:
     name = f"pcflow-metrics-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=name)
     yield name
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
-        for obj in page.get("Contents", []):
-            s3.delete_object(Bucket=name, Key=obj["Key"])
-    s3.delete_bucket(Bucket=name)
+    delete_bucket(s3, name)
 
 
 @pytest.fixture

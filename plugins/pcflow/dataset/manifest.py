@@ -9,8 +9,9 @@ Layout of a loaded partition::
 Readers (the training payload, FSx users) take the object list from the manifest, never from a listing,
 so a half-loaded partition is invisible. In a versioned bucket (pcflow's dataset bucket is) the
 manifest also records each object's version, so its readers keep reading the bytes it lists while a
-later load replaces keys in place (`read_listed_object`). The manifest records size, sha256 and ETag of every object, so
-a re-run decides what to skip from one GET and one LIST, without reading any remote object.
+later load replaces keys in place (`read_listed_object`). The manifest records size, sha256 and ETag
+of every object, so a re-run decides what to skip from one GET and one LIST, without reading any
+remote object.
 """
 
 from __future__ import annotations
