@@ -10,6 +10,7 @@ a job pcflow's train task did not submit: it finds the job from the run director
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import posixpath
@@ -23,7 +24,7 @@ import asyncssh
 from airflow.sdk import BaseOperator
 
 from pcflow.metrics.harvest import EARLY_STOP_FILE
-from pcflow.metrics.jsonlines import read_metric_lines
+from pcflow.metrics.jsonlines import from_line_start, read_metric_lines
 from pcflow.metrics.series import Objective, group
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.hook import SlurmHook
@@ -32,6 +33,10 @@ from pcflow.slurm.trigger import HeadNodeTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+#: How much of a running trial's metrics the rule reads: the latest evaluations, whatever the job wrote.
+METRICS_TAIL_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -65,10 +70,16 @@ def decide(values: Sequence[float], objective: Objective, *, patience: int, min_
 async def evaluate(
     trigger: HeadNodeTrigger, sftp: asyncssh.SFTPClient, trial_dir: str, rule: dict[str, Any]
 ) -> Decision:
-    """The rule (`{"objective", "patience", "min_delta"}`) applied to the trial's metrics so far."""
+    """The rule (`{"objective", "patience", "min_delta"}`) applied to the last METRICS_TAIL_BYTES of the
+    trial's metrics, parsed in a thread: the triggerer's event loop serves every other wait meanwhile."""
+    tail = await trigger.read_tail(sftp, posixpath.join(trial_dir, "metrics.jsonl"), METRICS_TAIL_BYTES)
+    data, offset = tail or (b"", 0)
+    return await asyncio.to_thread(decide_from_lines, from_line_start(data, offset), rule)
+
+
+def decide_from_lines(data: bytes, rule: dict[str, Any]) -> Decision:
     objective = Objective.parse(rule["objective"])
-    points = read_metric_lines(await trigger.read_bytes(sftp, posixpath.join(trial_dir, "metrics.jsonl")) or b"")
-    series = group(points.points).get(objective.name)
+    series = group(read_metric_lines(data).points).get(objective.name)
     values = [p.value for p in series.points] if series else []
     return decide(values, objective, patience=int(rule["patience"]), min_delta=float(rule.get("min_delta") or 0.0))
 

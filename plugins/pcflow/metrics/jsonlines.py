@@ -9,6 +9,9 @@ which becomes `test_accuracy_list_meter/top_1/res5` = 41.2 at step 500, split ev
 
 Reading never fails: a line that is not JSON (a job killed mid-write leaves half a line), lacks a
 value or has the wrong types is counted and skipped. NaN and inf are kept: they are news (divergence).
+The job writes these files, so what they may cost is bounded: callers read at most a tail of them,
+a name is at most MAX_NAME_CHARS long, and at most MAX_METRIC_NAMES distinct names are kept (points
+of further names are counted, not kept).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 
 from pcflow.metrics.series import Point
 
+MAX_NAME_CHARS = 128
+MAX_METRIC_NAMES = 256
 _INDEX_KEYS = {"iteration", "phase_idx", "train_phase_idx", "epoch", "step", "time", "timestamp", "eta", "split"}
 
 
@@ -30,6 +35,8 @@ class ReadResult:
     bad_lines: int = 0
     truncated_tail: bool = False
     first_error: str = ""
+    names: set[str] = field(default_factory=set)
+    dropped_points: int = 0
 
     def reject(self, number: int, why: str) -> None:
         self.bad_lines += 1
@@ -43,7 +50,18 @@ class ReadResult:
             "bad_lines": self.bad_lines,
             "truncated_tail": self.truncated_tail,
             **({"first_error": self.first_error} if self.first_error else {}),
-        }
+            **({"dropped_points": self.dropped_points, "why_dropped": f"more than {MAX_METRIC_NAMES} metric names"}
+               if self.dropped_points else {}),
+        }  # fmt: skip
+
+    def keep(self, points: list[Point]) -> None:
+        """Points of the first MAX_METRIC_NAMES names; others are counted."""
+        for point in points:
+            if point.name not in self.names and len(self.names) >= MAX_METRIC_NAMES:
+                self.dropped_points += 1
+                continue
+            self.names.add(point.name)
+            self.points.append(point)
 
 
 def _number(value: Any) -> float | None:
@@ -72,6 +90,8 @@ def _split(name: str) -> str | None:
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
+    if len(prefix) > MAX_NAME_CHARS:
+        return
     if isinstance(value, dict):
         for key, inner in value.items():
             _flatten(f"{prefix}/{key}" if prefix else str(key), inner, out)
@@ -90,6 +110,8 @@ def record_points(record: dict[str, Any]) -> list[Point] | str:
         name, value = record["name"], _number(record["value"])
         if not isinstance(name, str) or not name:
             return "name is not a non-empty string"
+        if len(name) > MAX_NAME_CHARS:
+            return f"name is longer than {MAX_NAME_CHARS} characters"
         if value is None:
             return f"value of {name!r} is not a number"
         split = record.get("split") if isinstance(record.get("split"), str) else None
@@ -119,6 +141,9 @@ def read_metric_lines(data: bytes | str) -> ReadResult:
         except json.JSONDecodeError as exc:
             result.reject(number, f"not JSON ({exc.msg})")
             continue
+        except RecursionError:
+            result.reject(number, "nested too deeply")
+            continue
         if not isinstance(record, dict):
             result.reject(number, "not a JSON object")
             continue
@@ -126,7 +151,15 @@ def read_metric_lines(data: bytes | str) -> ReadResult:
         if isinstance(points, str):
             result.reject(number, points)
         else:
-            result.points.extend(points)
+            result.keep(points)
     if result.truncated_tail and not result.bad_lines:
         result.truncated_tail = False  # complete JSON without its newline yet: it parsed, nothing lost
     return result
+
+
+def from_line_start(data: bytes, offset: int) -> bytes:
+    """A file's tail read from `offset`, less the partial line it starts with (none when offset is 0)."""
+    if offset == 0:
+        return data
+    newline = data.find(b"\n")
+    return data[newline + 1 :] if newline >= 0 else b""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import posixpath
 import shlex
 import stat
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
     from paramiko.sftp_client import SFTPClient
 
 DEADLINE_GRACE_S = 5.0
+#: The most any one read of a remote file returns: jobs write those files, so none is read whole unasked.
+MAX_READ_BYTES = 64 * 1024 * 1024
+#: Exit markers, `submitted`, early_stop.json hold a line of JSON: a larger file is not one of them.
+SMALL_FILE_BYTES = 64 * 1024
 SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "sacctmgr"})
 
 
@@ -75,6 +80,17 @@ def quote_command(argv: Sequence[str]) -> str:
     if not argv or any(not isinstance(a, str) for a in argv):
         raise TypeError(f"a command is a non-empty list of strings, got {argv!r}")
     return shlex.join(argv)
+
+
+def json_object(data: bytes | None, max_bytes: int = SMALL_FILE_BYTES) -> dict | None:
+    """A small JSON object read from a file a job could have written; None for anything else."""
+    if not data or len(data) > max_bytes:
+        return None
+    try:
+        value = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def parse_host_key(text: str) -> paramiko.PKey:
@@ -349,14 +365,19 @@ class SlurmHook(BaseHook):
         except FileNotFoundError:
             return None
 
-    def read_file(self, path: str, offset: int = 0, max_bytes: int | None = None) -> bytes:
-        """Bytes of a remote file from `offset`; empty when the file does not exist (yet)."""
+    def read_file(self, path: str, offset: int = 0, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        """At most `max_bytes` of a remote file from `offset` (jobs write these files: no read is
+        unbounded); empty when the file does not exist (yet)."""
         try:
             with self._sftp_request(f"the read of {path}") as sftp, sftp.open(path, "rb") as fh:
                 fh.seek(offset)
-                return fh.read(max_bytes) if max_bytes is not None else fh.read()
+                return fh.read(max_bytes)
         except FileNotFoundError:
             return b""
+
+    def read_json(self, path: str) -> dict | None:
+        """A small JSON object (an exit marker, early_stop.json); None when absent, large or anything else."""
+        return json_object(self.read_file(path, 0, SMALL_FILE_BYTES + 1))
 
     def is_dir(self, path: str) -> bool:
         try:

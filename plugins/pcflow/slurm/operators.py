@@ -10,7 +10,6 @@ failure.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Sequence
 from functools import cached_property
@@ -179,7 +178,7 @@ class SlurmJobOperator(BaseOperator):
         named = self.hook.find_jobs(self.job_name(context))
         if named:
             return self.job_status(named[-1].job_id.split("_")[0], run_dir), 0
-        submitted = self.hook.read_file(run_dir.submitted).decode().strip()
+        submitted = self.hook.read_file(run_dir.submitted, 0, 64).decode(errors="replace").strip()
         if submitted.isdigit():
             return self.job_status(submitted, run_dir), 0
         return None, 0
@@ -189,10 +188,7 @@ class SlurmJobOperator(BaseOperator):
 
     def _marker(self, job_id: str, run_dir: RunDir) -> dict | None:
         """The batch wrapper's exit record of this job, if it left one."""
-        try:
-            marker = json.loads(self.hook.read_file(run_dir.marker) or b"null")
-        except json.JSONDecodeError:
-            return None
+        marker = self.hook.read_json(run_dir.marker)
         return marker if marker and str(marker.get("job_id")) == job_id else None
 
     def stopped_early(self, info: JobInfo, run_dir: RunDir) -> bool:

@@ -4,6 +4,10 @@ Every `poll_interval` a trigger stats files over SFTP (the head node does a stat
 nothing): the job's log, whose new lines go to the task log, and the exit marker the batch script's
 wrapper writes. slurmctld is asked every `confirm_interval`, and at once when a marker appears, which
 is how the end of a job is noticed within about a second without polling the controller in a loop.
+
+The job writes these files, so every read is bounded: a marker is read only when small, the log at
+most LOG_POLL_BYTES and LOG_POLL_LINES a poll (a log running further ahead is skipped, with a note),
+and a line without end is cut. One triggerer runs many waits on one event loop: none may stall it.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import posixpath
 import random
 from collections.abc import AsyncIterator
@@ -21,12 +24,21 @@ import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.slurm import queries
-from pcflow.slurm.hook import PinnedSSHHookAsync, quote_command, with_slurm_bin
+from pcflow.slurm.hook import SMALL_FILE_BYTES, PinnedSSHHookAsync, json_object, quote_command, with_slurm_bin
 from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Verdict, WatchPolicy, marker_matches
 
 CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
-LOG_CHUNK_BYTES = 1 << 20
+LOG_CHUNK_BYTES = 256 * 1024
+#: What one poll takes from the job log at most; each line is a logging call on the event loop.
+LOG_POLL_BYTES = 4 * 1024 * 1024
+LOG_POLL_LINES = 2000
+#: A log further ahead than this (a job writing faster than the task log can follow) is skipped to
+#: its end; the task log says how much, and the whole log stays on the cluster.
+LOG_MAX_BEHIND = 64 * 1024 * 1024
+#: When the job is over: this many more polls' worth of log, then only its last bytes.
+LOG_FINAL_POLLS = 4
+LOG_TAIL_BYTES = 16 * 1024
 FAST_CONFIRM_S = 1.0  # while a marker says "over" but slurmctld still says running
 SLURM_QUERIES = ("squeue", "sacct", "scontrol")
 
@@ -111,19 +123,30 @@ class HeadNodeTrigger(BaseTrigger):
         return await queries.adrive(query, functools.partial(self.run_command, conn))
 
     @staticmethod
-    async def read_bytes(sftp: asyncssh.SFTPClient, path: str) -> bytes | None:
+    async def read_bytes(sftp: asyncssh.SFTPClient, path: str, max_bytes: int = SMALL_FILE_BYTES) -> bytes | None:
+        """A small file's bytes; None when it is absent or larger than `max_bytes` (not what pcflow wrote)."""
         try:
             async with sftp.open(path, "rb") as fh:
-                return await fh.read()
+                data = await fh.read(max_bytes + 1)
+        except asyncssh.SFTPNoSuchFile:
+            return None
+        return data if len(data) <= max_bytes else None
+
+    @staticmethod
+    async def read_tail(sftp: asyncssh.SFTPClient, path: str, max_bytes: int) -> tuple[bytes, int] | None:
+        """The last `max_bytes` of a file and the offset they start at; None when it is absent."""
+        try:
+            async with sftp.open(path, "rb") as fh:
+                size = (await fh.stat()).size or 0
+                offset = max(0, size - max_bytes)
+                return await fh.read(size - offset, offset), offset
         except asyncssh.SFTPNoSuchFile:
             return None
 
     @classmethod
     async def read_json(cls, sftp: asyncssh.SFTPClient, path: str) -> dict | None:
-        try:
-            return json.loads(await cls.read_bytes(sftp, path) or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return None
+        """A small JSON object (a marker); None for anything else."""
+        return json_object(await cls.read_bytes(sftp, path))
 
     async def stop_early_if_due(
         self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, job_id: str, trial_dir: str
@@ -235,21 +258,55 @@ class SlurmJobTrigger(HeadNodeTrigger):
     def kwargs(self) -> dict[str, Any]:
         return {**super().kwargs(), "log_offset": self.log_offset}
 
-    async def stream_log(self, sftp: asyncssh.SFTPClient) -> None:
-        path = posixpath.join(self.run_dir, "job.log")
-        size = await self.size_of(sftp, path)
+    @property
+    def log_path(self) -> str:
+        return posixpath.join(self.run_dir, "job.log")
+
+    async def stream_log(self, sftp: asyncssh.SFTPClient) -> bool:
+        """New lines of the job log into the task log, within one poll's budget; True when more is left."""
+        size = await self.size_of(sftp, self.log_path)
         if size is None:
-            return
+            return False
         if size < self.cursor.offset:
-            self.log.warning("Job log %s shrank (%d < %d bytes); reading it again", path, size, self.cursor.offset)
+            self.log.warning("Job log %s shrank (%d < %d bytes); reading it again", self.log_path, size,
+                             self.cursor.offset)  # fmt: skip
             self.cursor.offset = 0
-        while size > self.cursor.offset:
-            async with sftp.open(path, "rb") as fh:
-                chunk = await fh.read(min(size - self.cursor.offset, LOG_CHUNK_BYTES), self.cursor.offset)
-            if not chunk:
-                return
-            for line in self.cursor.feed(chunk):
-                self.log.info("%s", line)
+        if size - self.cursor.offset > LOG_MAX_BEHIND:
+            self.skip_log(size - LOG_POLL_BYTES)
+        bytes_left, lines_left = LOG_POLL_BYTES, LOG_POLL_LINES
+        async with sftp.open(self.log_path, "rb") as fh:
+            while size > self.cursor.offset and bytes_left > 0 and lines_left > 0:
+                start = self.cursor.offset
+                chunk = await fh.read(min(size - start, LOG_CHUNK_BYTES, bytes_left), start)
+                if not chunk:
+                    return False
+                lines = self.cursor.feed(chunk, max_lines=lines_left)
+                for line in lines:
+                    self.log.info("%s", line)
+                bytes_left -= self.cursor.offset - start
+                lines_left -= len(lines)
+        return size > self.cursor.offset
+
+    def skip_log(self, offset: int) -> None:
+        skipped = self.cursor.skip_to(offset)
+        self.log.warning("Skipped %d bytes of the job log: it grows faster than the task log can follow. All of "
+                         "it is in %s on the cluster.", skipped, self.log_path)  # fmt: skip
+
+    async def finish_log(self, sftp: asyncssh.SFTPClient) -> None:
+        """The job is over: what is left of its log, or, when that is much, its last lines."""
+        for _ in range(LOG_FINAL_POLLS):
+            if not await self.stream_log(sftp):
+                break
+        else:
+            tail = await self.read_tail(sftp, self.log_path, LOG_TAIL_BYTES)
+            if tail is not None:
+                data, offset = tail
+                if offset > self.cursor.offset:
+                    self.skip_log(offset)
+                for line in self.cursor.feed(data[self.cursor.offset - offset :])[-LOG_POLL_LINES:]:
+                    self.log.info("%s", line)
+        for line in self.cursor.flush():
+            self.log.info("%s", line)
 
     async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
         await self.stream_log(sftp)
@@ -266,9 +323,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
             fast = info is not None and marker_matches(marker, info)
             self.next_confirm = now + (FAST_CONFIRM_S if fast else self.watch_policy.confirm_interval)
             return None
-        await self.stream_log(sftp)
-        for line in self.cursor.flush():
-            self.log.info("%s", line)
+        await self.finish_log(sftp)
         return self.payload(verdict, info)
 
     def payload(self, verdict: Verdict, info: JobInfo | None) -> dict[str, Any]:

@@ -231,30 +231,70 @@ class ArrayWatch:
         ]
 
 
+#: The longest log line kept: a job printing without newlines (progress bars, a runaway print) gets
+#: its line cut here, the rest counted, so memory stays bounded whatever the job writes.
+MAX_LINE_BYTES = 16 * 1024
+
+
 @dataclass
 class LogCursor:
-    """Turns appended byte chunks into whole lines, each delivered once and in order."""
+    """Turns appended byte chunks into whole lines, each delivered once and in order; a line longer
+    than `max_line` keeps its start and says how many bytes were cut."""
 
     offset: int = 0
     tail_size: int = 30
-    _partial: bytes = b""
+    max_line: int = MAX_LINE_BYTES
+    _partial: bytearray = field(default_factory=bytearray)
+    _cut: int = 0
     tail: deque = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.tail = deque(self.tail, maxlen=self.tail_size)
 
-    def feed(self, chunk: bytes) -> list[str]:
-        self.offset += len(chunk)
-        pieces = (self._partial + chunk).split(b"\n")
-        self._partial = pieces.pop()
-        lines = [p.decode(errors="replace") for p in pieces]
+    def feed(self, chunk: bytes, max_lines: int | None = None) -> list[str]:
+        """The lines `chunk` completes, at most `max_lines` of them: `offset` then advances only past
+        what was taken, and the caller reads the rest again from there."""
+        lines: list[str] = []
+        start = 0
+        while max_lines is None or len(lines) < max_lines:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                self._keep(chunk, start, len(chunk))
+                start = len(chunk)
+                break
+            self._keep(chunk, start, end)
+            lines.append(self._take_line())
+            start = end + 1
+        self.offset += start
         self.tail.extend(lines)
         return lines
 
+    def skip_to(self, offset: int) -> int:
+        """Jump ahead (a log growing faster than it can be followed); the line in progress is dropped.
+        Returns the bytes skipped."""
+        skipped = max(0, offset - self.offset)
+        self.offset += skipped
+        self._partial.clear()
+        self._cut = 0
+        return skipped
+
     def flush(self) -> list[str]:
         """The last line, when the file ended without a newline."""
-        if not self._partial:
+        if not self._partial and not self._cut:
             return []
-        line, self._partial = self._partial.decode(errors="replace"), b""
+        line = self._take_line()
         self.tail.append(line)
         return [line]
+
+    def _keep(self, chunk: bytes, start: int, end: int) -> None:
+        room = max(0, self.max_line - len(self._partial))
+        self._partial += chunk[start : min(end, start + room)]
+        self._cut += max(0, end - start - room)
+
+    def _take_line(self) -> str:
+        line = self._partial.decode(errors="replace")
+        if self._cut:
+            line += f" [... {self._cut} more bytes of this line not shown]"
+        self._partial.clear()
+        self._cut = 0
+        return line
