@@ -3,7 +3,9 @@
 Sources, each optional: the job's JSON-lines metrics, VISSL's metrics.json, regex definitions over the
 log, Slurm's accounting (sacct, or scontrol without accounting), the sampler's utilisation lines. What
 could not be read is listed under `missing` with the reason; only a metric the caller declared
-required makes the harvest fail.
+required makes the harvest fail. The job wrote every one of these files, so each is read up to a
+limit: the tail of the line files (the latest points; `skipped_bytes` says how much came before),
+small JSON files only when small.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pcflow.metrics.definitions import MetricDefinition, scan_log
-from pcflow.metrics.jsonlines import read_metric_lines
+from pcflow.metrics.jsonlines import from_line_start, read_metric_lines
 from pcflow.metrics.series import Objective, Point, group
 from pcflow.metrics.utilisation import read_samples
 from pcflow.slurm.states import SACCT_USAGE_FIELDS, JobUsage, parse_sacct_usage, parse_scontrol_usage
@@ -25,6 +27,8 @@ from pcflow.slurm.states import SACCT_USAGE_FIELDS, JobUsage, parse_sacct_usage,
 EARLY_STOP_FILE = "early_stop.json"
 VISSL_FILES = ("checkpoints/metrics.json", "metrics.json")
 MAX_LOG_BYTES = 32 * 1024 * 1024
+MAX_METRICS_BYTES = 32 * 1024 * 1024
+MAX_UTILISATION_BYTES = 16 * 1024 * 1024
 
 
 class RequiredMetricMissing(Exception):
@@ -109,13 +113,26 @@ def job_usage(hook: Any, slurm_id: str) -> JobUsage | None:
     return parse_scontrol_usage(hook.run(["scontrol", "show", "job", "-o", slurm_id], check=False).stdout)
 
 
-def _read_optional(hook: Any, path: str, max_bytes: int | None = None) -> bytes | None:
-    """The file's bytes (its tail when larger than max_bytes), or None when it does not exist."""
+@dataclass(frozen=True)
+class Tail:
+    """The last bytes of a file the job wrote, from the start of a line."""
+
+    data: bytes
+    skipped_bytes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"skipped_bytes": self.skipped_bytes} if self.skipped_bytes else {}
+
+
+def read_tail(hook: Any, path: str, max_bytes: int) -> Tail | None:
+    """At most the last `max_bytes` of a file, whole lines only; None when it does not exist."""
     size = hook.file_size(path)
     if size is None:
         return None
-    offset = max(0, size - max_bytes) if max_bytes else 0
-    return hook.read_file(path, offset)
+    offset = max(0, size - max_bytes)
+    raw = hook.read_file(path, offset, max_bytes)
+    data = from_line_start(raw, offset)
+    return Tail(data, offset + len(raw) - len(data))
 
 
 def read_points(
@@ -126,29 +143,29 @@ def read_points(
     sources: dict[str, Any] = {}
     points: list[Point] = []
 
-    data = _read_optional(hook, ref.metrics_file)
-    if data is None:
+    tail = read_tail(hook, ref.metrics_file, MAX_METRICS_BYTES)
+    if tail is None:
         missing.append({"what": "metrics file", "path": ref.metrics_file, "why": "does not exist"})
     else:
-        read = read_metric_lines(data)
+        read = read_metric_lines(tail.data)
         points += read.points
-        sources["metrics_file"] = {"path": ref.metrics_file, **read.as_dict()}
+        sources["metrics_file"] = {"path": ref.metrics_file, **read.as_dict(), **tail.as_dict()}
     for name in VISSL_FILES:
         path = posixpath.join(ref.run_dir, name)
-        data = _read_optional(hook, path)
-        if data is not None:
-            read = read_metric_lines(data)
+        tail = read_tail(hook, path, MAX_METRICS_BYTES)
+        if tail is not None:
+            read = read_metric_lines(tail.data)
             points += read.points
-            sources["vissl"] = {"path": path, **read.as_dict()}
+            sources["vissl"] = {"path": path, **read.as_dict(), **tail.as_dict()}
             break
     if definitions:
-        log = _read_optional(hook, ref.log, MAX_LOG_BYTES)
+        log = read_tail(hook, ref.log, MAX_LOG_BYTES)
         if log is None:
             missing.append({"what": "job log", "path": ref.log, "why": "does not exist"})
         else:
-            found, unmatched = scan_log(log.decode("utf-8", errors="replace"), definitions)
+            found, unmatched = scan_log(log.data, definitions)
             points += found
-            sources["log"] = {"path": ref.log, "points": len(found), "unmatched": unmatched}
+            sources["log"] = {"path": ref.log, "points": len(found), "unmatched": unmatched, **log.as_dict()}
             missing += [{"what": f"metric {n}", "path": ref.log, "why": "regex matched nothing"} for n in unmatched]
 
     return points, sources, missing
@@ -182,12 +199,11 @@ def harvest_job(
     usage = job_usage(hook, ref.slurm_id)
     if usage is None:
         missing.append({"what": "accounting", "path": ref.slurm_id, "why": "Slurm no longer knows the job"})
-    samples_data = _read_optional(hook, posixpath.join(ref.run_dir, "utilisation.jsonl"))
-    samples = read_samples(samples_data or b"")
+    samples_tail = read_tail(hook, posixpath.join(ref.run_dir, "utilisation.jsonl"), MAX_UTILISATION_BYTES)
+    samples = read_samples(samples_tail.data if samples_tail else b"")
     if not samples.samples:
         missing.append({"what": "utilisation samples", "path": ref.run_dir, "why": "no sample was written"})
-    early = _read_optional(hook, posixpath.join(ref.run_dir, EARLY_STOP_FILE))
-    early_stop = _json_or_none(early)
+    early_stop = hook.read_json(posixpath.join(ref.run_dir, EARLY_STOP_FILE))
 
     return {
         "job": {
@@ -210,14 +226,6 @@ def harvest_job(
         "missing": missing,
         "harvested_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-
-
-def _json_or_none(data: bytes | None) -> dict | None:
-    try:
-        value = json.loads(data) if data else None
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _objective_values(summary: Mapping[str, Any] | None) -> dict[str, Any]:
