@@ -53,9 +53,10 @@ def array_elements(array_id: str, accounting: bool) -> Generator[list[str], str,
     found = {j.job_id: j for j in parse_squeue((yield argv)) if j.array_index is not None}
     if accounting:
         argv = ["sacct", "-n", "-P", "-X", "-D", "-j", array_id, "-o", ",".join(SACCT_FIELDS)]
-        for job in parse_sacct((yield argv)):
-            if job.array_index is not None:
-                found.setdefault(job.job_id, job)
+        for record in parse_sacct((yield argv)):
+            for job in record.array_elements():
+                if job.array_index is not None:
+                    found.setdefault(job.job_id, job)
     return sorted(found.values(), key=lambda j: j.array_index)
 
 

@@ -8,7 +8,7 @@ finished within MinJobAge), so callers never see which one answered.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 
 
@@ -130,6 +130,14 @@ class JobInfo:
     nodes: str = ""
     source: str = ""
 
+    def array_elements(self) -> list[JobInfo]:
+        """sacct lists the elements of an array that never started as one record, `1234_[2-4,9%2]`:
+        one JobInfo per element (any other job: itself)."""
+        base, sep, spec = self.job_id.partition("_")
+        if not (sep and spec.startswith("[") and spec.endswith("]")):
+            return [self]
+        return [replace(self, job_id=f"{base}_{i}") for i in parse_index_ranges(spec[1:-1])]
+
     @property
     def array_index(self) -> int | None:
         """The element's index when this is one element of a job array (`1234_7`)."""
@@ -142,6 +150,20 @@ class JobInfo:
     @classmethod
     def from_dict(cls, data: dict) -> JobInfo:
         return cls(**{**data, "state": JobState(data["state"])})
+
+
+MAX_ARRAY_ELEMENTS = 100_000  # Slurm's own MaxArraySize is at most 4,000,001; pcflow's sweeps are far smaller
+
+
+def parse_index_ranges(text: str) -> list[int]:
+    """`2-4,9%2` -> [2, 3, 4, 9] (the `%` throttle is not an index); malformed parts are left out."""
+    indices: list[int] = []
+    for part in text.split("%", maxsplit=1)[0].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (high.isdigit() or not high):
+            stop = int(high or low)
+            indices += range(int(low), min(stop, int(low) + MAX_ARRAY_ELEMENTS) + 1)
+    return indices[:MAX_ARRAY_ELEMENTS]
 
 
 def parse_exit_code(text: str) -> tuple[int | None, int | None]:

@@ -48,6 +48,9 @@ class WatchPolicy:
     pending_timeout: float | None = None
     max_restarts: int = 3
     interruption_grace: float = 120.0
+    #: An array element neither Slurm (squeue, nor sacct with accounting) nor a marker knows of is given
+    #: this long (a slow filesystem, a busy slurmctld) before it is judged lost.
+    forgotten_grace: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -198,8 +201,10 @@ class ArrayWatch:
         self.array_id = array_id
         self.size = size
         self.min_success_ratio = min_success_ratio
+        self.policy = policy
         self.watches = {i: JobWatch(f"{array_id}_{i}", policy) for i in range(size)}
         self.verdicts: dict[int, Verdict] = {}
+        self.unseen_since: dict[int, float] = {}
 
     def assess(self, elements: list[JobInfo], markers: dict[int, dict | None], now: float) -> ArrayVerdict | None:
         by_index = {e.array_index: e for e in elements}
@@ -207,8 +212,9 @@ class ArrayWatch:
             if index in self.verdicts:
                 continue
             info = by_index.get(index)
-            if info is None and not markers.get(index):
-                continue  # not visible yet
+            if info is None and not markers.get(index) and not self._forgotten_for_good(index, now):
+                continue
+            self.unseen_since.pop(index, None)
             verdict = watch.assess(info, markers.get(index), now)
             if verdict is not None and verdict.outcome.needs_cancel:
                 return ArrayVerdict(verdict.outcome, verdict.message, self._elements())
@@ -223,6 +229,12 @@ class ArrayWatch:
             return ArrayVerdict(Outcome.SUCCESS, summary, self._elements())
         failed = "; ".join(v.message for v in self.verdicts.values() if not v.outcome.ok)
         return ArrayVerdict(Outcome.FAILED, f"{summary}, {needed} needed: {failed}", self._elements())
+
+    def _forgotten_for_good(self, index: int, now: float) -> bool:
+        """squeue lists every element (pending ones too), so one it lacks has ended and been purged
+        (MinJobAge); without a marker or accounting nothing else will ever speak for it."""
+        since = self.unseen_since.setdefault(index, now)
+        return now - since >= self.policy.forgotten_grace
 
     def _elements(self) -> list[dict]:
         return [
