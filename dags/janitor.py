@@ -4,6 +4,7 @@ reports what it would delete, unless the trigger form's `dry_run` is turned off.
 from airflow.sdk import DAG, Param
 
 from pcflow.aws.janitor import JanitorOperator
+from pcflow.pipeline import STAGE_TIMEOUTS
 
 with DAG(
     dag_id="janitor",
@@ -22,4 +23,9 @@ with DAG(
     tags=["pcflow", "cleanup"],
     doc_md=__doc__,
 ):
-    JanitorOperator(task_id="reap", dry_run="{{ params.dry_run }}", handler_sets=("pcluster", "ec2", "fsx"))
+    JanitorOperator(
+        task_id="reap",
+        dry_run="{{ params.dry_run }}",
+        handler_sets=("pcluster", "ec2", "fsx"),
+        execution_timeout=STAGE_TIMEOUTS["janitor"],
+    )

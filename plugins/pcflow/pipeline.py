@@ -23,6 +23,22 @@ DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_ex
 #: What a DAG built with `build_training_pipeline` must set: its operators read lists and dicts from the
 #: validate task through templates (native rendering), with the stages' retry policy.
 TRAINING_DAG_ARGS: dict[str, Any] = {"render_template_as_native_obj": True, "default_args": DEFAULT_ARGS}
+#: Each stage's execution_timeout, by task id (others: DEFAULT_STAGE_TIMEOUT). Generous, several times a slow run
+#: on aws-gpu, so only a hung stage meets it: it then fails and its retry or the teardown takes over, instead of
+#: holding a slot (or a deferred wait) for ever. Training has none: its Slurm time limit bounds the job.
+STAGE_TIMEOUTS = {
+    "network": dt.timedelta(minutes=45),
+    "dataset": dt.timedelta(hours=6),  # a first upload of a large dataset
+    "validate_cluster": dt.timedelta(minutes=45),
+    "image": dt.timedelta(hours=3),  # builder, bootstrap, AMI snapshot
+    "cluster": dt.timedelta(hours=2),  # ParallelCluster takes 15-40 minutes
+    "stage_in": dt.timedelta(hours=6),
+    "metrics": dt.timedelta(hours=1),
+    "delete_cluster": dt.timedelta(hours=6),  # includes the FSx export of the checkpoints
+    "teardown": dt.timedelta(hours=2),
+    "janitor": dt.timedelta(hours=1),
+}
+DEFAULT_STAGE_TIMEOUT = dt.timedelta(minutes=30)
 #: Updated by every successful training run, with its metrics summary and checkpoints as the event's extra.
 PRETRAINED_ENCODER = Asset(name="pcflow-pretrained-encoder", uri="x-pcflow://models/pretrained-encoder")
 VALIDATE_TASK = "validate"
@@ -617,4 +633,7 @@ def build_training_pipeline(
         tasks["teardown"] = teardown
     # Operators read the resolved settings through templates: they must run after validate.
     run >> [task for name, task in tasks.items() if name != "validate"]
+    for stage in train.dag.tasks:
+        if stage is not train:
+            stage.execution_timeout = STAGE_TIMEOUTS.get(stage.task_id, DEFAULT_STAGE_TIMEOUT)
     return tasks
