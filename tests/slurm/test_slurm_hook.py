@@ -10,11 +10,10 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import asyncssh
 import psutil
 import pytest
 
-from pcflow.slurm.hook import PinnedSSHHookAsync, SlurmConnectionError, SlurmHook, parse_host_key
+from pcflow.slurm.hook import HostKeyMismatch, PinnedSSHHookAsync, SlurmConnectionError, SlurmHook, parse_host_key
 
 pytestmark = pytest.mark.stack
 
@@ -59,7 +58,7 @@ def test_async_hook_pins_the_runtime_key(unpinned_connection, local_stack):
             return (await conn.run("echo async", check=True)).stdout
 
     assert asyncio.run(connect(real_key)) == "async\n"
-    with pytest.raises(asyncssh.HostKeyNotVerifiable):
+    with pytest.raises(HostKeyMismatch, match="does not match the key pinned"):
         asyncio.run(connect(wrong))
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pcflow.cluster.info import ClusterInfo, Partition
-from pcflow.slurm.hook import SlurmConnectionError, SlurmError, SlurmHook
+from pcflow.slurm.hook import HostKeyMismatch, SlurmConnectionError, SlurmError, SlurmHook
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,8 @@ class StaticProvider:
         hook = self.hook
         try:
             result = hook.run(list(SINFO_ARGV))
+        except HostKeyMismatch:
+            raise  # not "unreachable": the wrong machine answered, and no retry may try again
         except SlurmConnectionError as error:
             raise ClusterUnreachable(f"static cluster {self.ssh_conn_id!r} is unreachable: {error}") from error
         except SlurmError as error:

@@ -12,13 +12,17 @@ on first use.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import hashlib
 import json
 import posixpath
+import random
 import shlex
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,16 +31,20 @@ from functools import cached_property
 from typing import IO, TYPE_CHECKING, Any
 
 import paramiko
+from airflow.providers.common.compat.connection import get_async_connection
 from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.slurm import DEFAULT_SSH_CONN_ID, queries
 from pcflow.slurm.states import JobInfo
 
 if TYPE_CHECKING:
+    import asyncssh
     from paramiko.sftp_client import SFTPClient
 
 DEADLINE_GRACE_S = 5.0
+CONNECT_RETRY_DELAY_S = 3.0
 #: The most any one read of a remote file returns: jobs write those files, so none is read whole unasked.
 MAX_READ_BYTES = 64 * 1024 * 1024
 #: Exit markers, `submitted`, early_stop.json hold a line of JSON: a larger file is not one of them.
@@ -50,6 +58,11 @@ class SlurmError(Exception):
 
 class SlurmConnectionError(SlurmError):
     """The head node could not be reached or authenticated."""
+
+
+class HostKeyMismatch(SlurmConnectionError, AirflowFailException):
+    """The head node's host key is not the pinned one: not transient, so no retry (of the connection or
+    the task) tries again; a person decides whether the node was rebuilt or the connection intercepted."""
 
 
 @dataclass(frozen=True)
@@ -116,13 +129,44 @@ class PinnedSSHHookAsync(SSHHookAsync):
         if self.pinned_host_key:
             self.known_hosts = f"{self.host or conn.host} {self.pinned_host_key}".encode()
 
+    async def get_conn(self) -> asyncssh.SSHClientConnection:
+        import asyncssh
 
-def host_key_message(conn_id: str, exc: paramiko.BadHostKeyException) -> str:
+        try:
+            return await super().get_conn()
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise HostKeyMismatch(await self._mismatch_message()) from exc
+
+    async def _mismatch_message(self) -> str:
+        """asyncssh's refusal names no key: ask the server for its key of the pinned type to show both."""
+        import asyncssh
+
+        conn = await get_async_connection(self.ssh_conn_id)
+        host, port = self.host or conn.host, self.port or conn.port or 22
+        pinned = self.known_hosts.decode().split()[1:3] if isinstance(self.known_hosts, bytes) else []
+        served = None
+        try:
+            key = await asyncio.wait_for(
+                asyncssh.get_server_host_key(host, port, server_host_key_algs=pinned[:1] or ()), 30
+            )
+            served = key.get_fingerprint("sha256") if key is not None else None
+        except (OSError, asyncssh.Error, TimeoutError):
+            pass
+        expected = fingerprint(base64.b64decode(pinned[1])) if len(pinned) == 2 else None
+        return host_key_message(self.ssh_conn_id, host, served, expected)
+
+
+def fingerprint(key_blob: bytes) -> str:
+    """A public key's fingerprint as `ssh-keygen -l` and ssh's own warnings print it."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key_blob).digest()).decode().rstrip("=")
+
+
+def host_key_message(conn_id: str, host: str, served: str | None, expected: str | None) -> str:
     return (
-        f"The SSH host key of {exc.hostname} does not match the key pinned in connection {conn_id!r} "
-        f"(server sent {exc.key.get_name()} {exc.key.get_base64()[:24]}..., expected "
-        f"{exc.expected_key.get_name()} {exc.expected_key.get_base64()[:24]}...). If the head node was "
-        "rebuilt, update the connection's `host_key` extra; otherwise someone may be intercepting the connection."
+        f"The SSH host key of {host} does not match the key pinned in connection {conn_id!r}: the server "
+        f"sent {served or 'a key that could not be read again'}, the pinned key is {expected or 'unknown'}. "
+        "If the head node was rebuilt, update the connection's `host_key` extra (or the cluster's recorded "
+        "key); otherwise someone may be intercepting the connection. Not retried."
     )
 
 
@@ -159,7 +203,7 @@ class SlurmHook(BaseHook):
             ssh_conn_id=self.ssh_conn_id,
             remote_host=self.remote_host or "",
             cmd_timeout=self.command_timeout,
-            conn_retry_attempts=self.connect_attempts,
+            conn_retry_attempts=1,  # _connect retries, except on a host key mismatch
         )
         if self.host_key:
             hook.host_key = parse_host_key(self.host_key)
@@ -169,6 +213,11 @@ class SlurmHook(BaseHook):
     @cached_property
     def extras(self) -> dict[str, Any]:
         return self.get_connection(self.ssh_conn_id).extra_dejson
+
+    @property
+    def login(self) -> str:
+        """The user pcflow's jobs run as on the cluster: the connection's SSH login."""
+        return self.ssh_hook.username
 
     @property
     def shared_root(self) -> str | None:
@@ -185,9 +234,10 @@ class SlurmHook(BaseHook):
         if transport is None or not transport.is_active():
             self.close()
             try:
-                self._client = self.ssh_hook.get_conn()
+                self._client = self._connect()
             except paramiko.BadHostKeyException as exc:
-                raise SlurmConnectionError(host_key_message(self.ssh_conn_id, exc)) from exc
+                served, pinned = fingerprint(exc.key.asbytes()), fingerprint(exc.expected_key.asbytes())
+                raise HostKeyMismatch(host_key_message(self.ssh_conn_id, exc.hostname, served, pinned)) from exc
             except paramiko.AuthenticationException as exc:
                 raise SlurmConnectionError(
                     f"SSH authentication to connection {self.ssh_conn_id!r} failed ({exc}): check its login "
@@ -204,6 +254,21 @@ class SlurmHook(BaseHook):
                     "and that the cluster is up."
                 ) from exc
         return self._client
+
+    def _connect(self) -> paramiko.SSHClient:
+        """The provider hook connects once a call (its own retries would try a wrong host key again);
+        a failure that may pass is tried again here, up to connect_attempts."""
+        for attempt in range(1, self.connect_attempts + 1):
+            try:
+                return self.ssh_hook.get_conn()
+            except paramiko.BadHostKeyException:
+                raise
+            except (paramiko.SSHException, OSError) as exc:
+                if attempt == self.connect_attempts:
+                    raise
+                self.log.info("SSH connection attempt %d failed (%s); trying again", attempt, exc)
+                time.sleep(CONNECT_RETRY_DELAY_S * random.uniform(1.0, 1.5))
+        raise AssertionError("unreachable")
 
     @property
     def sftp(self) -> SFTPClient:
@@ -337,15 +402,22 @@ class SlurmHook(BaseHook):
     def makedirs(self, *paths: str) -> None:
         self.run(["mkdir", "-p", "--", *paths])
 
-    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        """Write through a temporary name and rename, so a reader never sees half a file."""
+    def make_private_dirs(self, *paths: str) -> None:
+        """Directories only the SSH user can enter (0700), also when they existed already: a run's
+        directory holds its environment and outputs. Fails on a directory another user owns."""
+        script = 'mkdir -p -m 700 -- "$@" && chmod 700 -- "$@"'  # values travel as positional parameters
+        self.run(["sh", "-c", script, "sh", *paths])
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o600) -> None:
+        """Write through a temporary name and rename, so a reader never sees half a file; the mode is
+        set before any byte is written (private by default)."""
         payload = data.encode() if isinstance(data, str) else data
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         try:
             with self._sftp_request(f"the write of {path}") as sftp:
                 with sftp.open(tmp, "wb") as fh:
+                    fh.chmod(mode)
                     fh.write(payload)
-                sftp.chmod(tmp, mode)
                 sftp.posix_rename(tmp, path)
         except OSError as exc:
             self._remove_quietly(tmp)

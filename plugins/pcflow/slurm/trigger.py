@@ -24,7 +24,14 @@ import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.slurm import queries
-from pcflow.slurm.hook import SMALL_FILE_BYTES, PinnedSSHHookAsync, json_object, quote_command, with_slurm_bin
+from pcflow.slurm.hook import (
+    SMALL_FILE_BYTES,
+    HostKeyMismatch,
+    PinnedSSHHookAsync,
+    json_object,
+    quote_command,
+    with_slurm_bin,
+)
 from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Verdict, WatchPolicy, marker_matches
 
@@ -187,13 +194,17 @@ class HeadNodeTrigger(BaseTrigger):
         raise NotImplementedError
 
     def error_payload(self, exc: Exception) -> dict[str, Any]:
+        """`retryable` False (a host key mismatch): the task fails without retries."""
+        retryable = not isinstance(exc, HostKeyMismatch)
+        then = "a retry of the task re-attaches to it." if retryable else "the task is not retried."
         return {
             "status": "error",
             "outcome": "error",
+            "retryable": retryable,
             "job_id": self.job_id,
             "run_dir": self.run_dir,
-            "message": f"Lost track of Slurm job {self.job_id}: {exc}. The job itself was not touched; "
-            "a retry of the task re-attaches to it.",
+            "message": f"Lost track of Slurm job {self.job_id}: {str(exc).rstrip('.')}. The job itself was not "
+            f"touched; {then}",
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
