@@ -129,6 +129,8 @@ class JobInfo:
     elapsed_s: int | None = None
     nodes: str = ""
     source: str = ""
+    #: Who submitted it: on a shared cluster anyone may name a job after a run, so adoption checks this.
+    user: str = ""
 
     def array_elements(self) -> list[JobInfo]:
         """sacct lists the elements of an array that never started as one record, `1234_[2-4,9%2]`:
@@ -189,19 +191,27 @@ def parse_duration(text: str) -> int | None:
 
 
 # JobArrayID is `<array id>_<index>` for array elements and the plain id otherwise.
-SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "RestartCnt", "Name", "TimeUsed", "NodeList")
+SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "RestartCnt", "Name", "TimeUsed", "NodeList", "UserName")
 SQUEUE_FORMAT = ",".join(f"{field}:|" for field in SQUEUE_FIELDS)
-SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "ElapsedRaw", "NodeList", "Reason")
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "ElapsedRaw", "NodeList", "Reason", "User")
+
+
+def _fields(line: str, names: tuple[str, ...]) -> list[str] | None:
+    """A line's `|`-separated fields, the last (the user) optional; None when fewer."""
+    fields = line.split("|")
+    if len(fields) < len(names) - 1:
+        return None
+    return [*fields, ""][: len(names)]
 
 
 def parse_squeue(output: str) -> list[JobInfo]:
     """Lines of `squeue -h -O <SQUEUE_FORMAT>` (fields end in `|`)."""
     jobs = []
     for line in output.splitlines():
-        fields = [f.strip() for f in line.split("|")]
-        if len(fields) < len(SQUEUE_FIELDS):
+        fields = _fields(line, SQUEUE_FIELDS)
+        if fields is None:
             continue
-        job_id, raw, reason, restarts, name, used, nodes = fields[: len(SQUEUE_FIELDS)]
+        job_id, raw, reason, restarts, name, used, nodes, user = (f.strip() for f in fields)
         jobs.append(
             JobInfo(
                 job_id=job_id,
@@ -213,6 +223,7 @@ def parse_squeue(output: str) -> list[JobInfo]:
                 elapsed_s=parse_duration(used),
                 nodes="" if nodes == "(null)" else nodes,
                 source="squeue",
+                user=user,
             )
         )
     return jobs
@@ -226,12 +237,12 @@ def parse_sacct(output: str) -> list[JobInfo]:
     """
     by_id: dict[str, list[list[str]]] = {}
     for line in output.splitlines():
-        fields = line.split("|")
-        if len(fields) >= len(SACCT_FIELDS) and fields[0] and "." not in fields[0]:
+        fields = _fields(line, SACCT_FIELDS)
+        if fields is not None and fields[0] and "." not in fields[0]:
             by_id.setdefault(fields[0], []).append(fields)
     jobs = []
     for job_id, attempts in by_id.items():
-        _, name, raw, exit_text, elapsed, nodes, reason = attempts[-1][: len(SACCT_FIELDS)]
+        _, name, raw, exit_text, elapsed, nodes, reason, user = attempts[-1]
         code, sig = parse_exit_code(exit_text)
         jobs.append(
             JobInfo(
@@ -246,6 +257,7 @@ def parse_sacct(output: str) -> list[JobInfo]:
                 elapsed_s=int(elapsed) if elapsed.isdigit() else None,
                 nodes="" if nodes in ("None assigned", "(null)") else nodes,
                 source="sacct",
+                user=user.strip(),
             )
         )
     return jobs
@@ -271,6 +283,7 @@ def parse_scontrol(output: str) -> JobInfo | None:
         elapsed_s=parse_duration(pairs.get("RunTime", "")),
         nodes="" if pairs.get("NodeList") in (None, "(null)") else pairs["NodeList"],
         source="scontrol",
+        user=pairs.get("UserId", "").split("(")[0],
     )
 
 
