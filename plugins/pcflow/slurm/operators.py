@@ -295,6 +295,8 @@ class SlurmJobOperator(BaseOperator):
         if event["status"] == "success":
             self.log.info("%s", event["message"])
             return self.result_from_event(run_dir, event)
+        if event.get("retryable") is False:
+            raise AirflowFailException(event["message"])
         if event.get("outcome") in {str(o) for o in Outcome if o.needs_cancel}:
             self.hook.cancel(self.job_id)
         raise AirflowException(self.failure_message(run_dir, event))
