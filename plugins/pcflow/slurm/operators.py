@@ -175,13 +175,26 @@ class SlurmJobOperator(BaseOperator):
             info = self.job_status(saved["job_id"], run_dir)
             if info is not None:
                 return info, int(saved.get("log_offset", 0))
-        named = self.hook.find_jobs(self.job_name(context))
+        named = self.own_jobs(self.hook.find_jobs(self.job_name(context)))
         if named:
             return self.job_status(named[-1].job_id.split("_")[0], run_dir), 0
         submitted = self.hook.read_file(run_dir.submitted, 0, 64).decode(errors="replace").strip()
         if submitted.isdigit():
             return self.job_status(submitted, run_dir), 0
         return None, 0
+
+    def own_jobs(self, jobs: list[JobInfo]) -> list[JobInfo]:
+        """The jobs the connection's user submitted. A run's job name is predictable, and on a shared
+        cluster any user can submit under it: such a job is never adopted (its outcome is not ours)."""
+        user = self.hook.login
+        for job in jobs:
+            if job.user != user:
+                self.log.warning(
+                    "Not adopting Slurm job %s named %s: it was submitted by user %r, not by %r (the user of "
+                    "connection %r). This run submits its own job; ask who owns that one why it uses this name.",
+                    job.job_id, job.name, job.user or "unknown", user, self.ssh_conn_id,
+                )  # fmt: skip
+        return [job for job in jobs if job.user == user]
 
     def job_status(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
         return self.hook.job_info(job_id) or self._from_marker(job_id, run_dir)
