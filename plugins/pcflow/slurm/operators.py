@@ -10,6 +10,7 @@ failure.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Sequence
 from functools import cached_property
@@ -127,6 +128,15 @@ class SlurmJobOperator(BaseOperator):
             ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
         )
 
+    def render_template_fields(self, context: Context, jinja_env: Any = None) -> None:
+        """Every value of the environment is masked once rendered, whatever its name: in this task's log
+        and in the rendered fields Airflow stores and shows (any of them may be a token or a key)."""
+        super().render_template_fields(context, jinja_env)
+        from airflow.sdk.log import mask_secret
+
+        for value in (self.env if isinstance(self.env, dict) else {}).values():
+            mask_secret(value)
+
     def job_spec(self) -> JobSpec:
         """The validated spec; bad input fails the task for good (a retry would not fix it)."""
         from pcflow.slurm.spec import JobSpec
@@ -142,7 +152,9 @@ class SlurmJobOperator(BaseOperator):
                 array=self.array_spec(),
             )
         except ValidationError as exc:
-            raise AirflowFailException(f"Invalid Slurm job for task {self.task_id}: {exc}") from exc
+            raise AirflowFailException(
+                f"Invalid Slurm job for task {self.task_id}: {errors_without_values(exc)}"
+            ) from None
 
     def array_spec(self) -> ArraySpec | None:
         return None
@@ -282,11 +294,12 @@ class SlurmJobOperator(BaseOperator):
 
         run_key = run_key_from_context(context)
         script = render_batch_script(spec, run_dir, job_name=self.job_name(context), run_key=run_key)
-        self.hook.makedirs(run_dir.root)
+        # Private to the SSH user: the batch script holds the job's environment (tokens, keys).
+        self.hook.make_private_dirs(run_dir.parent, run_dir.root)
         self.write_inputs(spec, run_dir)
-        self.hook.write_file(run_dir.sampler, sampler_source(), mode=0o755)  # started by the batch wrapper
-        self.hook.write_file(run_dir.root + "/spec.json", spec.model_dump_json(indent=2))
-        self.hook.write_file(run_dir.script, script, mode=0o755)
+        self.hook.write_file(run_dir.sampler, sampler_source())  # started by the batch wrapper (python3 <file>)
+        self.hook.write_file(run_dir.root + "/spec.json", spec_record(spec))
+        self.hook.write_file(run_dir.script, script, mode=0o700)
         log_offset = self.hook.file_size(run_dir.log) or 0
         job_id = self.hook.submit(run_dir.script, submitted_marker=run_dir.submitted)
         store = context.get("task_state_store")
@@ -390,13 +403,13 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         try:
             return [JobSpec.model_validate({**spec.model_dump(), "hyperparameters": t}) for t in self.trials]
         except ValidationError as exc:
-            raise AirflowFailException(f"Invalid trial for task {self.task_id}: {exc}") from exc
+            raise AirflowFailException(f"Invalid trial for task {self.task_id}: {errors_without_values(exc)}") from None
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
         from pcflow.slurm.render import render_hparams
 
         trial_specs = self.trial_specs(spec)
-        self.hook.makedirs(*(run_dir.element(i).root for i in range(len(trial_specs))))
+        self.hook.make_private_dirs(*(run_dir.element(i).root for i in range(len(trial_specs))))
         for index, trial_spec in enumerate(trial_specs):
             self.hook.write_file(run_dir.element(index).hparams, render_hparams(trial_spec))
 
@@ -447,6 +460,16 @@ class SlurmArrayJobOperator(SlurmJobOperator):
 
     def failure_message(self, run_dir: RunDir, event: dict[str, Any]) -> str:
         return f"{event['message']}\nLogs: {run_dir.root}/<index>/job.log"
+
+
+def errors_without_values(exc: ValidationError) -> str:
+    """What is wrong and where, without the values pydantic would print (the environment holds secrets)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors(include_input=False))
+
+
+def spec_record(spec: JobSpec) -> str:
+    """The job as submitted, for a person reading the run directory: the environment's names, not its values."""
+    return json.dumps({**spec.model_dump(mode="json"), "env": sorted(spec.env)}, indent=2) + "\n"
 
 
 async def _first_event(trigger: HeadNodeTrigger) -> dict[str, Any]:

@@ -198,6 +198,11 @@ class RunDir:
         return posixpath.join(self.root, name)
 
     @property
+    def parent(self) -> str:
+        """The run's directory, `<shared root>/pcflow/runs/<run key>`, where its tasks have theirs."""
+        return posixpath.dirname(self.root)
+
+    @property
     def script(self) -> str:
         return self._path("job.sbatch")
 
