@@ -40,6 +40,7 @@ LOG_CHUNK_BYTES = 256 * 1024
 #: What one poll takes from the job log at most; each line is a logging call on the event loop.
 LOG_POLL_BYTES = 4 * 1024 * 1024
 LOG_POLL_LINES = 2000
+LOG_BATCH_LINES = 100  # logged between two turns of the event loop
 #: A log further ahead than this (a job writing faster than the task log can follow) is skipped to
 #: its end; the task log says how much, and the whole log stays on the cluster.
 LOG_MAX_BEHIND = 64 * 1024 * 1024
@@ -292,8 +293,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
                 if not chunk:
                     return False
                 lines = self.cursor.feed(chunk, max_lines=lines_left)
-                for line in lines:
-                    self.log.info("%s", line)
+                await self.emit(lines)
                 bytes_left -= self.cursor.offset - start
                 lines_left -= len(lines)
         return size > self.cursor.offset
@@ -314,10 +314,15 @@ class SlurmJobTrigger(HeadNodeTrigger):
                 data, offset = tail
                 if offset > self.cursor.offset:
                     self.skip_log(offset)
-                for line in self.cursor.feed(data[self.cursor.offset - offset :])[-LOG_POLL_LINES:]:
-                    self.log.info("%s", line)
-        for line in self.cursor.flush():
-            self.log.info("%s", line)
+                await self.emit(self.cursor.feed(data[self.cursor.offset - offset :])[-LOG_POLL_LINES:])
+        await self.emit(self.cursor.flush())
+
+    async def emit(self, lines: list[str]) -> None:
+        """Log lines into the task log, letting the event loop serve other waits between batches."""
+        for start in range(0, len(lines), LOG_BATCH_LINES):
+            for line in lines[start : start + LOG_BATCH_LINES]:
+                self.log.info("%s", line)
+            await asyncio.sleep(0)
 
     async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
         await self.stream_log(sftp)
