@@ -1,0 +1,101 @@
+"""training.env values are secrets: never in XCom, task logs or Airflow's rendered fields, and on the
+cluster only in files and directories private to the SSH user (0600/0700)."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import stat
+import uuid
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from airflow.sdk.execution_time.task_runner import _serialize_rendered_fields
+from stacktools import REPO, LocalStack
+from taskcontext import first_event, make_context
+
+from pcflow import runspec
+from pcflow.pipeline import resolve_for_run, run_env
+from pcflow.slurm.operators import SlurmJobOperator
+
+SECRET = f"tok-{uuid.uuid4().hex}"
+FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
+
+
+def modes(root: Path) -> dict[str, int]:
+    """Permission bits of the directory and everything under it, by relative path."""
+    return {str(p.relative_to(root.parent)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
+
+
+@pytest.mark.stack
+def test_env_values_stay_out_of_xcom_logs_and_readable_files(local_stack: LocalStack, capsys):
+    """About 5 s: one Slurm job that checks its token arrived, without printing it."""
+    # (Not ${#VAR}: `{#` opens a Jinja comment, and program is a template field.)
+    program = ["bash", "-c", f'[ "$(printf %s "$API_TOKEN" | wc -c)" = {len(SECRET)} ] && echo token arrived']
+    op = SlurmJobOperator(task_id="secret-env", program=program, env={"API_TOKEN": SECRET}, **FAST)
+    context = make_context("secret-env")
+    op.render_template_fields(context)
+    assert SECRET not in json.dumps(_serialize_rendered_fields(op))  # what Airflow stores and shows
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    assert SECRET not in json.dumps(kwargs)  # what the triggerer is handed (stored in the database)
+    module, _, name = classpath.rpartition(".")
+    event = first_event(getattr(importlib.import_module(module), name)(**kwargs))
+    result = op.execute_complete(context, event)
+
+    assert "token arrived" in event["log_tail"]
+    assert SECRET not in json.dumps(result) + json.dumps(event)  # the XCom, the trigger's event
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
+
+    run_dir = Path(result["run_dir"])
+    written = modes(run_dir.parent)
+    assert written[run_dir.parent.name] == 0o700 and written[f"{run_dir.parent.name}/secret-env"] == 0o700
+    ours = {f: written[f"{run_dir.parent.name}/secret-env/{f}"] for f in ("hparams.json", "spec.json", "sampler.py")}
+    assert ours == {"hparams.json": 0o600, "spec.json": 0o600, "sampler.py": 0o600}
+    assert written[f"{run_dir.parent.name}/secret-env/job.sbatch"] == 0o700
+    holders = [p.name for p in run_dir.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert holders == ["job.sbatch"]  # spec.json lists the names only
+    assert json.loads((run_dir / "spec.json").read_text())["env"] == ["API_TOKEN"]
+
+
+def test_invalid_env_is_refused_without_printing_values():
+    op = SlurmJobOperator(task_id="bad-env", program=["true"], env={"BAD NAME": SECRET, "GOOD": SECRET})
+    with pytest.raises(AirflowFailException, match="not a valid shell identifier") as refused:
+        op.job_spec()
+    assert SECRET not in str(refused.value)
+
+
+@pytest.fixture
+def profile_with_env(monkeypatch) -> None:
+    """The local profile as an admin would give it a token for the job."""
+    load = runspec.load_profile
+
+    def with_env(name: str) -> dict:
+        profile = copy.deepcopy(load(name))
+        profile.setdefault("training", {})["env"] = {"API_TOKEN": SECRET}
+        return profile
+
+    monkeypatch.setattr(runspec, "load_profile", with_env)
+
+
+def test_validated_document_holds_env_names_and_the_train_task_resolves_values(profile_with_env):
+    """About 5 s (parses the DAG files)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    params = {"profile": "local", "partition": "default", "overrides": {}}
+    document = resolve_for_run(params, make_context("validate"))
+    assert document["training"]["env"] == ["API_TOKEN"]
+    assert SECRET not in json.dumps(document)  # the validate task's XCom
+    assert run_env(params) == {"API_TOKEN": SECRET}
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    for dag_id in ("pretrain", "pretrain_sweep", "pretrain_nightly"):
+        dag = bag.dags[dag_id]
+        train = dag.get_task("train")
+        rendered = train.render_template(train.env, {"params": params}, jinja_env=dag.get_template_env())
+        assert rendered == {"API_TOKEN": SECRET}, dag_id
