@@ -31,7 +31,8 @@ def run_env(params: dict[str, Any]) -> dict[str, str]:
 
 
 #: What a DAG built with `build_training_pipeline` must set: its operators read lists and dicts from the
-#: validate task through templates (native rendering), with the stages' retry policy.
+#: validate task through templates (native rendering), with the stages' retry policy; the train task its
+#: environment through the `run_env` macro.
 TRAINING_DAG_ARGS: dict[str, Any] = {
     "render_template_as_native_obj": True,
     "default_args": DEFAULT_ARGS,
