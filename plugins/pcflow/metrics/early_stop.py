@@ -127,7 +127,8 @@ class EarlyStoppingTrigger(HeadNodeTrigger):
         return self.run_dir if self.element is None else posixpath.join(self.run_dir, str(self.element))
 
     async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
-        submitted = (await self.read_bytes(sftp, posixpath.join(self.run_dir, "submitted")) or b"").decode().strip()
+        submitted = await self.read_bytes(sftp, posixpath.join(self.run_dir, "submitted")) or b""
+        submitted = submitted.decode(errors="replace").strip()
         if not submitted.isdigit():
             return None  # not submitted yet
         job_id = submitted if self.element is None else f"{submitted}_{self.element}"
