@@ -22,22 +22,9 @@ PROFILES = ["local", "aws-gpu"]
 DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
 
 
-def run_env(params: dict[str, Any]) -> dict[str, str]:
-    """training.env as the first task validated it (same profile, same conf), resolved where it is used
-    so that its values never travel through XCom. A template macro of the training DAGs."""
-    from pcflow.runspec import resolve_run_spec
-
-    return resolve_run_spec(params["profile"], overrides_from_params(params)).training.env
-
-
 #: What a DAG built with `build_training_pipeline` must set: its operators read lists and dicts from the
-#: validate task through templates (native rendering), with the stages' retry policy; the train task its
-#: environment through the `run_env` macro.
-TRAINING_DAG_ARGS: dict[str, Any] = {
-    "render_template_as_native_obj": True,
-    "default_args": DEFAULT_ARGS,
-    "user_defined_macros": {"run_env": run_env},
-}
+#: validate task through templates (native rendering), with the stages' retry policy.
+TRAINING_DAG_ARGS: dict[str, Any] = {"render_template_as_native_obj": True, "default_args": DEFAULT_ARGS}
 #: Each stage's execution_timeout, by task id (others: DEFAULT_STAGE_TIMEOUT). Generous, several times a slow run
 #: on aws-gpu, so only a hung stage meets it: it then fails and its retry or the teardown takes over, instead of
 #: holding a slot (or a deferred wait) for ever. Training has none: its Slurm time limit bounds the job.
@@ -292,7 +279,7 @@ def resolve_for_run(
         raise AirflowFailException(str(exc)) from None
     document = spec.model_dump(mode="json")
     document["training"]["allocation"] = spec.training.allocation()
-    # XCom is readable by whoever can see the run: the train task resolves the values itself (run_env).
+    # XCom is readable by whoever can see the run: the train task resolves the values itself (RunEnv).
     document["training"]["env"] = sorted(spec.training.env)
     explicit = spec.dataset.partition
     if explicit is None and dated_partitions and context.get("logical_date"):
@@ -312,6 +299,24 @@ def resolve_for_run(
             raise AirflowFailException(str(exc)) from None
     document["keep_resources"] = spec.teardown.policy == "never"
     return document
+
+
+def run_env(params: dict[str, Any]) -> dict[str, str]:
+    """training.env as the first task validated it (same profile, same conf)."""
+    from pcflow.runspec import resolve_run_spec
+
+    return resolve_run_spec(params["profile"], overrides_from_params(params)).training.env
+
+
+class RunEnv:
+    """The train task's `env`: resolved from the run's params when the task renders its fields (Airflow
+    calls `resolve` on a template field's value), so its values never travel through XCom."""
+
+    def resolve(self, context: Any) -> dict[str, str]:
+        return run_env(context["params"])
+
+    def __str__(self) -> str:  # what the UI and the serialized DAG show
+        return "<training.env, resolved by the train task>"
 
 
 def early_stopping_rule(metrics: Any) -> dict[str, Any] | None:
@@ -588,7 +593,7 @@ def build_training_pipeline(
         "launcher": run_value("training.launcher"),
         "python": run_value("training.python"),
         "allocation": run_value("training.allocation"),
-        "env": "{{ run_env(params) }}",
+        "env": RunEnv(),
         "ssh_conn_id": inputs["ssh_conn_id"],
         "remote_host": inputs["remote_host"],
         "host_key": inputs["host_key"],

@@ -97,5 +97,5 @@ def test_validated_document_holds_env_names_and_the_train_task_resolves_values(p
     for dag_id in ("pretrain", "pretrain_sweep", "pretrain_nightly"):
         dag = bag.dags[dag_id]
         train = dag.get_task("train")
-        rendered = train.render_template(train.env, {"params": params}, jinja_env=dag.get_template_env())
+        rendered = train.render_template(train.env, {"params": params})
         assert rendered == {"API_TOKEN": SECRET}, dag_id
