@@ -31,7 +31,7 @@ def test_static_ensure_on_the_local_stack_returns_the_common_shape(local_stack):
     assert compute["state"] == "up" and compute["usable_nodes"] >= 1
     validate = ValidateClusterConfigOperator(task_id="validate_cluster", provider="static", stack="unused")
     assert validate.execute(make_context("validate_cluster"))["cluster"]["name"] == info["name"]
-    delete = DeleteClusterOperator(task_id="delete_cluster", provider="static")
+    delete = DeleteClusterOperator(task_id="delete_cluster", provider="static", stack="local")
     assert delete.execute(make_context("delete_cluster"))["deleted"] is False
 
 

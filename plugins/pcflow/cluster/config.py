@@ -17,7 +17,7 @@ import yaml
 
 from pcflow.cluster.spec import ClusterSpec
 from pcflow.merge import deep_merge
-from pcflow.naming import digest
+from pcflow.naming import TAG_RUN, TAG_STACK, digest
 from pcflow.paths import include_dir
 
 DEFAULT_TEMPLATE = "gpu-training.yaml.j2"
@@ -47,6 +47,12 @@ class RenderedConfig:
     document: dict[str, Any]
     config_hash: str
 
+    @property
+    def owner(self) -> tuple[str | None, str | None]:
+        """The (stack, run) the cluster is made for: a cluster found under its name must carry the same."""
+        tags = {t["Key"]: t["Value"] for t in self.document.get("Tags") or ()}
+        return tags.get(TAG_STACK), tags.get(TAG_RUN)
+
 
 def config_hash(document: Mapping[str, Any]) -> str:
     """Identity of a cluster config: tags are excluded (their expiry label changes on every render)."""
@@ -60,8 +66,9 @@ def render_config(
     tags: Mapping[str, str] | None = None,
     template: str = DEFAULT_TEMPLATE,
 ) -> RenderedConfig:
-    """The ParallelCluster YAML for `spec`; `tags` (e.g. `naming.standard_tags`) plus the spec's own tags
-    and the config-hash tag go on the cluster's CloudFormation stack and everything in it."""
+    """The ParallelCluster YAML for `spec`; the spec's own tags, then `tags` (e.g. `naming.standard_tags`)
+    and the config-hash tag, go on the cluster's CloudFormation stack and everything in it. pcflow's tags
+    come last, so no spec tag replaces them (the spec refuses `pcflow:` keys anyway)."""
     data_path = export_path = None
     if spec.fsx is not None and spec.s3_bucket:
         data_path = s3_uri(spec.s3_bucket, spec.s3_prefix)
@@ -75,7 +82,7 @@ def render_config(
     if spec.extra_config:
         document = deep_merge(document, spec.extra_config)
     digest_value = config_hash(document)
-    all_tags = {**dict(tags or {}), **spec.tags, TAG_CONFIG_HASH: digest_value}
+    all_tags = {**spec.tags, **dict(tags or {}), TAG_CONFIG_HASH: digest_value}
     document["Tags"] = [{"Key": k, "Value": v} for k, v in all_tags.items()]
     text = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
     return RenderedConfig(text=text, document=document, config_hash=digest_value)

@@ -121,16 +121,18 @@ def delete_cluster(
     provider: StaticProvider | ParallelClusterProvider,
     cluster_name: str | None,
     *,
+    owner: tuple[str | None, str | None] | None = None,
     export_fsx: bool = False,
     waiter_delay: int = 30,
     waiter_max_attempts: int = 240,
 ) -> dict[str, Any]:
-    """Blocking, idempotent delete; a static cluster is never deleted."""
+    """Blocking, idempotent delete; a static cluster is never deleted. `owner` (stack, run): the cluster
+    must carry these tags or it is refused (`ClusterNotOwned`); None only for an admin's own cleanup."""
     if isinstance(provider, StaticProvider):
         return provider.delete()
     if not cluster_name:
         raise ValueError("delete_cluster needs the cluster name")
-    result = provider.start_delete(cluster_name, export_fsx=export_fsx, export_delay=waiter_delay)
+    result = provider.start_delete(cluster_name, owner=owner, export_fsx=export_fsx, export_delay=waiter_delay)
     if result["wait"]:
         _wait(provider, cluster_name, "stack_delete_complete", waiter_delay, waiter_max_attempts)
     return {k: v for k, v in result.items() if k != "wait"}

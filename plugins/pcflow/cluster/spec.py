@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pcflow.aws.clients import error_code, validate_region
-from pcflow.naming import AWS_TAG_VALUE_RE
+from pcflow.naming import AWS_TAG_VALUE_RE, TAG_PREFIX
 
 #: ParallelCluster's own rule (`pcluster create-cluster` answers "does not match '^[a-zA-Z][a-zA-Z0-9-]+$'").
 CLUSTER_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]+$")
@@ -22,6 +22,8 @@ CLUSTER_NAME_MAX = 60
 CLUSTER_NAME_MAX_ACCOUNTING = 40
 OS_CHOICES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9")
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,24}$")  # queue / compute resource / storage names
+#: Tag keys a cluster config may not set: pcflow's own (ownership, expiry), AWS's and ParallelCluster's.
+RESERVED_TAG_PREFIXES = (TAG_PREFIX, "aws:", "parallelcluster:")
 
 
 class ClusterSpecError(ValueError):
@@ -76,6 +78,29 @@ class FsxSpec(BaseModel):
                 "or a multiple of 2400"
             )
         return self
+
+
+def _refuse_reserved_tag(key: str, where: str) -> None:
+    if key.lower().startswith(RESERVED_TAG_PREFIXES):
+        raise ValueError(
+            f"{where}: tag key {key!r} is reserved ({', '.join(RESERVED_TAG_PREFIXES)}): pcflow sets its own tags "
+            "(which stack and run own the cluster, when it expires); choose another key"
+        )
+
+
+def _tag_keys(node: Any, where: str) -> list[tuple[str, str]]:
+    """Every `Tags: [{Key: ...}]` key anywhere in a ParallelCluster config fragment (cluster, queue...)."""
+    found: list[tuple[str, str]] = []
+    if isinstance(node, dict):
+        for name, child in node.items():
+            if name == "Tags" and isinstance(child, list):
+                found += [(f"{where}.Tags", str(t.get("Key", ""))) for t in child if isinstance(t, dict)]
+            else:
+                found += _tag_keys(child, f"{where}.{name}")
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            found += _tag_keys(child, f"{where}[{index}]")
+    return found
 
 
 class ClusterSpec(BaseModel):
@@ -152,6 +177,14 @@ class ClusterSpec(BaseModel):
         for key, tag_value in value.items():
             if not key or len(key) > 128 or not AWS_TAG_VALUE_RE.match(tag_value):
                 raise ValueError(f"tag {key}={tag_value!r} is not a valid AWS tag")
+            _refuse_reserved_tag(key, "tags")
+        return value
+
+    @field_validator("extra_config")
+    @classmethod
+    def _extra_config_tags(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for where, key in _tag_keys(value, "extra_config"):
+            _refuse_reserved_tag(key, where)
         return value
 
     @model_validator(mode="after")
