@@ -76,14 +76,14 @@ def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cl
     # Teardown policy `never`: the delete task keeps the cluster and says so.
     kept = DeleteClusterOperator(
         task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], keep=True,
-        pcluster_path=str(standin_cli),
+        stack=site.stack, pcluster_path=str(standin_cli),
     ).execute(make_context("delete_cluster"))  # fmt: skip
     assert kept == {"cluster_name": spec["name"], "deleted": False, "kept": True}
     assert len(stacks_named(spec["name"])) == 1
 
     # Delete: deferrable until the stack is gone, then idempotent.
     delete = DeleteClusterOperator(
-        task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"],
+        task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], stack=site.stack,
         pcluster_path=str(standin_cli), waiter_delay=1, waiter_max_attempts=10,
     )  # fmt: skip
     with pytest.raises(TaskDeferred) as deferred:
@@ -212,7 +212,7 @@ def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(stan
     spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
     delete = DeleteClusterOperator(
         task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], export_fsx=True,
-        pcluster_path=str(standin_cli), waiter_delay=1, waiter_max_attempts=10,
+        stack=site.stack, pcluster_path=str(standin_cli), waiter_delay=1, waiter_max_attempts=10,
     )  # fmt: skip
     provider = delete.cluster_provider
     provider.require_host_key = False

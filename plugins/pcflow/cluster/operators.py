@@ -156,6 +156,9 @@ class EnsureClusterOperator(_ClusterOperator):
         self.waiter_max_attempts = waiter_max_attempts
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from pcflow.cluster.parallelcluster import ClusterNotOwned
         from pcflow.cluster.providers import ensure_cluster
         from pcflow.cluster.spec import ClusterSpec
         from pcflow.cluster.static import StaticProvider
@@ -173,7 +176,10 @@ class EnsureClusterOperator(_ClusterOperator):
                 waiter_delay=self.waiter_delay, waiter_max_attempts=self.waiter_max_attempts,
             )  # fmt: skip
             return {**info, "config_s3_uri": self.config_uri(context, CONFIG_FILE)}
-        step = provider.start(spec, rendered)
+        try:
+            step = provider.start(spec, rendered)
+        except ClusterNotOwned as error:  # a retry gets the same answer
+            raise AirflowFailException(str(error)) from None
         self.log.info("cluster %s: %s", step.cluster_name, step.action)
         if step.waiter is None:
             return self.outcome(context, provider.finish(spec, step.action))
@@ -209,6 +215,9 @@ class DeleteClusterOperator(_ClusterOperator):
     :param export_fsx: export the cluster's FSx file systems to their S3 repository first.
     :param keep: leave the cluster as it is (teardown policy `never`: kept for debugging until the
         janitor's TTL); the task says so and deletes nothing.
+
+    Only a cluster tagged with this `stack` (and, when `run_scoped`, this run's key) is deleted: any
+    other is refused before anything is exported or deleted.
     """
 
     template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "cluster_name", "export_fsx", "keep")
@@ -225,7 +234,6 @@ class DeleteClusterOperator(_ClusterOperator):
         waiter_max_attempts: int = 240,
         **kwargs: Any,
     ):
-        kwargs.setdefault("stack", "unused")
         super().__init__(**kwargs)
         self.cluster_name = cluster_name
         self.export_fsx = export_fsx
@@ -238,6 +246,9 @@ class DeleteClusterOperator(_ClusterOperator):
         return self.cluster_name or (self.cluster or {}).get("name")
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from pcflow.cluster.parallelcluster import ClusterNotOwned
         from pcflow.cluster.providers import delete_cluster
         from pcflow.cluster.static import StaticProvider
 
@@ -245,25 +256,34 @@ class DeleteClusterOperator(_ClusterOperator):
             self.log.info("teardown policy keeps cluster %s; the janitor deletes it when it expires", self._name())
             return {"cluster_name": self._name(), "deleted": False, "kept": True}
         provider = self.cluster_provider
-        if isinstance(provider, StaticProvider) or not self.deferrable:
-            return delete_cluster(
-                provider, self._name(), export_fsx=bool(self.export_fsx),
-                waiter_delay=self.waiter_delay, waiter_max_attempts=self.waiter_max_attempts,
-            )  # fmt: skip
-        return self.export_then_delete(context)
+        try:
+            if isinstance(provider, StaticProvider) or not self.deferrable:
+                return delete_cluster(
+                    provider, self._name(), owner=self.cluster_owner(context), export_fsx=bool(self.export_fsx),
+                    waiter_delay=self.waiter_delay, waiter_max_attempts=self.waiter_max_attempts,
+                )  # fmt: skip
+            return self.export_then_delete(context)
+        except ClusterNotOwned as error:  # a retry gets the same answer
+            raise AirflowFailException(str(error)) from None
+
+    def cluster_owner(self, context: Any) -> tuple[str, str | None]:
+        """The (stack, run) a cluster this task may delete carries in its tags."""
+        return self.stack, self._run_and_ttl(context)[0]
 
     def export_then_delete(self, context: Any) -> dict[str, Any]:
         """Deferrable all the way: each FSx export (when asked), then the stack's deletion. Called again
         after each wait; the exports are found again by their task key, so nothing rides in the
         deferral's kwargs and nothing is exported twice."""
         from pcflow.aws.storage import ACTIVE, data_repository_task_result
-        from pcflow.cluster.parallelcluster import export_attempts
+        from pcflow.cluster.parallelcluster import check_owner, export_attempts
 
         name = self._name()
         if not name:
             raise ValueError("DeleteClusterOperator needs cluster_name (or a cluster section with a name)")
         provider = self.cluster_provider
         described = provider.hook.describe_cluster(name)
+        if described is not None:
+            check_owner(name, described, self.cluster_owner(context))
         exports = []
         if self.export_fsx:
             fsx = provider.clients("fsx")
@@ -296,9 +316,10 @@ class DeleteClusterOperator(_ClusterOperator):
         )  # fmt: skip
 
     def export_key(self, context: Any) -> str:
+        from pcflow.aws.storage import EXPORT_BEFORE_DELETE
         from pcflow.naming import run_key_from_context
 
-        return f"{run_key_from_context(context)}/export-before-delete"
+        return f"{run_key_from_context(context)}/{EXPORT_BEFORE_DELETE}"
 
     def export_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         from pcflow.aws.storage import data_repository_task_result

@@ -21,7 +21,7 @@ from pcflow.cluster.config import TAG_CONFIG_HASH, RenderedConfig, render_config
 from pcflow.cluster.info import ClusterInfo, Partition
 from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError
 from pcflow.cluster.spec import ClusterSpec, check_instance_type
-from pcflow.naming import Component, resource_name, standard_tags
+from pcflow.naming import TAG_RUN, TAG_STACK, Component, resource_name, standard_tags
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,29 @@ def export_attempts(delay: int, at_least: int = 40) -> int:
 
 class ClusterMismatch(RuntimeError):
     """A cluster with this name exists with another configuration."""
+
+
+class ClusterNotOwned(ClusterMismatch):
+    """A cluster with this name belongs to another stack or run, or was not made by pcflow."""
+
+
+def _owner_text(stack: str | None, run: str | None) -> str:
+    if stack is None:
+        return "no pcflow stack (not made by pcflow)"
+    return f"stack {stack}" + (f", run {run}" if run else " (shared by its runs)")
+
+
+def check_owner(name: str, described: Mapping[str, Any], owner: tuple[str | None, str | None]) -> None:
+    """A run adopts, updates or deletes only a cluster its stack made, and, for a cluster made for one
+    run (run-scoped), only that run's: the cluster's `pcflow:stack` and `pcflow:run` tags must match."""
+    tags = describe_tags(described)
+    found = (tags.get(TAG_STACK), tags.get(TAG_RUN))
+    if found != tuple(owner):
+        raise ClusterNotOwned(
+            f"cluster {name} belongs to {_owner_text(*found)}, not to {_owner_text(*owner)}: pcflow adopts, "
+            "updates or deletes only a cluster made for the same stack (and, for a run's own cluster, the same "
+            "run). Nothing was changed; use another cluster name, or delete it from the stack that owns it"
+        )
 
 
 class ClusterCreateFailed(RuntimeError):
@@ -150,6 +173,7 @@ class ParallelClusterProvider:
             )
             messages = answer.get("validationMessages", [])
         else:
+            check_owner(spec.name, described, rendered.owner)
             found_hash = describe_tags(described).get(TAG_CONFIG_HASH)
             existing = {"status": described.get("clusterStatus"), "config_hash": found_hash}
             if found_hash != rendered.config_hash:
@@ -171,7 +195,8 @@ class ParallelClusterProvider:
     # -- ensure -----------------------------------------------------------------------------
 
     def start(self, spec: ClusterSpec, rendered: RenderedConfig) -> EnsureStep:
-        """Describe first; adopt a matching cluster, refuse (or update) a different one, else create."""
+        """Describe first; create when absent; refuse a cluster of another stack or run; adopt a matching
+        one, refuse (or update) a different one."""
         name = spec.name
         described = self.hook.describe_cluster(name)
         if described is None:
@@ -180,6 +205,7 @@ class ParallelClusterProvider:
             )
             log.info("creating cluster %s: %s", name, (answer.get("cluster") or {}).get("clusterStatus"))
             return EnsureStep("created", name, name, "stack_create_complete", rendered.config_hash)
+        check_owner(name, described, rendered.owner)
         status = described.get("clusterStatus", "")
         found_hash = describe_tags(described).get(TAG_CONFIG_HASH)
         if status.startswith("DELETE"):
@@ -306,15 +332,26 @@ class ParallelClusterProvider:
         return [r["PhysicalResourceId"] for r in resources if r.get("ResourceType") == "AWS::FSx::FileSystem"]
 
     def start_delete(
-        self, name: str, *, export_fsx: bool = False, task_key: str | None = None, export_delay: int = 15
+        self,
+        name: str,
+        *,
+        owner: tuple[str | None, str | None] | None = None,
+        export_fsx: bool = False,
+        task_key: str | None = None,
+        export_delay: int = 15,
     ) -> dict[str, Any]:
         """Export FSx (when asked, waiting here), then `delete-cluster`. Returns what happened and
-        whether there is a stack to wait for."""
+        whether there is a stack to wait for. With `owner` (stack, run), a cluster of anyone else is
+        refused before anything is exported or deleted."""
+        from pcflow.aws.storage import EXPORT_BEFORE_DELETE
+
         described = self.hook.describe_cluster(name)
+        if described is not None and owner is not None:
+            check_owner(name, described, owner)
         exports = []
         if export_fsx:
             exports = self.export_file_systems(
-                name, described, task_key=task_key or f"{name}/export-before-delete", delay=export_delay
+                name, described, task_key=task_key or f"{name}/{EXPORT_BEFORE_DELETE}", delay=export_delay
             )
         return {**self.delete_described(name, described), "exports": exports}
 
