@@ -171,8 +171,10 @@ def tagged_resources(tag_key: str, tag_value: str) -> list[str]:
 
 def remove_stack(stack: str) -> list[str]:
     """Delete everything of a stack, kept-on-purpose parts included (shared network, images and their
-    snapshots, the `pcflow-<stack>-*` data buckets); returns what is still tagged with it."""
+    snapshots); the stack leaves the data buckets it uses, and a bucket pcflow created goes with its
+    last user (another stack's bucket stays). Returns what is still tagged with the stack."""
     import pcflow.cluster.teardown  # noqa: F401 - registers the "pcluster" handlers
+    from pcflow.aws.buckets import bucket_users, release_bucket
     from pcflow.aws.clients import aws_client
     from pcflow.aws.teardown import Selector, teardown
 
@@ -181,8 +183,12 @@ def remove_stack(stack: str) -> list[str]:
 
     teardown(clients, Selector(stack=stack), handler_sets=("pcluster", "ec2", "fsx", "images"), pass_delay=0)
     s3 = clients("s3")
-    for bucket in [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith(f"pcflow-{stack}-")]:
-        delete_bucket(s3, bucket)
+    for bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        try:
+            if stack in bucket_users(s3, bucket) and release_bucket(s3, bucket, stack):
+                delete_bucket(s3, bucket)
+        except s3.exceptions.NoSuchBucket:  # deleted meanwhile
+            continue
     return tagged_resources("pcflow:stack", stack)
 
 

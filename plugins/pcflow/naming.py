@@ -20,6 +20,10 @@ TAG_RUN = "pcflow:run"
 TAG_COMPONENT = "pcflow:component"
 TAG_EXPIRES = "pcflow:expires"
 NEVER_EXPIRES = "never"
+#: A resource several stacks use (the dataset bucket) names no owning stack: it says it is shared and
+#: which stack created it (its users are recorded elsewhere: `pcflow.aws.buckets`).
+TAG_SHARED = "pcflow:shared"
+TAG_CREATED_BY = "pcflow:created-by"
 
 #: Longest run key: fits Slurm job names, S3 key segments, AWS Name tags and a ParallelCluster name
 #: with a prefix, and stays readable in `squeue`.
@@ -152,6 +156,17 @@ def standard_tags(
         if not AWS_TAG_VALUE_RE.match(value):
             raise ValueError(f"tag {key}={value!r} has characters AWS does not accept in tag values")
     return tags
+
+
+def shared_tags(*, created_by: str, component: Component | str) -> dict[str, str]:
+    """Tags of a resource shared by stacks: no `pcflow:stack` (no stack's teardown selects it), never
+    expires (the janitor leaves it), and the stack that created it."""
+    return {
+        TAG_COMPONENT: str(Component(component)),
+        TAG_SHARED: "stacks",
+        TAG_CREATED_BY: validate_stack_name(created_by),
+        TAG_EXPIRES: NEVER_EXPIRES,
+    }
 
 
 def aws_tags(tags: Mapping[str, str]) -> list[dict[str, str]]:

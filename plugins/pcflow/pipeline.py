@@ -376,17 +376,17 @@ def validate_run(
 
 @task(multiple_outputs=False)
 def ensure_dataset_bucket(run: dict[str, Any]) -> dict[str, Any]:
-    """The dataset/report bucket: created with pcflow's settings, or adopted. Versioned, so a manifest
-    names the exact bytes it lists while a later load replaces keys (replaced versions expire)."""
+    """The dataset/report bucket stacks share: created with pcflow's settings (versioned, so a manifest
+    names the exact bytes it lists while a later load replaces keys), or adopted as it is; never
+    re-tagged, and this stack recorded as one of its users (`pcflow.aws.buckets`)."""
     from pcflow.aws.clients import aws_client
-    from pcflow.aws.storage import ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS, ensure_bucket
-    from pcflow.naming import Component, standard_tags
+    from pcflow.aws.storage import ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS, ensure_shared_bucket
 
     s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
-    tags = standard_tags(stack=run["stack"], component=Component.STORAGE)
-    bucket = run["dataset"]["bucket"]
     rules = [ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS]
-    return ensure_bucket(s3, bucket, region=run["region"], tags=tags, versioning=True, lifecycle_rules=rules)
+    return ensure_shared_bucket(
+        s3, run["dataset"]["bucket"], region=run["region"], stack=run["stack"], versioning=True, lifecycle_rules=rules
+    )
 
 
 @task
@@ -637,6 +637,7 @@ def build_training_pipeline(
         cluster_name=task_value("cluster", "name"),
         export_fsx=run_value("teardown.export_fsx"),
         keep=run_value("keep_resources"),
+        run_scoped=run_scoped,  # deletes only a cluster tagged with this stack (and run)
         **cluster_args,
     )
     metrics >> delete_cluster.as_teardown(setups=cluster)

@@ -1,9 +1,10 @@
 """Storage: the S3 bucket a stack keeps datasets and results in, and FSx for Lustre data repository tasks.
 
-`ensure_bucket` adopts a bucket this account already owns in the right region, creates it otherwise,
-and always (re)applies Block Public Access, default encryption, ownership controls and tags, so an old
-bucket converges to the same settings. A name owned by someone else, or a bucket in another region,
-is refused with a message saying what to change.
+`ensure_bucket` creates a bucket with pcflow's settings (Block Public Access, default encryption,
+ownership controls, versioning, lifecycle rules, tags), or adopts one this account already owns in the
+right region without changing it: what pcflow needs and the bucket lacks is refused, the rest reported
+(`pcflow.aws.buckets`). A name owned by someone else, or a bucket in another region, is refused with a
+message saying what to change. `ensure_shared_bucket` is the dataset bucket stacks share.
 
 FSx data repository tasks import S3 changes into an existing file system before training and export
 results to S3 before the file system is deleted. The moto server (5.2.5, the newest release) answers
@@ -102,38 +103,68 @@ def ensure_bucket(
     lifecycle_rules: Sequence[Mapping[str, Any]] | None = None,
     kms_key_id: str | None = None,
 ) -> dict[str, Any]:
-    """Create or adopt `name` and apply pcflow's bucket settings; returns `{"bucket", "region", "created"}`.
+    """Create `name` with pcflow's settings, or adopt it as it is; returns `{"bucket", "region",
+    "created", "differences"}`.
 
-    `versioning=False` leaves an existing bucket's versioning as it is (suspending it could lose
-    history someone relies on); `lifecycle_rules` are added to the bucket's own rules (a rule with the
-    same ID is replaced), so adopting a bucket keeps the rules its owner set.
+    A bucket that already exists is not pcflow's to change: its settings are read, a bucket without
+    what pcflow needs (versioning when asked, Block Public Access) is refused with the command that
+    fixes it, and other differences are reported (`pcflow.aws.buckets`). Its tags are left as they are.
+    Only a creation a crash interrupted (tagged, public access not yet blocked) is finished.
     """
-    from botocore.exceptions import ClientError
+    from pcflow.aws.buckets import adoption_differences, check_adoptable, creation_unfinished
 
     validate_bucket_name(name)
     validate_region(region)
     owned_region = _owned_bucket_region(s3, name)
-    created = False
     if owned_region is not None and owned_region != region:
         raise BucketUnavailable(
             f"bucket {name} already exists in your account in {owned_region}, not {region}; "
             f"use region {owned_region} or another bucket name"
         )
-    if owned_region is None:
-        kwargs: dict[str, Any] = {"Bucket": name}
-        if region != "us-east-1":
-            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        try:
-            s3.create_bucket(**kwargs)
-            created = True
-        except ClientError as error:
-            if error_code(error) == "BucketAlreadyExists":
-                raise BucketUnavailable(
-                    f"bucket name {name} is taken by another AWS account (S3 names are global); choose another name"
-                ) from None
-            if error_code(error) != "BucketAlreadyOwnedByYou":
-                raise
-    s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=PUBLIC_ACCESS_BLOCKED)
+    created = owned_region is None and _create_bucket(s3, name, region)
+    result = {"bucket": name, "region": region, "created": created, "differences": []}
+    if created or creation_unfinished(s3, name):
+        _apply_settings(
+            s3, name, tags=tags, versioning=versioning, lifecycle_rules=lifecycle_rules or (), kms_key_id=kms_key_id
+        )
+        return result
+    differences = adoption_differences(
+        s3, name, versioning=versioning, lifecycle_rules=lifecycle_rules or (), kms_key_id=kms_key_id
+    )
+    return {**result, "differences": check_adoptable(s3, name, differences)}
+
+
+def _create_bucket(s3: Any, name: str, region: str) -> bool:
+    from botocore.exceptions import ClientError
+
+    kwargs: dict[str, Any] = {"Bucket": name}
+    if region != "us-east-1":
+        kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+    try:
+        s3.create_bucket(**kwargs)
+    except ClientError as error:
+        if error_code(error) == "BucketAlreadyExists":
+            raise BucketUnavailable(
+                f"bucket name {name} is taken by another AWS account (S3 names are global); choose another name"
+            ) from None
+        if error_code(error) != "BucketAlreadyOwnedByYou":
+            raise
+        return False
+    return True
+
+
+def _apply_settings(
+    s3: Any,
+    name: str,
+    *,
+    tags: Mapping[str, str],
+    versioning: bool,
+    lifecycle_rules: Sequence[Mapping[str, Any]],
+    kms_key_id: str | None,
+) -> None:
+    """pcflow's settings on a bucket it created: tags first (so a crash leaves it recognisably pcflow's),
+    Block Public Access last (so its absence marks an unfinished creation)."""
+    s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": aws_tags({**bucket_tags(s3, name), **tags})})
     s3.put_bucket_ownership_controls(
         Bucket=name, OwnershipControls={"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]}
     )
@@ -154,8 +185,27 @@ def ensure_bucket(
         merged = [rule for rule in current if rule.get("ID") not in ours] + [dict(r) for r in lifecycle_rules]
         if merged != current:
             s3.put_bucket_lifecycle_configuration(Bucket=name, LifecycleConfiguration={"Rules": merged})
-    s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": aws_tags({**_bucket_tags(s3, name), **tags})})
-    return {"bucket": name, "region": region, "created": created}
+    s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=PUBLIC_ACCESS_BLOCKED)
+
+
+def ensure_shared_bucket(
+    s3: Any,
+    name: str,
+    *,
+    region: str,
+    stack: str,
+    versioning: bool = False,
+    lifecycle_rules: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A bucket stacks share (the dataset bucket): created tagged as shared (no owning stack), adopted
+    as it is, and `stack` recorded as one of its users, so removing another stack never deletes it."""
+    from pcflow.aws.buckets import bucket_users, register_bucket_user
+    from pcflow.naming import Component, shared_tags
+
+    tags = shared_tags(created_by=stack, component=Component.STORAGE)
+    result = ensure_bucket(s3, name, region=region, tags=tags, versioning=versioning, lifecycle_rules=lifecycle_rules)
+    register_bucket_user(s3, name, stack)
+    return {**result, "users": bucket_users(s3, name)}
 
 
 def _lifecycle_rules(s3: Any, name: str) -> list[dict[str, Any]]:
@@ -169,7 +219,7 @@ def _lifecycle_rules(s3: Any, name: str) -> list[dict[str, Any]]:
         raise
 
 
-def _bucket_tags(s3: Any, name: str) -> dict[str, str]:
+def bucket_tags(s3: Any, name: str) -> dict[str, str]:
     from botocore.exceptions import ClientError
 
     try:
@@ -252,6 +302,26 @@ def start_data_repository_task(
                 "let it finish, then retry this task; it starts the import then"
             ) from error
         raise
+
+
+#: The task name of the export a cluster's delete runs first (task key `<run key or cluster>/<this>`).
+EXPORT_BEFORE_DELETE = "export-before-delete"
+
+
+def last_export_before_delete(fsx: Any, file_system_id: str) -> dict[str, Any] | None:
+    """The newest export-before-delete task of a file system (any run's), None when there was none."""
+    kwargs: dict[str, Any] = {"Filters": [{"Name": "file-system-id", "Values": [file_system_id]}]}
+    found: list[dict[str, Any]] = []
+    while True:  # botocore has no paginator for this operation
+        page = fsx.describe_data_repository_tasks(**kwargs)
+        for task in page.get("DataRepositoryTasks", []):
+            key = {t["Key"]: t["Value"] for t in task.get("Tags", [])}.get(TASK_KEY_TAG, "")
+            if key.endswith(f"/{EXPORT_BEFORE_DELETE}"):
+                found.append(task)
+        if not page.get("NextToken"):
+            break
+        kwargs["NextToken"] = page["NextToken"]
+    return max(found, key=lambda t: (t.get("CreationTime") or 0, t["TaskId"]), default=None)
 
 
 def data_repository_task_result(fsx: Any, task_id: str) -> dict[str, Any]:
