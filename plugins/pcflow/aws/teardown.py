@@ -126,15 +126,21 @@ class ResourceHandler(Protocol):
 
     def delete(self, resource: Resource) -> None: ...
 
+    def holds(self, resources: Sequence[Resource]) -> dict[tuple[str, str], str]: ...
+
 
 class Handler:
-    """Convenience base: `prepare` does nothing unless a kind needs a whole-batch step first."""
+    """Convenience base: `prepare` does nothing unless a kind needs a whole-batch step first; `holds`
+    names listed resources that must not go yet (none, unless a kind can hold data not saved elsewhere)."""
 
     kind: ClassVar[str] = ""
     order: ClassVar[int] = 0
 
     def prepare(self, resources: Sequence[Resource]) -> None:
         return None
+
+    def holds(self, resources: Sequence[Resource]) -> dict[tuple[str, str], str]:
+        return {}
 
 
 @dataclass
@@ -147,20 +153,27 @@ class TeardownReport:
     would_delete: list[Resource] = field(default_factory=list)
     remaining: list[Resource] = field(default_factory=list)
     errors: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Resources kept because something they go with must not be deleted yet, and why.
+    held: list[Resource] = field(default_factory=list)
+    hold_reasons: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
-        return self.dry_run or not self.remaining
+        return self.dry_run or not (self.remaining or self.held)
 
     def summary(self) -> str:
         if self.dry_run:
             lines = [f"dry run: would delete {len(self.would_delete)} resource(s)"]
             lines += [f"  {r.describe()}" for r in self.would_delete]
-            return "\n".join(lines)
-        lines = [f"deleted {len(self.deleted)} resource(s) in {self.passes} pass(es)"]
+        else:
+            lines = [f"deleted {len(self.deleted)} resource(s) in {self.passes} pass(es)"]
         if self.remaining:
             lines.append(f"{len(self.remaining)} resource(s) could not be deleted:")
             lines += [f"  {r.describe()}: {self.errors.get(r.key, 'still listed')}" for r in self.remaining]
+        if self.held:
+            lines.append(f"{len(self.held)} resource(s) kept on purpose, with what they belong to:")
+            lines += [f"  {reason}" for reason in self.hold_reasons]
+            lines += [f"  kept: {r.describe()}" for r in self.held]
         return "\n".join(lines)
 
     def to_xcom(self) -> dict[str, Any]:
@@ -175,6 +188,8 @@ class TeardownReport:
             "remaining": [
                 {"kind": r.kind, "id": r.id, "error": self.errors.get(r.key, "still listed")} for r in self.remaining
             ],
+            "held": ids(self.held),
+            "hold_reasons": list(self.hold_reasons),
         }
 
 
@@ -182,9 +197,13 @@ class TeardownIncomplete(RuntimeError):
     """Raised when the loop stopped with resources left; carries the report."""
 
     def __init__(self, report: TeardownReport):
-        super().__init__(
-            report.summary() + "\nFix the errors above (or delete those resources by hand) and run the teardown again."
-        )
+        advice = "\nFix the errors above (or delete those resources by hand) and run the teardown again."
+        if report.held:
+            advice += (
+                "\nKept resources: fix what FSx reports, run the cluster's delete task again (it exports first, "
+                "then deletes the cluster), then this teardown; see the README, 'When the export before delete fails'."
+            )
+        super().__init__(report.summary() + advice)
         self.report = report
 
 
@@ -212,10 +231,15 @@ def converge(
     logger: logging.Logger | logging.LoggerAdapter = log,
 ) -> TeardownReport:
     """Delete everything `selector` picks until nothing is left or nothing changes; never raises for a
-    resource that will not go (it is in the report's `remaining`), only for a failed listing."""
+    resource that will not go (it is in the report's `remaining`), only for a failed listing.
+
+    A resource a handler holds (an FSx file system whose export to S3 failed) keeps everything of its
+    owner, the same stack and run, out of the loop: its cluster and network stay with it (`held`)."""
     ordered = sorted(handlers, key=lambda h: h.order)
-    listed = _list_all(ordered, selector)
     report = TeardownReport(dry_run=dry_run)
+    listed = _list_all(ordered, selector)
+    held_owners = _held_owners(ordered, listed, report)
+    listed = _without_held(listed, held_owners, report)
     if dry_run:
         report.would_delete = sorted(listed.values(), key=lambda r: _order_of(ordered, r))
         logger.info("%s", report.summary())
@@ -231,7 +255,7 @@ def converge(
             _attempt(lambda h=handler, b=batch: h.prepare(b), batch, report, logger)
             for resource in batch:
                 _attempt(lambda h=handler, r=resource: h.delete(r), [resource], report, logger)
-        relisted = _list_all(ordered, selector)
+        relisted = _without_held(_list_all(ordered, selector), held_owners)
         gone = [r for key, r in listed.items() if key not in relisted]
         for resource in gone:
             report.errors.pop(resource.key, None)
@@ -249,6 +273,35 @@ def converge(
     report.remaining = sorted(listed.values(), key=lambda r: _order_of(ordered, r))
     logger.info("%s", report.summary())
     return report
+
+
+def _owner(resource: Resource) -> tuple[str | None, str | None]:
+    return resource.tags.get(TAG_STACK), resource.tags.get(TAG_RUN)
+
+
+def _held_owners(
+    handlers: Sequence[ResourceHandler], listed: Mapping[tuple[str, str], Resource], report: TeardownReport
+) -> set[tuple[str | None, str | None]]:
+    """The (stack, run) owners of resources a handler holds; their reasons go in the report."""
+    owners = set()
+    for handler in handlers:
+        batch = [r for r in listed.values() if r.kind == handler.kind]
+        for key, reason in (handler.holds(batch) if batch else {}).items():
+            owners.add(_owner(listed[key]))
+            report.hold_reasons.append(reason)
+    return owners
+
+
+def _without_held(
+    listed: dict[tuple[str, str], Resource],
+    owners: set[tuple[str | None, str | None]],
+    report: TeardownReport | None = None,
+) -> dict[tuple[str, str], Resource]:
+    """`listed` less everything of a held owner (recorded in `report.held` the first time)."""
+    kept = {key: r for key, r in listed.items() if _owner(r) not in owners}
+    if report is not None:
+        report.held = [r for key, r in listed.items() if key not in kept]
+    return kept
 
 
 def _order_of(handlers: Sequence[ResourceHandler], resource: Resource) -> tuple[int, str]:
@@ -337,6 +390,24 @@ class FsxFileSystemHandler(Handler):
     def delete(self, resource: Resource) -> None:
         if resource.state != "DELETING":
             self.fsx.delete_file_system(FileSystemId=resource.id)
+
+    def holds(self, resources: Sequence[Resource]) -> dict[tuple[str, str], str]:
+        """A file system whose last export before delete did not succeed holds data nowhere else (the
+        checkpoints written since the last export): it stays, and so does what its cluster needs."""
+        from pcflow.aws.storage import last_export_before_delete
+
+        held = {}
+        for resource in resources:
+            if resource.state == "DELETING":
+                continue
+            task = last_export_before_delete(self.fsx, resource.id)
+            if task is not None and task["Lifecycle"] != "SUCCEEDED":
+                reason = (task.get("FailureDetails") or {}).get("Message") or "no details"
+                held[resource.key] = (
+                    f"FSx {resource.id}: its export to S3 before delete ({task['TaskId']}) is {task['Lifecycle']}: "
+                    f"{reason}; the file system, its cluster and their network are kept until an export succeeds"
+                )
+        return held
 
 
 class VpcEndpointHandler(_Ec2Handler):
@@ -438,9 +509,12 @@ class NetworkInterfaceHandler(_Ec2Handler):
             filters = [{"Name": "vpc-id", "Values": vpc_ids}, {"Name": "status", "Values": ["available"]}]
             for eni in _paginate(self.ec2, "describe_network_interfaces", "NetworkInterfaces", Filters=filters):
                 found[eni["NetworkInterfaceId"]] = eni
+        # An interface carrying pcflow's tags answers to the selector like any resource (a kept cluster's
+        # stays); an untagged one left detached in a selected VPC goes with its VPC.
         return [
-            Resource(self.kind, eni_id, tag_dict(eni.get("TagSet")), eni.get("Status", ""), eni)
+            Resource(self.kind, eni_id, tags, eni.get("Status", ""), eni)
             for eni_id, eni in found.items()
+            if TAG_STACK not in (tags := tag_dict(eni.get("TagSet"))) or selector.matches(tags)
         ]
 
     def delete(self, resource: Resource) -> None:
