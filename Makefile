@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 PAYLOAD_VENV := .venv-payload
 
-.PHONY: help setup system-deps venv payload-env pcluster lock lint test demo stack-up stack-down stack-status stack-clean clean
+.PHONY: help setup system-deps venv payload-env pcluster iam-simulator lock lint test demo stack-up stack-down stack-status stack-clean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -40,6 +40,14 @@ payload-env:  ## the training payload's environment (PyTorch CPU build), as a ba
 pcluster:  ## the AWS ParallelCluster CLI in its own environment (needs Node.js; only for aws-gpu)
 	@bash include/cluster/install-pcluster.sh
 
+IAM_SIMULATOR := tests/deploy/iam_simulate
+iam-simulator: $(IAM_SIMULATOR)/node_modules/.installed  ## the IAM policy evaluator tests/deploy/test_iam.py uses (npm, pinned)
+
+$(IAM_SIMULATOR)/node_modules/.installed: $(IAM_SIMULATOR)/package.json $(IAM_SIMULATOR)/package-lock.json
+	@command -v npm >/dev/null || { echo "the IAM policy tests need Node.js and npm (apt-get install nodejs npm)" >&2; exit 1; }
+	npm ci --prefix $(IAM_SIMULATOR) --no-audit --no-fund --loglevel=error
+	@touch $@
+
 lock: | $(VENV)/bin/uv  ## re-resolve constraints.txt from PyPI after changing a requirements file
 	$(VENV)/bin/uv pip compile requirements-dev.txt --python-version 3.11 --no-header --no-annotate -o constraints.txt
 
@@ -59,7 +67,7 @@ stack-status:  ## what is up, with pids and endpoints
 stack-clean: stack-down  ## stop the stack and delete its state (keys, databases, logs)
 	@if [ -x $(PY) ]; then $(STACK) clean; fi
 
-test: setup payload-env lint  ## from nothing to a passing test suite (the tests start the stack they need)
+test: setup payload-env iam-simulator lint  ## from nothing to a passing test suite (the tests start the stack they need)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded default

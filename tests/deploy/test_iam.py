@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
 import botocore.session
+import pytest
 from botocore import xform_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +41,8 @@ S3_ACTIONS = {
     "GetBucketLifecycleConfiguration": "GetLifecycleConfiguration",
     "PutBucketLifecycleConfiguration": "PutLifecycleConfiguration",
     "PutPublicAccessBlock": "PutBucketPublicAccessBlock",
+    "GetPublicAccessBlock": "GetBucketPublicAccessBlock",
+    "GetBucketEncryption": "GetEncryptionConfiguration",
     "CreateMultipartUpload": "PutObject",
     "UploadPart": "PutObject",
     "CompleteMultipartUpload": "PutObject",
@@ -218,3 +222,152 @@ def test_pcluster_policy_has_no_service_wide_actions():
     Describe* included); it never grants a whole service."""
     actions = policy_actions(PCLUSTER_POLICY)
     assert not [a for a in actions if a == "*" or a.endswith(":*")], actions
+
+
+# --- conditions, evaluated: allowed and refused requests through an IAM policy evaluator ---------------
+#
+# @cloud-copilot/iam-simulate (npm, pinned in tests/deploy/iam_simulate/package-lock.json, installed by
+# `make iam-simulator`) evaluates a request the way AWS documents it: every condition operator, IfExists,
+# Null, permissions boundaries, and it validates the action, the resource ARN and which condition keys the
+# action supports (a key it would ignore fails the test below). Each conditioned statement of the two
+# policies has at least one request it must allow and one it must refuse.
+
+SIMULATOR = REPO / "tests" / "deploy" / "iam_simulate"
+BOUNDARY_POLICY = REPO / "include" / "iam" / "pcflow-cluster-boundary.json"
+ACCOUNT = "123456789012"
+INSTANCE = f"arn:aws:ec2:us-east-1:{ACCOUNT}:instance/i-0123456789abcdef0"
+BOUNDARY = f"arn:aws:iam::{ACCOUNT}:policy/pcflow-cluster-boundary"
+CLUSTER_ROLE = f"arn:aws:iam::{ACCOUNT}:role/parallelcluster/pcflow-research-cluster/HeadNodeRole"
+SHELL_DOCUMENT = f"arn:aws:ssm:us-east-1:{ACCOUNT}:document/AWS-RunShellScript"
+BUILDER_TAGS = {"ssm:resourceTag/pcflow:component": "ami", "ssm:resourceTag/pcflow:role": "builder"}
+OWN = {"aws:ResourceTag/pcflow:stack": "research"}
+
+#: (statement Sid, action, resource, context, allowed?) for include/iam/pcflow-airflow-policy.json.
+AIRFLOW_REQUESTS = [
+    ("BakeImageOnlyOnPcflowBuilders", "ssm:SendCommand", INSTANCE, BUILDER_TAGS, True),
+    ("BakeImageOnlyOnPcflowBuilders", "ssm:SendCommand", INSTANCE, {}, False),  # any untagged instance
+    ("BakeImageOnlyOnPcflowBuilders", "ssm:SendCommand", INSTANCE, {"ssm:resourceTag/pcflow:component": "cluster",
+     "ssm:resourceTag/pcflow:role": "builder"}, False),  # a cluster's head node
+    ("BakeImageWithTheShellDocument", "ssm:SendCommand", SHELL_DOCUMENT, {}, True),
+    ("BakeImageWithTheShellDocument", "ssm:SendCommand", f"arn:aws:ssm:us-east-1:{ACCOUNT}:document/AnyOther", {},
+     False),
+    ("HeadNodeHostKeyFromOwnInstances", "ec2:GetConsoleOutput", INSTANCE, OWN, True),
+    ("HeadNodeHostKeyFromOwnInstances", "ec2:GetConsoleOutput", INSTANCE, {}, False),
+    ("CreateOnlyTaggedByPcflow", "ec2:CreateVpc", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0",
+     {"aws:RequestTag/pcflow:stack": "research", "aws:TagKeys": ["pcflow:stack"]}, True),
+    ("CreateOnlyTaggedByPcflow", "ec2:CreateVpc", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0", {},
+     False),
+    ("TagOnCreateOnly", "ec2:CreateTags", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0",
+     {"ec2:CreateAction": "CreateVpc"}, True),
+    ("TagOnCreateOnly", "ec2:CreateTags", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0",
+     {"ec2:CreateAction": "CreateKeyPair"}, False),
+    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, OWN, True),
+    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {}, False),  # tagging someone's instance as pcflow's
+    ("ChangeAndDeleteOnlyPcflowTagged", "ec2:TerminateInstances", INSTANCE, OWN, True),
+    ("ChangeAndDeleteOnlyPcflowTagged", "ec2:TerminateInstances", INSTANCE, {}, False),
+    ("ClusterStacksTaggedByPcflow", "cloudformation:DeleteStack",
+     f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/pcflow-research-cluster/1", OWN, True),
+    ("ClusterStacksTaggedByPcflow", "cloudformation:DeleteStack",
+     f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/someone-else/1", {}, False),
+    ("PassOnlyTheBuilderRole", "iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/pcflow-ami-builder",
+     {"iam:PassedToService": "ec2.amazonaws.com"}, True),
+    ("PassOnlyTheBuilderRole", "iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/pcflow-ami-builder",
+     {"iam:PassedToService": "lambda.amazonaws.com"}, False),
+    ("PassOnlyTheBuilderRole", "iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/Admin",
+     {"iam:PassedToService": "ec2.amazonaws.com"}, False),
+    ("TrainingMetricsAndDashboards", "cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "pcflow"}, True),
+    ("TrainingMetricsAndDashboards", "cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "AWS/EC2"}, False),
+]  # fmt: skip
+#: The same for include/iam/pcluster-cli-policy.json (ParallelCluster's roles).
+PCLUSTER_REQUESTS = [
+    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:CreateRole", CLUSTER_ROLE,
+     {"iam:PermissionsBoundary": BOUNDARY}, True),
+    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:CreateRole", CLUSTER_ROLE, {}, False),
+    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:CreateRole", CLUSTER_ROLE,
+     {"iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/AnythingGoes"}, False),
+    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:CreateRole", f"arn:aws:iam::{ACCOUNT}:role/Admin",
+     {"iam:PermissionsBoundary": BOUNDARY}, False),  # outside ParallelCluster's path
+    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:PutRolePolicy", CLUSTER_ROLE, {}, False),
+    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE,
+     {"iam:PermissionsBoundary": BOUNDARY, "iam:PolicyARN": "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"},
+     True),
+    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE,
+     {"iam:PermissionsBoundary": BOUNDARY, "iam:PolicyARN": "arn:aws:iam::aws:policy/AdministratorAccess"}, False),
+    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE,
+     {"iam:PolicyARN": "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"}, False),  # an unbounded role
+    ("PassClusterRolesToEc2AndLambdaOnly", "iam:PassRole", CLUSTER_ROLE,
+     {"iam:PassedToService": "ec2.amazonaws.com"}, True),
+    ("PassClusterRolesToEc2AndLambdaOnly", "iam:PassRole", CLUSTER_ROLE,
+     {"iam:PassedToService": "cloudformation.amazonaws.com"}, False),
+    ("PassClusterRolesToEc2AndLambdaOnly", "iam:PassRole", CLUSTER_ROLE, {}, False),
+    ("WhatTheClusterStackCreates", "ec2:RunInstances", INSTANCE,
+     {"aws:CalledViaFirst": "cloudformation.amazonaws.com"}, True),
+    ("WhatTheClusterStackCreates", "ec2:RunInstances", INSTANCE, {}, False),  # directly, not via the stack
+]  # fmt: skip
+
+
+@cache
+def simulator_installed() -> Path:
+    module = SIMULATOR / "node_modules" / "@cloud-copilot" / "iam-simulate"
+    assert module.is_dir(), "the IAM policy evaluator is not installed: run `make iam-simulator` (npm ci)"
+    return SIMULATOR / "simulate.mjs"
+
+
+def simulate(policy: Path, requests: list[tuple], boundary: Path | None = None) -> list[dict]:
+    """Each (sid, action, resource, context, allowed) request through the evaluator, in one node process."""
+    payload = {
+        "policies": [{"name": policy.stem, "policy": json.loads(policy.read_text())}],
+        "boundary": json.loads(boundary.read_text()) if boundary else None,
+        "requests": [{"action": a, "resource": r, "context": c} for _, a, r, c, _ in requests],
+    }
+    script = simulator_installed()
+    proc = subprocess.run(
+        ["node", str(script)], input=json.dumps(payload), capture_output=True, text=True, cwd=SIMULATOR, check=True
+    )
+    return json.loads(proc.stdout)
+
+
+def conditioned_sids(policy: Path) -> set[str]:
+    return {s["Sid"] for s in json.loads(policy.read_text())["Statement"] if s.get("Condition")}
+
+
+@pytest.mark.parametrize(
+    ("policy", "requests"), [(AIRFLOW_POLICY, AIRFLOW_REQUESTS), (PCLUSTER_POLICY, PCLUSTER_REQUESTS)]
+)
+def test_each_condition_allows_what_pcflow_does_and_refuses_the_rest(policy, requests):
+    results = simulate(policy, requests)
+    wrong = []
+    for (sid, action, resource, context, allowed), result in zip(requests, results, strict=True):
+        assert result["decision"] != "error", (sid, action, result)
+        assert not result["ignored"], f"{sid}: {action} does not support the condition keys {result['ignored']}"
+        if (result["decision"] == "Allowed") != allowed:
+            wrong.append(f"{sid}: {action} {resource} {context} -> {result['decision']}, expected allowed={allowed}")
+    assert not wrong, "\n".join(wrong)
+    tried = {sid for sid, *_, allowed in requests if allowed} & {sid for sid, *_, allowed in requests if not allowed}
+    missing = conditioned_sids(policy) - tried
+    assert not missing, f"conditioned statements without an allowed and a refused request: {sorted(missing)}"
+
+
+def test_the_boundary_caps_what_a_cluster_role_can_do_whatever_is_attached():
+    """A node role with AdministratorAccess attached (refused above, but say it got there) is still held
+    to the permissions boundary: no IAM, no other buckets."""
+    admin = SIMULATOR / "administrator-access.json"
+    requests = [
+        ("boundary", "ec2:RunInstances", INSTANCE, {}, True),
+        ("boundary", "s3:GetObject", "arn:aws:s3:::my-pcflow-datasets/datasets/x.tar", {}, True),
+        ("boundary", "iam:CreateUser", f"arn:aws:iam::{ACCOUNT}:user/backdoor", {}, False),
+        ("boundary", "s3:GetObject", "arn:aws:s3:::payroll/2026.csv", {}, False),
+    ]
+    results = simulate(admin, requests, boundary=BOUNDARY_POLICY)
+    assert [r["decision"] == "Allowed" for r in results] == [allowed for *_, allowed in requests], results
+
+
+def test_a_tag_condition_with_ifexists_would_let_untagged_resources_through(tmp_path):
+    """What the first test guards against, shown by the evaluator on the statement this policy used to have."""
+    old = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ssm:SendCommand",
+           "Resource": "arn:aws:ec2:*:*:instance/*",
+           "Condition": {"StringLikeIfExists": {"ssm:resourceTag/pcflow:stack": "*"}}}]}  # fmt: skip
+    path = tmp_path / "old-send-command.json"
+    path.write_text(json.dumps(old))
+    untagged = simulate(path, [("old", "ssm:SendCommand", INSTANCE, {}, False)])
+    assert untagged[0]["decision"] == "Allowed"

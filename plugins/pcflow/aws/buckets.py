@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +47,12 @@ class BucketSettingsDiffer(RuntimeError):
     """An existing bucket lacks a setting pcflow needs; pcflow does not change another owner's bucket."""
 
 
-def _get(call: Any, missing: str, **kwargs: Any) -> dict[str, Any] | None:
+def _get(call: Callable[[], dict[str, Any]], missing: str) -> dict[str, Any] | None:
     """The answer of a GetBucket* call, None when the bucket has no such configuration."""
     from botocore.exceptions import ClientError
 
     try:
-        return call(**kwargs)
+        return call()
     except ClientError as error:
         if error_code(error) == missing:
             return None
@@ -64,7 +64,7 @@ def creation_unfinished(s3: Any, name: str) -> bool:
     Block Public Access is one whose creation a crash interrupted, and it may be finished."""
     from pcflow.aws.storage import bucket_tags
 
-    block = _get(s3.get_public_access_block, "NoSuchPublicAccessBlockConfiguration", Bucket=name)
+    block = _get(lambda: s3.get_public_access_block(Bucket=name), "NoSuchPublicAccessBlockConfiguration")
     return block is None and TAG_COMPONENT in bucket_tags(s3, name)
 
 
@@ -78,7 +78,7 @@ def adoption_differences(
 ) -> list[Difference]:
     """What an existing bucket has that pcflow would have set otherwise; nothing is changed."""
     found: list[Difference] = []
-    block = _get(s3.get_public_access_block, "NoSuchPublicAccessBlockConfiguration", Bucket=name) or {}
+    block = _get(lambda: s3.get_public_access_block(Bucket=name), "NoSuchPublicAccessBlockConfiguration") or {}
     settings = block.get("PublicAccessBlockConfiguration", {})
     open_keys = [k for k in PUBLIC_ACCESS_KEYS if not settings.get(k)]
     if open_keys:
@@ -103,18 +103,18 @@ def _reported_differences(
     s3: Any, name: str, lifecycle_rules: Sequence[Mapping[str, Any]], kms_key_id: str | None
 ) -> list[Difference]:
     found = []
-    encryption = _get(s3.get_bucket_encryption, "ServerSideEncryptionConfigurationNotFoundError", Bucket=name)
+    encryption = _get(lambda: s3.get_bucket_encryption(Bucket=name), "ServerSideEncryptionConfigurationNotFoundError")
     rules = (encryption or {}).get("ServerSideEncryptionConfiguration", {}).get("Rules", [])
     default = rules[0].get("ApplyServerSideEncryptionByDefault", {}) if rules else {}
     if kms_key_id and default.get("KMSMasterKeyID") != kms_key_id:
         algorithm = default.get("SSEAlgorithm", "S3 default (SSE-S3)")
         found.append(Difference("default encryption", algorithm, False, f"pcflow would use KMS key {kms_key_id}"))
-    controls = _get(s3.get_bucket_ownership_controls, "OwnershipControlsNotFoundError", Bucket=name) or {}
+    controls = _get(lambda: s3.get_bucket_ownership_controls(Bucket=name), "OwnershipControlsNotFoundError") or {}
     ownership = [r.get("ObjectOwnership") for r in controls.get("OwnershipControls", {}).get("Rules", [])]
     if ownership != ["BucketOwnerEnforced"]:
         why = "pcflow would set BucketOwnerEnforced (ACLs disabled)"
         found.append(Difference("object ownership", ", ".join(ownership) or "not set", False, why))
-    lifecycle = _get(s3.get_bucket_lifecycle_configuration, "NoSuchLifecycleConfiguration", Bucket=name) or {}
+    lifecycle = _get(lambda: s3.get_bucket_lifecycle_configuration(Bucket=name), "NoSuchLifecycleConfiguration") or {}
     present = {rule.get("ID") for rule in lifecycle.get("Rules", [])}
     missing = [rule["ID"] for rule in lifecycle_rules if rule["ID"] not in present]
     if missing:
