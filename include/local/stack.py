@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")).resolve()
 REGION = "us-east-1"
 BUILDER_PROFILE = "pcflow-ami-builder"
+#: The permissions boundary of the roles ParallelCluster creates (aws-gpu.yaml names it): the admin makes it once.
+CLUSTER_BOUNDARY = REPO / "include" / "iam" / "pcflow-cluster-boundary.json"
 PCLUSTER_VERSION = "3.16.1"
 READY_TIMEOUT_S = 90
 STOP_TIMEOUT_S = 20
@@ -480,7 +482,8 @@ def moto_ready(lay: Layout) -> bool:
 def seed_emulated_account(lay: Layout) -> None:
     """What an administrator prepares once in a real account, made in the empty emulated one: the AMI
     builder's instance profile (on AWS it also carries AmazonSSMManagedInstanceCore, which the
-    emulator does not know), and a stand-in for the ParallelCluster base image (moto has none)."""
+    emulator does not know), the permissions boundary of the cluster's roles (ParallelCluster's dry run
+    checks that it exists), and a stand-in for the ParallelCluster base image (moto has none)."""
     import boto3
     from botocore.exceptions import ClientError
 
@@ -495,6 +498,7 @@ def seed_emulated_account(lay: Layout) -> None:
         lambda: iam.create_role(RoleName=BUILDER_PROFILE, AssumeRolePolicyDocument=json.dumps(trust)),
         lambda: iam.create_instance_profile(InstanceProfileName=BUILDER_PROFILE),
         lambda: iam.add_role_to_instance_profile(InstanceProfileName=BUILDER_PROFILE, RoleName=BUILDER_PROFILE),
+        lambda: iam.create_policy(PolicyName="pcflow-cluster-boundary", PolicyDocument=CLUSTER_BOUNDARY.read_text()),
     )
     for step in steps:  # each one idempotent on its own, so a half-done seeding completes
         try:

@@ -16,6 +16,7 @@ from pcflow.cluster.providers import make_provider, validate_cluster
 from pcflow.cluster.spec import ClusterSpecError
 
 pytestmark = pytest.mark.stack
+BOUNDARY = "arn:aws:iam::123456789012:policy/pcflow-cluster-boundary"
 
 
 def provider(cli, **kw):
@@ -26,12 +27,15 @@ def provider(cli, **kw):
 
 @pytest.mark.parametrize("fsx", [None, {"deployment_type": "SCRATCH_2"}, {"deployment_type": "PERSISTENT_2"}])
 def test_rendered_templates_pass_the_real_dry_run(pcluster_cli, site, fsx):
-    result = validate_cluster(provider(pcluster_cli), site.spec(fsx=fsx, placement_group=True), stack=site.stack)
+    """With the permissions boundary aws-gpu.yaml names (the stack seeds it; pcluster checks it exists)."""
+    spec = site.spec(fsx=fsx, placement_group=True, permissions_boundary=BOUNDARY)
+    result = validate_cluster(provider(pcluster_cli), spec, stack=site.stack)
     assert result["cluster_name"] == f"pcflow-{site.unique}"
     types = {m["type"] for m in result["validation_messages"]}
     assert "CustomAmiTagValidator" in types  # a real validator ran and looked at the stand-in AMI
     assert not [m for m in result["validation_messages"] if m["level"] == "ERROR"]
     assert yaml.safe_load(result["config"])["Image"]["CustomAmi"] == site.ami_id
+    assert yaml.safe_load(result["config"])["Iam"] == {"PermissionsBoundary": BOUNDARY}
     stacks = clients("cloudformation").list_stacks()["StackSummaries"]
     assert all(s["StackName"] != result["cluster_name"] for s in stacks)  # nothing was created
 

@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from pcflow.cluster.spec import ClusterSpec
+from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.merge import deep_merge
 from pcflow.naming import TAG_RUN, TAG_STACK, digest
 from pcflow.paths import include_dir
@@ -81,6 +81,12 @@ def render_config(
     document = yaml.safe_load(body)
     if spec.extra_config:
         document = deep_merge(document, spec.extra_config)
+    boundary = (document.get("Iam") or {}).get("PermissionsBoundary")
+    if spec.permissions_boundary and boundary != spec.permissions_boundary:
+        raise ClusterSpecError(
+            f"extra_config: Iam.PermissionsBoundary {boundary!r} replaces the profile's permissions_boundary "
+            f"{spec.permissions_boundary!r}; only the deployment admin sets it, in the profile"
+        )
     digest_value = config_hash(document)
     all_tags = {**spec.tags, **dict(tags or {}), TAG_CONFIG_HASH: digest_value}
     document["Tags"] = [{"Key": k, "Value": v} for k, v in all_tags.items()]

@@ -140,6 +140,9 @@ class ClusterSpec(BaseModel):
     #: schema validates them in the dry run).
     extra_config: dict[str, Any] = Field(default_factory=dict)
     allow_updates: bool = False
+    #: The admin's IAM policy every role ParallelCluster creates for this cluster is bounded by (the
+    #: pcluster CLI policy in include/iam/ allows role creation only with it).
+    permissions_boundary: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:iam::\d{12}:policy/[\w+=,.@/-]+$")
     shared_root: str | None = None  # where jobs keep their files; default: the FSx mount, else /home
 
     @field_validator("name")
