@@ -26,6 +26,9 @@ from pcflow.naming import run_key, standard_tags
 
 pytestmark = pytest.mark.stack
 WAIT = {"waiter_delay": 1, "waiter_max_attempts": 10}
+#: A cluster spec checked without AWS (the spec's own validation and the renderer).
+OFFLINE_SPEC = {"name": "pcflow-research-cluster", "region": "us-east-1", "key_name": "pcflow",
+                "head_subnet_id": "subnet-0123456789abcdef0"}  # fmt: skip
 
 
 def owned_by(stack: str) -> list[str]:
@@ -130,14 +133,14 @@ def test_a_runs_own_cluster_is_deleted_by_that_run_only(provider, site, standin_
         ),
     ],
 )
-def test_config_tags_cannot_replace_pcflow_tags(site, settings, field):  # noqa: F811
+def test_config_tags_cannot_replace_pcflow_tags(settings, field):
     with pytest.raises(ClusterSpecError, match=re.escape(f"{field}: tag key")):
-        ClusterSpec.parse(site.spec(**settings))
+        ClusterSpec.parse({**OFFLINE_SPEC, **settings})
 
 
-def test_pcflow_tags_win_in_the_rendered_config(site):  # noqa: F811
-    spec = ClusterSpec.parse(site.spec(tags={"team": "vision"}))
-    tags = standard_tags(stack=site.stack, component="cluster", run="r1", ttl=dt.timedelta(hours=1))
+def test_pcflow_tags_win_in_the_rendered_config():
+    spec = ClusterSpec.parse({**OFFLINE_SPEC, "tags": {"team": "vision"}})
+    tags = standard_tags(stack="research", component="cluster", run="r1", ttl=dt.timedelta(hours=1))
     rendered = {t["Key"]: t["Value"] for t in render_config(spec, tags=tags).document["Tags"]}
     assert {k: rendered[k] for k in tags} == tags and rendered["team"] == "vision"
 
