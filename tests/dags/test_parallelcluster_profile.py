@@ -40,7 +40,9 @@ def aws_gpu(airflow, pcluster_cli, monkeypatch):
         return {"profile": "aws-gpu", "partition": "dryrun", "overrides": deep_merge(base, overrides)}
 
     yield conf
-    if tagged_resources("pcflow:stack", stack):
+    # The data bucket is shared by stacks (not tagged with one): this stack is its only user.
+    buckets = [b["Name"] for b in boto3.client("s3").list_buckets()["Buckets"]]
+    if f"pcflow-{stack}-data" in buckets or tagged_resources("pcflow:stack", stack):
         assert remove_stack(stack) == []
 
 
