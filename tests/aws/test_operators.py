@@ -8,6 +8,7 @@ from pcflow.aws.ami import BakeImageOperator
 from pcflow.aws.network import DeleteNetworkOperator, EnsureNetworkOperator
 from pcflow.aws.teardown import TeardownOperator
 from pcflow.aws.waits import ImageAvailableTrigger
+from pcflow.paths import include_dir
 
 pytestmark = pytest.mark.stack
 
@@ -30,12 +31,11 @@ def test_network_operators_return_ids_and_tear_down(aws, stack, counts):
     assert out["remaining"] == [] and set(counts().values()) == {0}
 
 
-def test_bake_operator_defers_the_image_wait(aws, stack, tmp_path, counts):
+def test_bake_operator_defers_the_image_wait(aws, stack, counts):
     from airflow.sdk.exceptions import TaskDeferred
 
     ids = EnsureNetworkOperator(task_id="network", stack=stack, waiter_delay=0).execute({"ti": _TI()})
-    script = tmp_path / "bootstrap.sh"
-    script.write_text("#!/bin/bash\necho baked\n")
+    script = include_dir() / "ami" / "bootstrap.sh"  # bootstrap scripts come from include/ami/ only
     base = aws.amazon_image_id()
     profile = f"pcflow-op-{stack}"
     aws.iam.create_instance_profile(InstanceProfileName=profile)

@@ -71,8 +71,10 @@ class AmiSpec:
 
 
 def load_script(path: str | Path) -> str:
-    """A bootstrap script's content (from `include/ami/`); its bytes are part of the recipe hash."""
-    script = Path(path)
+    """A bootstrap script's content (only from `include/ami/`); its bytes are part of the recipe hash."""
+    from pcflow.paths import ami_script
+
+    script = ami_script(path)
     if not script.is_file():
         raise ValueError(f"bootstrap script {script} not found; AMI recipes live in include/ami/")
     return script.read_text()

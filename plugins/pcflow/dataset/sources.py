@@ -8,6 +8,7 @@ membership, manifest order) is deterministic.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import IO, Any, Protocol
 from botocore.exceptions import ClientError
 
 from pcflow.dataset.errors import SourceChangedError, SourceError
+from pcflow.paths import within
 
 #: Names never loaded: editor and OS droppings, and pcflow's own bookkeeping when the source is a partition.
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "manifest.json"})
@@ -36,39 +38,84 @@ class Source(Protocol):
 
     def list(self) -> list[SourceFile]: ...
 
+    def holds_data(self) -> bool: ...
+
     def open(self, item: SourceFile) -> IO[bytes]: ...
 
     def check_unchanged(self, item: SourceFile) -> None: ...
 
 
 class LocalDirectorySource:
-    """A directory on the worker; symlinks are followed, so a dangling one is an unreadable file."""
+    """A directory on the worker. Symlinks are followed while they stay inside it: one that leads out of
+    the source, or back into a directory above it (a loop), fails the listing; a dangling one is an
+    unreadable file. Only regular files are loaded (a FIFO or device would hang or never end)."""
 
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root).expanduser()
         self.uri = str(self.root)
 
     def list(self) -> list[SourceFile]:
-        if not self.root.is_dir():
-            raise SourceError(f"dataset source {self.uri!r} is not a directory on this worker: check the path")
-        items = []
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS and not d.startswith("."))
-            for name in filenames:
-                if name in IGNORED_NAMES or name.startswith("."):
-                    continue
-                path = Path(dirpath, name)
-                try:
-                    st = path.stat()
-                except OSError as err:
-                    raise SourceError(f"cannot read {path}: {err.strerror}; fix or remove it and run again") from err
-                items.append(SourceFile(path.relative_to(self.root).as_posix(), st.st_size, str(st.st_mtime_ns)))
+        items = [SourceFile(rel, st.st_size, str(st.st_mtime_ns)) for rel, st in self._walk(self._top(), "")]
         if not items:
             raise SourceError(f"dataset source {self.uri!r} holds no files: nothing to load")
         return sorted(items, key=lambda f: f.rel)
 
+    def holds_data(self) -> bool:
+        """Whether the listing would find a file (the walk stops at the first one)."""
+        return next(self._walk(self._top(), ""), None) is not None
+
+    def _top(self) -> Path:
+        """The source with its own symlinks resolved: what every file must stay under."""
+        if not self.root.is_dir():
+            raise SourceError(f"dataset source {self.uri!r} is not a directory on this worker: check the path")
+        return Path(os.path.realpath(self.root))
+
+    def _walk(self, directory: Path, rel: str, above: frozenset = frozenset()) -> Iterator[tuple[str, os.stat_result]]:
+        """(relative path, stat) of every file to load under `directory`; `above` holds the (device,
+        inode) of the directories that lead here, so a link back to one of them is a loop."""
+        st = directory.stat()
+        above = above | {(st.st_dev, st.st_ino)}
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError as err:
+            raise SourceError(f"cannot list {directory}: {err.strerror}; fix it and run again") from err
+        for entry in entries:
+            if entry.name.startswith(".") or entry.name in IGNORED_NAMES:
+                continue
+            path = Path(entry.path)
+            st = self._stat_inside(path) if entry.is_symlink() else entry.stat()
+            if stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) in above:
+                    raise SourceError(f"{path} is a symlink loop (it leads back to a directory above it): remove it")
+                if entry.name not in IGNORED_DIRS:
+                    yield from self._walk(path, f"{rel}{entry.name}/", above)
+            elif stat.S_ISREG(st.st_mode):
+                yield f"{rel}{entry.name}", st
+            else:
+                raise SourceError(f"{path} is not a regular file (a FIFO, socket or device): remove it from the source")
+
+    def _stat_inside(self, link: Path) -> os.stat_result:
+        """What a symlink leads to, refused when that is outside the source; dangling: unreadable."""
+        try:
+            within(link, self._top())
+        except ValueError:
+            raise SourceError(
+                f"{link} is a symlink to {os.path.realpath(link)}, outside the dataset source {self.uri!r}: a load "
+                "reads only what is under its source"
+            ) from None
+        try:
+            return link.stat()
+        except OSError as err:
+            raise SourceError(f"cannot read {link}: {err.strerror}; fix or remove it and run again") from err
+
     def path(self, item: SourceFile) -> Path:
-        return self.root / item.rel
+        """The file, checked again to be inside the source (a link may have changed since the listing)."""
+        try:
+            return within(self.root / item.rel, self._top())
+        except ValueError:
+            raise SourceChangedError(
+                f"{self.root / item.rel} now leads outside the dataset source; run again"
+            ) from None
 
     def open(self, item: SourceFile) -> IO[bytes]:
         try:
@@ -98,7 +145,16 @@ class S3PrefixSource:
         self.bucket, self.prefix = split_s3_uri(uri)
 
     def list(self) -> list[SourceFile]:
-        items = []
+        items = list(self._objects())
+        if not items:
+            raise SourceError(f"dataset source {self.uri} holds no objects: nothing to load")
+        return sorted(items, key=lambda f: f.rel)
+
+    def holds_data(self) -> bool:
+        """Whether the listing would find an object (it stops at the first page that has one)."""
+        return next(self._objects(), None) is not None
+
+    def _objects(self) -> Iterator[SourceFile]:
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
                 for obj in page.get("Contents", []):
@@ -106,12 +162,9 @@ class S3PrefixSource:
                     parts = rel.split("/")
                     if not rel or rel.endswith("/") or parts[-1] in IGNORED_NAMES or IGNORED_DIRS & set(parts):
                         continue
-                    items.append(SourceFile(rel, obj["Size"], obj["ETag"]))
+                    yield SourceFile(rel, obj["Size"], obj["ETag"])
         except ClientError as err:
             raise SourceError(f"cannot list dataset source {self.uri}: {err}") from err
-        if not items:
-            raise SourceError(f"dataset source {self.uri} holds no objects: nothing to load")
-        return sorted(items, key=lambda f: f.rel)
 
     def open(self, item: SourceFile) -> IO[bytes]:
         try:

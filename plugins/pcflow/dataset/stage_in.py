@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pcflow.dataset.manifest import read_listed_object, read_manifest
+from pcflow.paths import remote_within
 from pcflow.slurm.hook import SlurmHook
 
 #: Objects read ahead of the tar stream: at most this many, and this many bytes (or one larger object).
@@ -28,14 +29,20 @@ WINDOW_BYTES = 256 << 20
 
 
 def data_dir_on_cluster(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, Any]) -> str:
-    """The partition's directory as the compute nodes see it."""
-    partition = dataset["partition"]
+    """The partition's directory as the compute nodes see it: normalised, and refused (ValueError) unless
+    it is a directory below the file system's mount or the static cluster's datasets directory."""
     if cluster["provider"] == "parallelcluster":
-        mount = (cluster.get("mounts") or ["/fsx"])[0]
-        return posixpath.join(mount, partition)
-    if not cluster.get("shared_root"):
-        raise ValueError("the static cluster has no shared_root: set the SSH connection's `shared_root` extra")
-    return posixpath.join(cluster["shared_root"], "pcflow", "datasets", dataset["bucket"], dataset["root"].rstrip("/"))
+        root = (cluster.get("mounts") or ["/fsx"])[0]
+        path = posixpath.join(root, dataset["partition"])
+    else:
+        if not cluster.get("shared_root"):
+            raise ValueError("the static cluster has no shared_root: set the SSH connection's `shared_root` extra")
+        root = posixpath.join(cluster["shared_root"], "pcflow", "datasets")
+        path = posixpath.join(root, dataset["bucket"], dataset["root"].rstrip("/"))
+    normal = remote_within(path, root)
+    if normal == posixpath.normpath(root):
+        raise ValueError(f"the partition's directory {path!r} is the data root itself; check bucket and partition")
+    return normal
 
 
 def windows(entries: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from pcflow.paths import remote_within
+
 Launcher = Literal["srun", "torchrun", "vissl", "mpirun"]
 
 # sbatch options a user may add beyond the modelled ones; anything else is refused by name.
@@ -190,9 +192,10 @@ class RunDir:
                 "the SSH connection's `shared_root` extra or the operator's shared_root"
             )
         for part in (run_key, task):
-            if not NAME.match(part):
+            if not NAME.match(part) or part in (".", ".."):
                 raise ValueError(f"run key and task must be simple names, got {part!r}")
-        return cls(posixpath.join(shared_root, "pcflow", "runs", run_key, task))
+        runs = posixpath.join(shared_root, "pcflow", "runs")
+        return cls(remote_within(posixpath.join(runs, run_key, task), runs))
 
     def _path(self, name: str) -> str:
         return posixpath.join(self.root, name)
