@@ -30,6 +30,7 @@ from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import RunDir
 from pcflow.slurm.trigger import HeadNodeTrigger
+from pcflow.values import known_at_run_time
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -184,7 +185,7 @@ class EarlyStoppingOperator(BaseOperator):
         self.host_key = host_key
         self.shared_root = shared_root
         self.poll_interval = poll_interval
-        if not (isinstance(objective, str) and "{{" in objective):
+        if not known_at_run_time(objective):
             Objective.parse(objective)
 
     @cached_property

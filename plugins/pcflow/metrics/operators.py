@@ -26,15 +26,12 @@ from pcflow.metrics.report import render_report
 from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, validate_stack_name
 from pcflow.slurm import DEFAULT_SSH_CONN_ID
+from pcflow.values import known_at_run_time
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from pcflow.slurm.hook import SlurmHook
-
-
-def _is_template(value: Any) -> bool:
-    return isinstance(value, str) and "{{" in value
 
 
 class HarvestMetricsOperator(PcflowAwsOperator):
@@ -129,9 +126,9 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         self.remote_host = remote_host
         self.host_key = host_key
         # Refuse bad definitions and objectives when the DAG is parsed, not after the training ran.
-        if not _is_template(self.metric_definitions):
+        if not known_at_run_time(self.metric_definitions):
             parse_definitions(self.metric_definitions)
-        if not _is_template(self.objective):
+        if not known_at_run_time(self.objective):
             Objective.parse(self.objective)
 
     @cached_property
