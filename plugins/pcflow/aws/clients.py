@@ -10,6 +10,7 @@ that declares an operator must parse without loading them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -114,15 +115,17 @@ class AwsCallFailed(Exception):
         self.code = code
 
 
-def known_regions() -> set[str]:
-    """Regions botocore's endpoint data knows for EC2 in the commercial, China and GovCloud partitions."""
+@functools.cache
+def known_regions() -> frozenset[str]:
+    """Regions botocore's endpoint data knows for EC2 in the commercial, China and GovCloud partitions
+    (read once per process: loading botocore's endpoint data takes about half a second)."""
     import boto3
 
     session = boto3.session.Session()
     regions: set[str] = set()
     for partition in ("aws", "aws-cn", "aws-us-gov"):
         regions.update(session.get_available_regions("ec2", partition_name=partition))
-    return regions
+    return frozenset(regions)
 
 
 def validate_region(region: str | None) -> str:
