@@ -11,7 +11,7 @@ from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, training
 with DAG(
     dag_id="pretrain",
     schedule=None,
-    params=training_params(profile="local", partition="default"),
+    params=training_params(partition="default"),
     **TRAINING_DAG_ARGS,
     max_active_runs=4,
     tags=["pcflow", "training"],

@@ -14,7 +14,7 @@ with DAG(
     dag_id="pretrain_nightly",
     schedule="0 2 * * *",
     catchup=False,
-    params=training_params(profile="local"),
+    params=training_params(),
     **TRAINING_DAG_ARGS,
     max_active_runs=1,
     tags=["pcflow", "training", "nightly"],

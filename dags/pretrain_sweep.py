@@ -10,7 +10,7 @@ from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, sweep_pa
 with DAG(
     dag_id="pretrain_sweep",
     schedule=None,
-    params=training_params(profile="local", partition="default", extra=sweep_params()),
+    params=training_params(partition="default", extra=sweep_params()),
     **TRAINING_DAG_ARGS,
     max_active_runs=2,
     tags=["pcflow", "training", "sweep"],

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dagrun import airflow_environment
+from dagrun import airflow_environment, prepare_airflow, write_profile
 from stacktools import REPO, LocalStack, moto_leftovers, read_env_file, reset_moto, stack_cli, stack_status
 
 ARTIFACTS = REPO / "tests" / "artifacts"
@@ -84,6 +84,46 @@ def moto_state_per_module(request):
     if leaked:
         listing = "\n  ".join(leaked)
         pytest.fail(f"left on the moto server by this module (tests delete what they create):\n  {listing}")
+
+
+@pytest.fixture(scope="module")
+def airflow(local_stack, tmp_path_factory):
+    """For tests that run DAGs (`dagrun.run_dag`): the session's Airflow home with its metadata database
+    (Airflow reads its home only once per process), pcflow's DAG and plugin folders, and the payload's
+    environment."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    saved = dict(os.environ)
+    os.environ.update(airflow_environment(home))
+    os.environ["PCFLOW_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    prepare_airflow(home)
+    subprocess.run(
+        ["bash", str(REPO / "include/payloads/install-payload-env.sh"), str(REPO / ".venv-payload")], check=True
+    )
+    yield home
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+class AdminProfiles:
+    """A deployment admin's profiles directory (PCFLOW_PROFILES_DIR, read by the DAG parser and the
+    workers): tests that need settings a trigger user may not change write a profile here."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def make(self, base: str = "local", changes: dict | None = None, *, name: str | None = None) -> str:
+        """A profile: `base` (a shipped profile) with `changes` laid over it; returns its name."""
+        import uuid
+
+        return write_profile(self.directory, name or f"t{uuid.uuid4().hex[:10]}", base, changes or {})
+
+
+@pytest.fixture
+def admin_profiles(tmp_path, monkeypatch) -> AdminProfiles:
+    directory = tmp_path / "profiles"
+    directory.mkdir()
+    monkeypatch.setenv("PCFLOW_PROFILES_DIR", str(directory))
+    return AdminProfiles(directory)
 
 
 @pytest.fixture

@@ -26,7 +26,22 @@ def airflow_environment(airflow_home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO"),
+        # The deployment's default profile (the trigger form's, and every scheduled run's): the emulator.
+        "PCFLOW_DEFAULT_PROFILE": "local",
     }
+
+
+def write_profile(directory: Path, name: str, base: str, changes: dict[str, Any]) -> str:
+    """Write an admin profile `name` into `directory` (a PCFLOW_PROFILES_DIR): the shipped profile
+    `base` with `changes` laid over it (its `overridable` section included). Returns `name`."""
+    import yaml
+
+    from pcflow.merge import deep_merge
+
+    document = yaml.safe_load((REPO / "include" / "profiles" / f"{base}.yaml").read_text())
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.yaml").write_text(yaml.safe_dump(deep_merge(document, changes), sort_keys=False))
+    return name
 
 
 def prepare_airflow(airflow_home: Path) -> None:

@@ -369,6 +369,7 @@ def stack_env(lay: Layout) -> dict[str, str]:
         "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_connection(lay), separators=(",", ":")),
         "AIRFLOW_CONN_SLURM_DEFAULT": json.dumps(ssh_connection(lay), separators=(",", ":")),
         "SLURM_CONF": str(lay.slurm_conf),
+        "PCFLOW_DEFAULT_PROFILE": "local",  # the DAGs' default profile on this deployment: the emulator's
     }
 
 

@@ -1,9 +1,11 @@
 """The training pipeline's stages, composed once and shared by every DAG (pretrain, nightly, sweep).
 
-The first task resolves the run's settings (profile + Params/conf) into one validated document and
-returns it; every later operator reads its arguments from that document through templates rendered
-as native objects (the DAGs set `render_template_as_native_obj=True`). Nothing here does I/O when a
-DAG file is parsed: the functions only declare tasks.
+The first task checks the run's conf against what the profile lets a trigger user change, resolves
+the settings (profile + Params/conf) into one validated document, runs every check a later stage
+would run, and returns the document. Later operators receive its values as data (`run_value`: picked
+in Python when the operator renders its fields), never as text rendered again by Jinja, so a value
+reaches its stage exactly as validated. Nothing here does I/O when a DAG file is parsed beyond listing
+the profiles: the functions only declare tasks.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ from typing import Any
 from airflow.sdk import Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
+from pcflow.paths import default_profile, profile_names
 from pcflow.patterns import INSTANCE_TYPE, PARTITION
+from pcflow.values import Returned
 
-PROFILES = ["local", "aws-gpu"]
 #: Every stage is idempotent, so a retry is always safe: it adopts what the failed attempt made. Training
 #: is the exception (a retry costs GPU hours): Slurm requeues lost nodes itself, a user retries the rest.
 DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
-
-
-#: What a DAG built with `build_training_pipeline` must set: its operators read lists and dicts from the
-#: validate task through templates (native rendering), with the stages' retry policy.
-TRAINING_DAG_ARGS: dict[str, Any] = {"render_template_as_native_obj": True, "default_args": DEFAULT_ARGS}
+#: What a DAG built with `build_training_pipeline` must set. No native rendering: Jinja's native mode
+#: literal-evaluates strings (`'..''/''..''/x'` becomes `../../x`, `"0x10"` becomes 16); operators get
+#: their values through `run_value`/`task_value` instead, as data.
+TRAINING_DAG_ARGS: dict[str, Any] = {"render_template_as_native_obj": False, "default_args": DEFAULT_ARGS}
 #: Each stage's execution_timeout, by task id (others: DEFAULT_STAGE_TIMEOUT). Generous, several times a slow run
 #: on aws-gpu, so only a hung stage meets it: it then fails and its retry or the teardown takes over, instead of
 #: holding a slot (or a deferred wait) for ever. Training has none: its Slurm time limit bounds the job.
@@ -52,29 +54,62 @@ TRIAL_POOL = "pcflow_trials"
 
 
 #: The FSx file system of a cluster that exists before this run (the dry run reports it), else None.
-EXISTING_FILE_SYSTEM = (
-    "{{ ((ti.xcom_pull(task_ids='validate_cluster').get('existing') or {}).get('file_system_ids') or [none])[0] }}"
-)
+EXISTING_FILE_SYSTEM = Returned("validate_cluster", ("existing", "file_system_ids", 0), optional=True)
 
 
-def run_value(path: str) -> str:
-    """A template for one value of the resolved run settings, e.g. `run_value("dataset.bucket")`."""
-    lookup = "".join(f"[{part!r}]" for part in path.split("."))
-    return f"{{{{ ti.xcom_pull(task_ids={VALIDATE_TASK!r}){lookup} }}}}"
+def run_value(path: str) -> Returned:
+    """One value of the resolved run settings, e.g. `run_value("dataset.bucket")`."""
+    return Returned(VALIDATE_TASK, tuple(path.split(".")))
 
 
-def task_value(task_id: str, key: str) -> str:
-    """A template for one key of another task's returned dict."""
-    return f"{{{{ ti.xcom_pull(task_ids={task_id!r})[{key!r}] }}}}"
+def task_value(task_id: str, key: str) -> Returned:
+    """One key of another task's returned dict."""
+    return Returned(task_id, (key,))
 
 
 # -- the trigger form ----------------------------------------------------------------------------
 
 
-def training_params(
-    *, profile: str = "local", partition: str | None = None, extra: dict[str, Param] | None = None
-) -> dict[str, Param]:
+#: The form's fields that change a run setting, by the setting's dotted path. Whether a trigger user
+#: may change it is the profile's call (its `overridable` section), like everything in `overrides`.
+FORM_FIELDS = {
+    "dataset_source": "dataset.source",
+    "partition": "dataset.partition",
+    "instance_type": "instance_type",
+    "capacity_type": "capacity_type",
+    "nodes": "training.nodes",
+    "gpus_per_node": "training.gpus_per_node",
+    "tasks_per_node": "training.tasks_per_node",
+    "launcher": "training.launcher",
+    "hyperparameters": "training.hyperparameters",
+    "teardown_policy": "teardown.policy",
+    "early_stopping_patience": "metrics.early_stopping.patience",
+}
+#: The form's other fields: which profile, the sweep's trials and grid, and the advanced overrides.
+OTHER_FIELDS = ("profile", "trials", "grid", "overrides")
+
+
+def profile_param() -> Param:
+    """Which profile: the deployment's default (`PCFLOW_DEFAULT_PROFILE`), chosen among those that exist.
+    Without a default the field starts empty, and a run that leaves it so (a scheduled one too) is
+    refused by the first task: no run falls back to a profile nobody chose."""
+    choices = profile_names()
+    chosen = default_profile()
+    schema: dict[str, Any] = {"type": "string", "enum": choices}
+    if chosen is None:
+        schema = {"type": ["null", "string"], "enum": [None, *choices], "values_display": {"null": "choose one"}}
+    return Param(
+        chosen,
+        **schema,
+        title="Profile",
+        description=f"Where the run happens and what it may change (the admin's profiles: {', '.join(choices)}).",
+        section="Where",
+    )
+
+
+def training_params(*, partition: str | None = None, extra: dict[str, Param] | None = None) -> dict[str, Param]:
     """The trigger form: every field optional except the profile; empty means "as the profile says".
+    A field the chosen profile does not list as overridable is refused by the first task when set.
     `extra` (a DAG's own fields) comes after the training fields, before cleanup and overrides."""
 
     def optional(kind: str, **schema: Any) -> dict[str, Any]:
@@ -85,26 +120,13 @@ def training_params(
         return {"type": ["null", "string"], "enum": [None, *values], "values_display": {"null": "as the profile says"}}
 
     return {
-        "profile": Param(
-            profile,
-            type="string",
-            enum=PROFILES,
-            title="Profile",
-            description="Where the run happens: `local` (emulated AWS + local Slurm) or `aws-gpu` (ParallelCluster).",
-            section="Where",
-        ),
-        "stack": Param(
-            None,
-            **optional("string", pattern=r"^[a-z][a-z0-9-]{0,22}[a-z0-9]$"),
-            title="Stack",
-            description="Groups shared resources (network, image, cluster); empty: the profile's.",
-            section="Where",
-        ),
+        "profile": profile_param(),
         "dataset_source": Param(
             None,
             **optional("string", maxLength=1024),
             title="Dataset source",
-            description="A local directory, `s3://bucket/prefix`, or `builtin:digits`; empty: the profile's.",
+            description="A directory under one of the profile's dataset roots, `s3://bucket/prefix`, or "
+            "`builtin:digits`; empty: the profile's.",
             section="Data",
         ),
         "partition": Param(
@@ -175,7 +197,8 @@ def training_params(
             {},
             type="object",
             title="Advanced overrides",
-            description='Any run setting by its path, deep-merged last, e.g. {"training": {"time_limit": "2:00:00"}}.',
+            description="Other settings by their path, deep-merged last, e.g. "
+            '{"metrics": {"early_stopping": {"min_delta": 0.01}}}: only those the profile lists as overridable.',
             section="Advanced",
         ),
     }
@@ -232,31 +255,41 @@ def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """The run's Params as a partial run-spec document (empty fields leave the profile's value)."""
     from pcflow.merge import deep_merge
 
-    layout = {
-        "stack": ("stack",),
-        "dataset_source": ("dataset", "source"),
-        "partition": ("dataset", "partition"),
-        "instance_type": ("instance_type",),
-        "capacity_type": ("capacity_type",),
-        "nodes": ("training", "nodes"),
-        "gpus_per_node": ("training", "gpus_per_node"),
-        "tasks_per_node": ("training", "tasks_per_node"),
-        "launcher": ("training", "launcher"),
-        "teardown_policy": ("teardown", "policy"),
-        "early_stopping_patience": ("metrics", "early_stopping", "patience"),
-    }
     document: dict[str, Any] = {}
-    for param, path in layout.items():
+    for param, path in FORM_FIELDS.items():
         value = params.get(param)
-        if value is None:
+        if value is None or (param == "hyperparameters" and not value):
             continue
+        *parents, leaf = path.split(".")
         node = document
-        for part in path[:-1]:
+        for part in parents:
             node = node.setdefault(part, {})
-        node[path[-1]] = value
-    if params.get("hyperparameters"):
-        document.setdefault("training", {})["hyperparameters"] = params["hyperparameters"]
+        node[leaf] = value
     return deep_merge(document, params.get("overrides") or {})
+
+
+def check_conf_fields(params: dict[str, Any]) -> None:
+    """Refuse, before anything is merged, what the conf changes beyond what the profile lets a trigger
+    user change: unknown fields, settings not listed as overridable, values outside their bounds. A
+    sweep's trials and grid change hyperparameters, so they are checked as such."""
+    from pcflow.runspec import RunSpecError, check_conf
+
+    unknown = sorted(set(params) - set(FORM_FIELDS) - set(OTHER_FIELDS))
+    if unknown:
+        fields = ", ".join(sorted([*FORM_FIELDS, *OTHER_FIELDS]))
+        raise AirflowFailException(f"{', '.join(unknown)}: not a field of this DAG's form (fields: {fields})")
+    grid = params.get("grid") or {}
+    swept = [*(params.get("trials") or []), *({k: v} for k, values in grid.items() for v in _listed(values))]
+    changes = [overrides_from_params(params), *({"training": {"hyperparameters": trial}} for trial in swept)]
+    labels = {path: param for param, path in FORM_FIELDS.items()}
+    try:
+        check_conf(params.get("profile"), *changes, labels=labels)
+    except RunSpecError as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def _listed(values: Any) -> list[Any]:
+    return values if isinstance(values, list) else [values]
 
 
 # -- stage functions (run in tasks) --------------------------------------------------------------
@@ -273,6 +306,11 @@ def resolve_for_run(
     from pcflow.naming import run_key_from_context
     from pcflow.runspec import RunSpecError, resolve_run_spec
 
+    if not params.get("profile"):
+        raise AirflowFailException(
+            "profile: none chosen, and the deployment sets no default (the admin sets PCFLOW_DEFAULT_PROFILE)"
+        )
+    check_conf_fields(params)
     try:
         spec = resolve_run_spec(params["profile"], overrides_from_params(params))
     except RunSpecError as exc:
@@ -367,10 +405,14 @@ def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = "aws_default"
 def validate_run(
     dated_partitions: bool = False, params: dict[str, Any] | None = None, **context: Any
 ) -> dict[str, Any]:
-    """Refuse bad settings before anything costs money; the resolved document is kept with the run."""
+    """Refuse bad settings before anything costs money; the resolved document is kept with the run.
+    The checks run in order, free ones first; each names the field it refuses."""
+    from pcflow.checks import check_dataset_source, check_job, check_static_cluster
+
     document = resolve_for_run(params or {}, context, dated_partitions=dated_partitions)
-    check_against_aws(document)
-    check_cluster_settings(document)
+    checks = [check_job, check_static_cluster, check_cluster_settings, check_dataset_source, check_against_aws]
+    for check in checks:
+        check(document)
     return document
 
 

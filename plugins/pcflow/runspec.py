@@ -16,12 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
-from pcflow.paths import include_dir
+from pcflow.paths import ami_script, include_dir, profile_dirs, profile_names
 from pcflow.patterns import INSTANCE_TYPE, PARTITION
+from pcflow.trust import ConfRefused, Rule, parse_rules, refusals
 
 PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]{1,512}$")
 
 
 class RunSpecError(ValueError):
@@ -49,15 +49,15 @@ class DatasetSettings(_Section):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
-        if not PREFIX.match(value) or ".." in value.split("/"):
-            raise ValueError("must be an S3 key prefix of letters, digits and !_.*'()/-")
-        return value.strip("/")
+        from pcflow.dataset.partition import validate_prefix  # the dataset stage's own rule
+
+        return validate_prefix(value)
 
 
 class AmiSettings(_Section):
     enabled: bool = True
     pcluster_version: str = Field("3.16.1", pattern=r"^\d+\.\d+\.\d+$")
-    bootstrap_script: str = Field("ami/bootstrap.sh", validate_default=True, description="relative: under include/")
+    bootstrap_script: str = Field("ami/bootstrap.sh", validate_default=True, description="a script in include/ami/")
     instance_type: str = "c5.xlarge"
     instance_profile: str = Field("pcflow-ami-builder", pattern=r"^[\w+=,.@-]{1,128}$")
     base_image_id: str | None = Field(None, pattern=r"^ami-[0-9a-f]{8,17}$")
@@ -67,8 +67,10 @@ class AmiSettings(_Section):
 
     @field_validator("bootstrap_script")
     @classmethod
-    def _under_include(cls, value: str) -> str:
-        return value if value.startswith("/") else str(include_dir() / value)
+    def _in_include_ami(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("must be a path relative to include/, without '..', of a script in include/ami/")
+        return str(ami_script(value))
 
 
 class ClusterSettings(_Section):
@@ -182,22 +184,30 @@ class RunSpec(_Section):
 
 
 def profiles_dir() -> Path:
+    """The profiles shipped with pcflow; a deployment's own come first (`paths.profile_dirs`)."""
     return include_dir() / "profiles"
 
 
 def available_profiles() -> list[str]:
-    return sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+    return profile_names()
 
 
 def load_profile(name: str) -> dict[str, Any]:
+    """The profile's document as its admin wrote it (`overridable` included), from the first profile
+    directory that has it."""
     if not isinstance(name, str) or not PROFILE_NAME.match(name):
         raise RunSpecError(f"profile: {name!r} is not a profile name; available: {', '.join(available_profiles())}")
-    path = profiles_dir() / f"{name}.yaml"
-    if not path.is_file():
-        raise RunSpecError(
-            f"profile: no profile {name!r} in {profiles_dir()}; available: {', '.join(available_profiles())}"
-        )
-    return yaml.safe_load(path.read_text()) or {}
+    for directory in profile_dirs():
+        path = directory / f"{name}.yaml"
+        if path.is_file():
+            return yaml.safe_load(path.read_text()) or {}
+    searched = ", ".join(str(d) for d in profile_dirs())
+    raise RunSpecError(f"profile: no profile {name!r} in {searched}; available: {', '.join(available_profiles())}")
+
+
+def profile_rules(name: str) -> dict[str, Rule]:
+    """What a trigger user may change in the profile (its `overridable` section)."""
+    return parse_rules(expand_paths(load_profile(name).get("overridable")), name)
 
 
 def expand_paths(value: Any) -> Any:
@@ -220,10 +230,29 @@ def format_errors(exc: ValidationError) -> str:
 
 
 def resolve_run_spec(profile: str, overrides: dict[str, Any] | None = None) -> RunSpec:
-    """The profile, overridden by the run's settings, validated; raises RunSpecError naming each bad field."""
-    document = deep_merge(load_profile(profile), overrides or {})
+    """The profile, overridden by `overrides`, validated; raises RunSpecError naming each bad field.
+
+    The overrides are taken as given: a run's conf reaches here only through `check_conf`, which
+    refuses what the profile does not let a trigger user change. `{include}` is expanded in the
+    profile only, never in the overrides."""
+    document = expand_paths(load_profile(profile))
+    document.pop("overridable", None)
+    document = deep_merge(document, overrides or {})
     document["profile"] = profile
     try:
-        return RunSpec.model_validate(expand_paths(document))
+        return RunSpec.model_validate(document)
     except ValidationError as exc:
         raise RunSpecError(format_errors(exc)) from None
+
+
+def check_conf(profile: str, *changes: dict[str, Any], labels: dict[str, str] | None = None) -> None:
+    """Refuse (RunSpecError, one line per field) what a run's conf changes beyond the profile's
+    `overridable`; `changes` are partial documents (the form and overrides, a sweep's trials)."""
+    try:
+        rules = profile_rules(profile)
+        found = [line for document in changes for line in refusals(document, rules, profile, labels)]
+    except ConfRefused as exc:
+        raise RunSpecError(str(exc)) from None
+    lines = list(dict.fromkeys(found))
+    if lines:
+        raise RunSpecError("settings a trigger user may not change:\n  " + "\n  ".join(lines))

@@ -15,6 +15,8 @@ from dagrun import REPO, remove_stack, run_dag, tagged_resources
 
 DAG_IDS = {"pretrain", "pretrain_nightly", "pretrain_sweep", "janitor"}
 FAST = {"hyperparameters": {"epochs": 1}}
+#: Digits only, valid per the form: it reaches the dataset stage as this string (no native re-typing).
+PARTITION = "20261129"
 
 
 def test_dag_files_import_without_errors_or_io():
@@ -39,15 +41,16 @@ def test_params_defaults_are_valid_and_bad_values_refused():
     for dag_id in DAG_IDS:
         bag.dags[dag_id].params.validate()
     params = bag.dags["pretrain"].params
-    for name, bad in [("nodes", -1), ("capacity_type", "cheap"), ("instance_type", "$(id)"), ("stack", "A;B")]:
+    for name, bad in [("nodes", -1), ("capacity_type", "cheap"), ("instance_type", "$(id)"), ("profile", "A;B")]:
+        good = params[name]
         with pytest.raises(Exception, match=name):
             params[name] = bad
             params.validate()
-        params[name] = None
+        params[name] = good
 
 
 def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
-    result = run_dag("pretrain", {"partition": "e2e", **FAST})
+    result = run_dag("pretrain", {"partition": PARTITION, **FAST})
     assert result.state == "success", result.task_states
     out = result.returned
     assert out["train"]["state"] == "COMPLETED"
@@ -61,7 +64,7 @@ def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
 
 
 def test_training_failure_still_tears_down_and_fails_the_run(airflow):
-    conf = {"partition": "e2e", "hyperparameters": {"epochs": 1, "fail_at_epoch": 0, "fail_once": False}}
+    conf = {"partition": PARTITION, "hyperparameters": {"epochs": 1, "fail_at_epoch": 0, "fail_once": False}}
     result = run_dag("pretrain", conf)
     assert result.state == "failed"
     assert result.task_states["train"] == "failed"
@@ -70,16 +73,18 @@ def test_training_failure_still_tears_down_and_fails_the_run(airflow):
 
 
 @pytest.mark.parametrize(
-    ("conf", "complaint"),
+    ("admin", "conf", "complaint"),
     [
-        ({"instance_type": "zz9.galactic"}, "instance_type: zz9.galactic is not offered"),
-        ({"overrides": {"training": {"nodes": -1}}}, "training.nodes: Input should be greater than or equal to 1"),
-        ({"overrides": {"stack": "$(touch /tmp/pwned)"}}, "stack: Value error, invalid stack name"),
-        ({"overrides": {"training": {"partition": "gpu; rm -rf /"}}}, "training.partition: String should match"),
+        ({"instance_type": "zz9.galactic"}, {}, "instance_type: zz9.galactic is not offered"),
+        ({}, {"overrides": {"training": {"nodes": -1}}}, "training.nodes (form field 'nodes'): -1 is outside"),
+        ({}, {"overrides": {"stack": "$(touch /tmp/pwned)"}}, "stack: only the deployment admin may change this"),
+        ({"training": {"partition": "gpu; rm -rf /"}}, {}, "training.partition: String should match"),
     ],
 )
-def test_invalid_conf_is_refused_before_anything_is_created(airflow, conf, complaint, capfd):
-    result = run_dag("pretrain", {"partition": "e2e", **conf})
+@pytest.mark.usefixtures("airflow")
+def test_invalid_conf_is_refused_before_anything_is_created(admin_profiles, admin, conf, complaint, capfd):
+    profile = admin_profiles.make("local", admin)
+    result = run_dag("pretrain", {"profile": profile, "partition": PARTITION, **conf})
     assert complaint in "".join(capfd.readouterr())  # the validate task's log names the field
     assert result.state == "failed"
     assert result.task_states["validate"] == "failed"
@@ -107,7 +112,7 @@ def test_nightly_backfill_of_two_days_shares_infrastructure_and_keeps_outputs_ap
 
 def test_sweep_ranks_trials_and_picks_the_best(airflow):
     grid = {"lr": [0.002, 0.004, 0.0005]}  # crossed with the one trial: three trials
-    conf = {"partition": "e2e", "trials": [{"seed": 0}], "grid": grid, "tasks_per_node": 1, **FAST}
+    conf = {"partition": PARTITION, "trials": [{"seed": 0}], "grid": grid, "tasks_per_node": 1, **FAST}
     result = run_dag("pretrain_sweep", conf)
     assert result.state == "success", result.task_states
     board = result.returned["metrics"]

@@ -21,13 +21,14 @@ NOT_STARTED = ("upstream_failed", "None", "skipped")
 
 
 @pytest.fixture
-def aws_gpu(airflow, pcluster_cli, monkeypatch):
-    """Conf for `pretrain` with the aws-gpu profile, pointed at what moto has (the stand-in
-    ParallelCluster base image is alinux2023, owned by this account); removes the stack after."""
+def aws_gpu(airflow, pcluster_cli, monkeypatch, admin_profiles):
+    """Conf for `pretrain` with an admin's variant of the aws-gpu profile, pointed at what moto has (the
+    stand-in ParallelCluster base image is alinux2023, owned by this account); removes the stack after.
+    The settings given are the admin's (written into the profile), not a trigger user's."""
     monkeypatch.setenv("PCFLOW_PCLUSTER", str(pcluster_cli))
     stack = f"pc{uuid.uuid4().hex[:8]}"
 
-    def conf(**overrides: Any) -> dict[str, Any]:
+    def conf(**settings: Any) -> dict[str, Any]:
         base = {
             "stack": stack,
             "dataset": {"source": "builtin:digits", "bucket": f"pcflow-{stack}-data", "mode": "sync"},
@@ -37,8 +38,9 @@ def aws_gpu(airflow, pcluster_cli, monkeypatch):
                 "config": {"os": "alinux2023"},
             },
         }
-        return {"profile": "aws-gpu", "partition": "dryrun", "overrides": deep_merge(base, overrides)}
+        return {"profile": admin_profiles.make("aws-gpu", deep_merge(base, settings)), "partition": "dryrun"}
 
+    conf.stack = stack
     yield conf
     # The data bucket is shared by stacks (not tagged with one): this stack is its only user.
     buckets = [b["Name"] for b in boto3.client("s3").list_buckets()["Buckets"]]
@@ -62,7 +64,7 @@ def test_dry_run_rejection_stops_the_run_before_any_spend(aws_gpu):
 
 
 @pytest.mark.parametrize(
-    ("overrides", "complaint"),
+    ("settings", "complaint"),
     [
         ({"instance_type": "c5.xlarge"}, "has no GPUs"),
         ({"cluster": {"config": {"name": "c" * 61}}}, "name"),
@@ -70,10 +72,10 @@ def test_dry_run_rejection_stops_the_run_before_any_spend(aws_gpu):
         ({"cluster": {"config": {"max_count": 1}}, "training": {"nodes": 2}}, "max_count 1 is below"),
     ],
 )
-def test_bad_cluster_settings_are_refused_by_the_first_task(aws_gpu, overrides, complaint, capfd):
-    conf = aws_gpu(**overrides)
+def test_bad_cluster_settings_are_refused_by_the_first_task(aws_gpu, settings, complaint, capfd):
+    conf = aws_gpu(**settings)
     result = run_dag("pretrain", conf)
     assert result.task_states["validate"] == "failed"
     assert all(state in NOT_STARTED for task, state in result.task_states.items() if task != "validate")
     assert complaint in "".join(capfd.readouterr())  # the task log, as the user reads it
-    assert tagged_resources("pcflow:stack", conf["overrides"]["stack"]) == []
+    assert tagged_resources("pcflow:stack", aws_gpu.stack) == []

@@ -18,7 +18,7 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
 from pcflow.aws.base import PcflowAwsOperator
-from pcflow.dataset.partition import resolve_partition
+from pcflow.dataset.partition import resolve_partition, validate_prefix
 from pcflow.naming import Component, run_key_from_context, standard_tags, validate_stack_name
 
 if TYPE_CHECKING:
@@ -107,8 +107,9 @@ class DatasetLoadOperator(PcflowAwsOperator):
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if not self.bucket or not isinstance(self.bucket, str):
             raise ValueError("bucket is required: the S3 bucket the dataset is loaded into")
-        if not self.source:
+        if not self.source or not isinstance(self.source, str):
             raise ValueError("source is required: a local directory on the worker or an s3:// prefix")
+        validate_prefix(self.prefix)
         validate_stack_name(self.stack)
 
     def execute(self, context: Context) -> dict[str, Any]:

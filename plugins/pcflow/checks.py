@@ -1,0 +1,83 @@
+"""What the first task checks beyond the settings' own schema, with the validators the stages use later
+(not copies), so nothing the first task accepts is refused later for its form and no paid resource is
+created for a run whose job cannot be submitted or whose data cannot load.
+
+Each check takes the resolved run document and raises AirflowFailException naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+
+def check_job(run: dict[str, Any]) -> None:
+    """The Slurm job as the train task will build it (`JobSpec`: time limit, partition, env names,
+    python, launcher fit), each trial's hyperparameters included."""
+    from pydantic import ValidationError
+
+    from pcflow.slurm.spec import JobSpec
+
+    training = run["training"]
+    trials = run.get("trials") or [{}]
+    try:
+        for trial in trials:
+            JobSpec(
+                launcher=training["launcher"],
+                program=training["program"],
+                python=training["python"],
+                resources=training["allocation"],
+                env=training["env"],
+                hyperparameters={**training["hyperparameters"], **trial},
+                array={"size": len(trials)} if run.get("trials") else None,
+            )
+    except ValidationError as exc:
+        lines = [f"{_training_field(error['loc'])}: {error['msg']}" for error in exc.errors()]
+        raise AirflowFailException("invalid Slurm job settings:\n  " + "\n  ".join(lines)) from None
+
+
+def _training_field(loc: tuple) -> str:
+    """`JobSpec`'s error location as the run setting's path: ("resources", "time_limit") -> training.time_limit."""
+    parts = [str(part) for part in loc]
+    if parts[:1] == ["resources"]:
+        parts = parts[1:]
+    if parts[:1] == ["array"]:
+        parts = ["trials"]
+    return ".".join(["training", *parts])
+
+
+def check_static_cluster(run: dict[str, Any]) -> None:
+    """A static cluster's settings as the cluster task reads them (`make_provider`'s allowed keys)."""
+    if run["cluster"]["provider"] != "static":
+        return
+    from pcflow.cluster.providers import make_provider
+
+    try:
+        make_provider("static", cluster=run["cluster"]["config"], ssh_conn_id=run["cluster"]["ssh_conn_id"])
+    except (TypeError, ValueError) as exc:
+        raise AirflowFailException(f"cluster.config: {exc}") from None
+
+
+def check_dataset_source(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+    """The source exists and holds data (the walk the dataset stage does, stopped at the first file):
+    a run whose data cannot load fails here, before any network, image or cluster exists."""
+    source = run["dataset"]["source"]
+    if source.startswith("builtin:"):
+        if source != "builtin:digits":
+            raise AirflowFailException(f"dataset.source: no built-in dataset {source!r} (there is builtin:digits)")
+        return
+    from pcflow.dataset.errors import SourceError
+    from pcflow.dataset.sources import open_source
+
+    client = None
+    if source.startswith("s3://"):
+        from pcflow.aws.clients import aws_client
+
+        client = aws_client("s3", aws_conn_id=aws_conn_id, region_name=run["region"])
+    try:
+        empty = not open_source(source, client).holds_data()
+    except SourceError as exc:
+        raise AirflowFailException(f"dataset.source: {exc}") from None
+    if empty:
+        raise AirflowFailException(f"dataset.source: {source!r} holds no files to load")

@@ -1,0 +1,159 @@
+"""What a person who triggers a run may change: the profile's `overridable` section, checked against the
+run's conf (the trigger form, `--dag-run-conf`, a backfill's conf) before anything is merged.
+
+The deployment admin writes the profiles; a profile lists, by dotted path, the settings a trigger user
+may change and within what bounds (docs/security.md). Everything else is the admin's: the first task
+refuses it, naming the field and who may change it.
+
+    overridable:
+      training.hyperparameters: {}              # any value the settings' own schema accepts
+      training.nodes: {min: 1, max: 4}          # numbers within bounds
+      instance_type: {one_of: [g5.12xlarge]}    # one of a list
+      dataset.source: {under: [builtin:digits, /data/raw, s3://raw-data/imagenet]}  # dataset roots
+
+A path covers everything below it (`training.hyperparameters` covers `training.hyperparameters.lr`);
+bounds apply to the value at the path itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+DOTTED_PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*$")
+BUILTIN = "builtin:"
+S3 = "s3://"
+
+
+class ConfRefused(ValueError):
+    """The run's conf changes what its profile does not let a trigger user change; one line per field."""
+
+
+class Rule(BaseModel):
+    """How one overridable setting may be changed: any valid value, or within these bounds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min: float | None = None
+    max: float | None = None
+    one_of: list[Any] | None = None
+    under: list[str] | None = None  # dataset sources: builtin:<name>, local roots, s3://bucket/prefix roots
+
+    def refuses(self, value: Any) -> str | None:
+        """Why `value` is outside this rule's bounds, or None."""
+        if self.min is not None or self.max is not None:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                return f"{value!r} is not a number"
+            if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+                return f"{value!r} is outside what the profile allows ({_bounds(self.min, self.max)})"
+        if self.one_of is not None and not any(_same(value, allowed) for allowed in self.one_of):
+            return f"{value!r} is not one the profile allows ({', '.join(map(str, self.one_of))})"
+        if self.under is not None:
+            return source_refused(value, self.under)
+        return None
+
+
+def _bounds(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"{low:g} to {high:g}"
+    return f"at least {low:g}" if low is not None else f"at most {high:g}"
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    """Equal and of the same kind: `True` is not `1`, `"1"` is not `1` (but `2` is `2.0`)."""
+    if isinstance(value, bool) or isinstance(allowed, bool):
+        return value is allowed
+    if isinstance(value, int | float) and isinstance(allowed, int | float):
+        return value == allowed
+    return type(value) is type(allowed) and value == allowed
+
+
+def parse_rules(section: Any, profile: str) -> dict[str, Rule]:
+    """The profile's `overridable` section, checked (an admin's mistake is named, like a user's)."""
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise ConfRefused(f"profile {profile!r}: overridable: must map dotted setting paths to rules")
+    rules = {}
+    for path, rule in section.items():
+        if not isinstance(path, str) or not DOTTED_PATH.match(path):
+            raise ConfRefused(f"profile {profile!r}: overridable: {path!r} is not a dotted setting path")
+        try:
+            rules[path] = Rule.model_validate(rule or {})
+        except ValidationError as exc:
+            raise ConfRefused(f"profile {profile!r}: overridable.{path}: {exc.errors()[0]['msg']}") from None
+    return rules
+
+
+def changed_paths(document: Mapping[str, Any], rules: Mapping[str, Rule], prefix: str = "") -> Iterator[tuple]:
+    """(dotted path, value) of what `document` changes when merged over a profile: its leaves, or a whole
+    mapping where a rule names it and none names anything below it. An empty mapping changes nothing."""
+    for key, value in document.items():
+        path = f"{prefix}{key}"
+        ruled_below = any(rule.startswith(f"{path}.") for rule in rules)
+        if isinstance(value, Mapping) and (path not in rules or ruled_below):
+            yield from changed_paths(value, rules, f"{path}.")
+        elif not (isinstance(value, Mapping) and not value):
+            yield path, value
+
+
+def rule_for(path: str, rules: Mapping[str, Rule]) -> Rule | None:
+    """The rule at `path` or at a path above it (whose bounds then do not apply: it covers all below)."""
+    if path in rules:
+        return rules[path]
+    parents = [p for p in rules if path.startswith(f"{p}.")]
+    return Rule() if parents else None
+
+
+def refusals(
+    changes: Mapping[str, Any], rules: Mapping[str, Rule], profile: str, labels: Mapping[str, str] | None = None
+) -> list[str]:
+    """One line per change the profile does not allow: the field, and who may change it."""
+    lines = []
+    for path, value in changed_paths(changes, rules):
+        field = f"{path} (form field {labels[path]!r})" if labels and path in labels else path
+        rule = rule_for(path, rules)
+        if rule is None:
+            lines.append(
+                f"{field}: only the deployment admin may change this (profile {profile!r}); a run's conf may "
+                f"change only {', '.join(sorted(rules)) or 'nothing'}"
+            )
+        elif why := rule.refuses(value):
+            lines.append(f"{field}: {why}; the deployment admin sets the bounds in profile {profile!r}")
+    return lines
+
+
+def source_refused(source: Any, roots: list[str]) -> str | None:
+    """Why a dataset source is not under one of the profile's roots, or None."""
+    if not isinstance(source, str) or not source:
+        return f"{source!r} is not a dataset source"
+    if source.startswith(BUILTIN):
+        return None if source in roots else f"{source!r} is not a built-in dataset the profile allows"
+    if source.startswith(S3):
+        fits = any(_s3_under(source, root) for root in roots if root.startswith(S3))
+    else:
+        fits = os.path.isabs(source) and any(_local_under(source, root) for root in roots if os.path.isabs(root))
+    if fits:
+        return None
+    return f"{source!r} is not under a dataset root the profile allows ({', '.join(roots) or 'none'})"
+
+
+def _s3_under(source: str, root: str) -> bool:
+    parts, top = source[len(S3) :].rstrip("/").split("/"), root[len(S3) :].rstrip("/").split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return False
+    return parts[: len(top)] == top
+
+
+def _local_under(source: str, root: str) -> bool:
+    from pcflow.paths import within
+
+    try:
+        within(source, root)
+    except ValueError:
+        return False
+    return True

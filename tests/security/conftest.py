@@ -1,0 +1,40 @@
+"""The trust boundary's test plumbing: the first task (`validate`) run on its own, offline, with the
+params Airflow hands it (the form's defaults with the run's conf laid over them)."""
+
+from __future__ import annotations
+
+import types
+import uuid
+from typing import Any
+
+import pytest
+from taskcontext import FakeTI
+
+
+def form_params(conf: dict[str, Any], *, sweep: bool = False) -> dict[str, Any]:
+    """What the validate task receives as `params`: every form field's default, then the conf."""
+    from pcflow.pipeline import sweep_params, training_params
+
+    form = training_params(partition="default", extra=sweep_params() if sweep else None)
+    return {**{name: param.value for name, param in form.items()}, **conf}
+
+
+def validate(conf: dict[str, Any], *, sweep: bool = False, dated: bool = False, logical_date=None) -> dict[str, Any]:
+    """The validate task's own function, with every check it runs except those that ask AWS."""
+    from pcflow.pipeline import validate_run
+
+    ti = FakeTI(dag_id="pretrain", run_id=f"manual__{uuid.uuid4().hex}", task_id="validate")
+    run_type = "scheduled" if logical_date else "manual"
+    context = {"ti": ti, "dag_run": types.SimpleNamespace(run_type=run_type), "logical_date": logical_date}
+    return validate_run.function(dated, params=form_params(conf, sweep=sweep), **context)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """`validate` without the checks that ask AWS (instance types, ParallelCluster's EC2 checks: tested
+    against moto in tests/dags), for unit tests that run without the local stack."""
+    import pcflow.pipeline
+
+    monkeypatch.setattr(pcflow.pipeline, "check_against_aws", lambda run: None)
+    monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")
+    return validate

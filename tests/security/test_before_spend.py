@@ -1,0 +1,60 @@
+"""Refused before spend, end to end: `pretrain` runs (dag.test, the local stack's moto) with hostile
+confs and admin settings the train or dataset stage used to refuse only after the network, image,
+data and cluster existed. The first task fails, no other task starts, and nothing is tagged with the
+run's stack in moto (each case has its own stack, from an admin profile). Four DAG runs: about 40 s."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import boto3
+import pytest
+from dagrun import REPO, run_dag, tagged_resources
+
+NOT_STARTED = ("upstream_failed", "None", "skipped")
+STACK_SSH = os.path.join(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"), "ssh")
+
+
+def no_conf(data):
+    return {}
+
+
+@pytest.mark.stack
+@pytest.mark.usefixtures("airflow")
+@pytest.mark.parametrize(
+    ("settings", "conf", "complaints"),
+    [
+        ({"training": {"time_limit": "1:00:00\n#SBATCH --uid=0"}}, no_conf, ["training.time_limit: String should"]),
+        (
+            {"training": {"env": {"A;id": "1"}}},
+            no_conf,
+            ["training.env: Value error, environment variable name 'A;id'"],
+        ),
+        ({}, lambda data: {"dataset_source": str(data / "empty")}, ["dataset.source: '", "holds no files to load"]),
+        (
+            {},
+            lambda data: {"dataset_source": STACK_SSH, "overrides": {"ami": {"bootstrap_script": "/etc/hostname"}}},
+            [
+                "ami.bootstrap_script: only the deployment admin may change this",
+                f"dataset.source (form field 'dataset_source'): '{STACK_SSH}' is not under a dataset root",
+            ],
+        ),
+    ],
+)
+def test_a_run_refused_by_the_first_task_creates_nothing(admin_profiles, settings, conf, complaints, capfd):
+    stack = f"sec{uuid.uuid4().hex[:8]}"
+    data = admin_profiles.directory.parent / "data"
+    (data / "empty").mkdir(parents=True)
+    roots = {"overridable": {"dataset.source": {"under": ["builtin:digits", str(data)]}}}
+    profile = admin_profiles.make(
+        "local", {**settings, "stack": stack, "dataset": {"bucket": f"pcflow-{stack}-data"}, **roots}
+    )
+    result = run_dag("pretrain", {"profile": profile, "partition": "sec", **conf(data)})
+    log = "".join(capfd.readouterr())
+    for complaint in complaints:
+        assert complaint in log
+    assert result.state == "failed" and result.task_states["validate"] == "failed"
+    assert all(state in NOT_STARTED for task, state in result.task_states.items() if task != "validate")
+    assert tagged_resources("pcflow:stack", stack) == []
+    assert f"pcflow-{stack}-data" not in [b["Name"] for b in boto3.client("s3").list_buckets()["Buckets"]]
