@@ -47,6 +47,16 @@ def _training_field(loc: tuple) -> str:
     return ".".join(["training", *parts])
 
 
+def check_network(run: dict[str, Any]) -> None:
+    """The network settings as the network task builds them (`NetworkSpec`: CIDRs, SSH ingress, ids)."""
+    from pcflow.aws.network import NetworkSpec
+
+    try:
+        NetworkSpec.from_mapping(run["stack"], run["region"], run["network"])
+    except (TypeError, ValueError) as exc:
+        raise AirflowFailException(f"network: {exc}") from None
+
+
 def check_static_cluster(run: dict[str, Any]) -> None:
     """A static cluster's settings as the cluster task reads them (`make_provider`'s allowed keys)."""
     if run["cluster"]["provider"] != "static":

@@ -28,7 +28,10 @@ def profile_dirs() -> list[Path]:
 
 def profile_names() -> list[str]:
     """The profiles that exist (a directory listing: cheap enough for DAG parsing)."""
-    return sorted({p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+    from pcflow.patterns import PROFILE_NAME
+
+    found = {p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.yaml")}
+    return sorted(name for name in found if PROFILE_NAME.match(name))
 
 
 def default_profile() -> str | None:

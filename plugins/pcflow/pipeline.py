@@ -406,11 +406,13 @@ def validate_run(
     dated_partitions: bool = False, params: dict[str, Any] | None = None, **context: Any
 ) -> dict[str, Any]:
     """Refuse bad settings before anything costs money; the resolved document is kept with the run.
-    The checks run in order, free ones first; each names the field it refuses."""
-    from pcflow.checks import check_dataset_source, check_job, check_static_cluster
+    The checks run in order, those that ask nothing of AWS first; each names the field it refuses."""
+    from pcflow.checks import check_dataset_source, check_job, check_network, check_static_cluster
 
     document = resolve_for_run(params or {}, context, dated_partitions=dated_partitions)
-    checks = [check_job, check_static_cluster, check_cluster_settings, check_dataset_source, check_against_aws]
+    checks = (
+        check_job, check_network, check_static_cluster, check_cluster_settings, check_dataset_source, check_against_aws,
+    )  # fmt: skip
     for check in checks:
         check(document)
     return document

@@ -17,10 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
 from pcflow.paths import ami_script, include_dir, profile_dirs, profile_names
-from pcflow.patterns import INSTANCE_TYPE, PARTITION
+from pcflow.patterns import INSTANCE_TYPE, PARTITION, PROFILE_NAME
 from pcflow.trust import ConfRefused, Rule, parse_rules, refusals
 
-PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 

@@ -31,7 +31,7 @@ def refusal(validate, conf: dict, **kwargs) -> str:
 def test_what_the_profile_lets_a_trigger_user_change_passes(offline):
     conf = {
         "partition": "2026-11-29",
-        "hyperparameters": {"epochs": 1, "lr": 0.01},
+        "hyperparameters": {"epochs": 1, "lr": 0.01, "note": "{include}"},
         "instance_type": "c5.2xlarge",
         "capacity_type": "spot",
         "nodes": 2,
@@ -44,6 +44,7 @@ def test_what_the_profile_lets_a_trigger_user_change_passes(offline):
     run = offline(conf)
     assert run["dataset"]["partition"] == "2026-11-29" and run["instance_type"] == "c5.2xlarge"
     assert run["training"]["hyperparameters"]["lr"] == 0.01 and run["training"]["launcher"] == "torchrun"
+    assert run["training"]["hyperparameters"]["note"] == "{include}"  # expanded in profiles only
     assert run["early_stopping"]["patience"] == 3 and run["early_stopping"]["min_delta"] == 0.01
     assert run["keep_resources"] is True and run["stack"] == "local"
 
@@ -171,6 +172,8 @@ def test_an_admins_mistake_in_the_overridable_section_is_named(offline, admin_pr
         ({"training": {"launcher": "torchrun", "gpus_per_node": 4}}, "training: Value error, torchrun: tasks_per_node"),
         ({"training": {"partition": "gpu;x"}}, "training.partition: String should match pattern"),
         ({"cluster": {"config": {"partition": "compute", "mystery": 1}}}, "cluster.config: unknown static cluster"),
+        ({"network": {"ssh_ingress_cidrs": ["0.0.0.0/0"]}}, "network: ssh_ingress_cidrs contains 0.0.0.0/0"),
+        ({"network": {"vpc_cidr": "10.0.0.0/33"}}, "network: invalid CIDR"),
         # bootstrap scripts come from include/ami only
         ({"ami": {"bootstrap_script": "/etc/hostname"}}, "ami.bootstrap_script: Value error, must be a path relative"),
         ({"ami": {"bootstrap_script": "ami/../../../../etc/hostname"}}, "ami.bootstrap_script: Value error, must be"),
