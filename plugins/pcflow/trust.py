@@ -17,6 +17,7 @@ bounds apply to the value at the path itself.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -46,7 +47,7 @@ class Rule(BaseModel):
     def refuses(self, value: Any) -> str | None:
         """Why `value` is outside this rule's bounds, or None."""
         if self.min is not None or self.max is not None:
-            if not isinstance(value, int | float) or isinstance(value, bool):
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
                 return f"{value!r} is not a number"
             if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
                 return f"{value!r} is outside what the profile allows ({_bounds(self.min, self.max)})"

@@ -94,6 +94,7 @@ def test_what_the_profile_lets_a_trigger_user_change_passes(offline):
         ({"launcher": "vissl"}, "training.launcher (form field 'launcher'): 'vissl' is not one the profile allows"),
         ({"overrides": {"training": {"nodes": "2"}}}, "training.nodes (form field 'nodes'): '2' is not a number"),
         ({"overrides": {"training": {"nodes": True}}}, "(form field 'nodes'): True is not a number"),
+        ({"overrides": {"training": {"nodes": float("nan")}}}, "(form field 'nodes'): nan is not a number"),
     ],
 )
 def test_a_conf_beyond_the_profile_is_refused_naming_the_field(offline, conf, complaint):
