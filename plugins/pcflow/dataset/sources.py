@@ -7,6 +7,7 @@ membership, manifest order) is deterministic.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Iterator
@@ -55,16 +56,17 @@ class LocalDirectorySource:
         self.uri = str(self.root)
 
     def list(self) -> list[SourceFile]:
-        items = [SourceFile(rel, st.st_size, str(st.st_mtime_ns)) for rel, st in self._walk(self._top(), "")]
+        items = [SourceFile(rel, st.st_size, str(st.st_mtime_ns)) for rel, st in self._walk(self.top, "")]
         if not items:
             raise SourceError(f"dataset source {self.uri!r} holds no files: nothing to load")
         return sorted(items, key=lambda f: f.rel)
 
     def holds_data(self) -> bool:
         """Whether the listing would find a file (the walk stops at the first one)."""
-        return next(self._walk(self._top(), ""), None) is not None
+        return next(self._walk(self.top, ""), None) is not None
 
-    def _top(self) -> Path:
+    @functools.cached_property
+    def top(self) -> Path:
         """The source with its own symlinks resolved: what every file must stay under."""
         if not self.root.is_dir():
             raise SourceError(f"dataset source {self.uri!r} is not a directory on this worker: check the path")
@@ -83,7 +85,7 @@ class LocalDirectorySource:
             if entry.name.startswith(".") or entry.name in IGNORED_NAMES:
                 continue
             path = Path(entry.path)
-            st = self._stat_inside(path) if entry.is_symlink() else entry.stat()
+            st = self._stat_inside(path) if entry.is_symlink() else _stat(path)
             if stat.S_ISDIR(st.st_mode):
                 if (st.st_dev, st.st_ino) in above:
                     raise SourceError(f"{path} is a symlink loop (it leads back to a directory above it): remove it")
@@ -97,21 +99,18 @@ class LocalDirectorySource:
     def _stat_inside(self, link: Path) -> os.stat_result:
         """What a symlink leads to, refused when that is outside the source; dangling: unreadable."""
         try:
-            within(link, self._top())
+            within(link, self.top)
         except ValueError:
             raise SourceError(
                 f"{link} is a symlink to {os.path.realpath(link)}, outside the dataset source {self.uri!r}: a load "
                 "reads only what is under its source"
             ) from None
-        try:
-            return link.stat()
-        except OSError as err:
-            raise SourceError(f"cannot read {link}: {err.strerror}; fix or remove it and run again") from err
+        return _stat(link)
 
     def path(self, item: SourceFile) -> Path:
         """The file, checked again to be inside the source (a link may have changed since the listing)."""
         try:
-            return within(self.root / item.rel, self._top())
+            return within(self.root / item.rel, self.top)
         except ValueError:
             raise SourceChangedError(
                 f"{self.root / item.rel} now leads outside the dataset source; run again"
@@ -133,6 +132,13 @@ class LocalDirectorySource:
                 f"{self.path(item)} changed during the load (size/mtime differ from when it was listed): "
                 "stop whatever writes the source, then run again"
             )
+
+
+def _stat(path: Path) -> os.stat_result:
+    try:
+        return path.stat()
+    except OSError as err:
+        raise SourceError(f"cannot read {path}: {err.strerror}; fix or remove it and run again") from err
 
 
 class S3PrefixSource:
