@@ -12,9 +12,10 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 
-def check_job(run: dict[str, Any]) -> None:
+def check_job(run: dict[str, Any], env: dict[str, str]) -> None:
     """The Slurm job as the train task will build it (`JobSpec`: time limit, partition, env names,
-    python, launcher fit), each trial's hyperparameters included."""
+    python, launcher fit), each trial's hyperparameters included; `env` is training.env with its
+    values (the document holds the names only)."""
     from pydantic import ValidationError
 
     from pcflow.slurm.spec import JobSpec
@@ -28,7 +29,7 @@ def check_job(run: dict[str, Any]) -> None:
                 program=training["program"],
                 python=training["python"],
                 resources=training["allocation"],
-                env=training["env"],
+                env=env,
                 hyperparameters={**training["hyperparameters"], **trial},
                 array={"size": len(trials)} if run.get("trials") else None,
             )

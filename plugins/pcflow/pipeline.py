@@ -410,9 +410,8 @@ def validate_run(
     from pcflow.checks import check_dataset_source, check_job, check_network, check_static_cluster
 
     document = resolve_for_run(params or {}, context, dated_partitions=dated_partitions)
-    checks = (
-        check_job, check_network, check_static_cluster, check_cluster_settings, check_dataset_source, check_against_aws,
-    )  # fmt: skip
+    check_job(document, env=run_env(params or {}))  # env values stay out of the document (XCom)
+    checks = (check_network, check_static_cluster, check_cluster_settings, check_dataset_source, check_against_aws)
     for check in checks:
         check(document)
     return document

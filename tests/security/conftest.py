@@ -38,3 +38,9 @@ def offline(monkeypatch):
     monkeypatch.setattr(pcflow.pipeline, "check_against_aws", lambda run: None)
     monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")
     return validate
+
+
+@pytest.fixture
+def form():
+    """`form_params`: the params a task of the run receives (the train task's env is resolved from them)."""
+    return form_params

@@ -78,9 +78,10 @@ def test_the_dataset_stage_gets_the_partition_and_prefix_as_validated(dags, offl
     assert task.fsx_file_system_id is None  # no cluster existed before the run
 
 
-def test_the_train_task_gets_its_job_as_validated(dags, offline, admin_profiles):
+def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_profiles):
     profile = admin_profiles.make("local", {"training": {"env": {"MODE": "0x10", "EMPTY": "None"}}})
-    run = offline({"profile": profile, "partition": "p1", "hyperparameters": {"tag": "1e5"}})
+    conf = {"profile": profile, "partition": "p1", "hyperparameters": {"tag": "1e5"}}
+    run = offline(conf)
     inputs = {
         "ssh_conn_id": "slurm_default",
         "remote_host": None,
@@ -89,7 +90,7 @@ def test_the_train_task_gets_its_job_as_validated(dags, offline, admin_profiles)
         "hyperparameters": {**run["training"]["hyperparameters"], "data_dir": "/shared/20261129"},
         "trials": [],
     }
-    task = rendered(dags["pretrain"], "train", {"validate": run, "training_inputs": inputs})
+    task = rendered(dags["pretrain"], "train", {"validate": run, "training_inputs": inputs}, params=form(conf))
     assert task.env == {"MODE": "0x10", "EMPTY": "None"}
     assert task.hyperparameters["tag"] == "1e5" and task.hyperparameters["data_dir"] == "/shared/20261129"
     assert task.allocation == run["training"]["allocation"] and task.program == run["training"]["program"]
@@ -104,10 +105,10 @@ def test_a_missing_optional_value_is_none():
     assert missing.resolve({"ti": ReturnedValues({"validate_cluster": found})}) == "fs-1"
 
 
-def rendered(dag, task_id: str, returned: dict):
+def rendered(dag, task_id: str, returned: dict, params: dict | None = None):
     """The task's fields rendered as a worker renders them before `execute`."""
     import copy
 
     task = copy.copy(dag.get_task(task_id))
-    task.render_template_fields({"ti": ReturnedValues(returned)})
+    task.render_template_fields({"ti": ReturnedValues(returned), "params": params or {}})
     return task
