@@ -41,10 +41,10 @@ def check_job(run: dict[str, Any], env: dict[str, str]) -> None:
 def _training_field(loc: tuple) -> str:
     """`JobSpec`'s error location as the run setting's path: ("resources", "time_limit") -> training.time_limit."""
     parts = [str(part) for part in loc]
+    if parts[:1] == ["array"]:
+        return "trials"
     if parts[:1] == ["resources"]:
         parts = parts[1:]
-    if parts[:1] == ["array"]:
-        parts = ["trials"]
     return ".".join(["training", *parts])
 
 
