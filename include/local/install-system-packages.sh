@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs the local stack's system packages (Slurm, munge, MariaDB, sshd) when any is missing.
+# Installs the local stack's system packages (Slurm, munge, MariaDB, sshd; PostgreSQL and Redis for the
+# deployment tests) when any is missing.
 # Debian/Ubuntu as root: apt-get. Anywhere else: a message that lists what to install.
 set -euo pipefail
 
-packages=(slurm-wlm slurmdbd munge openssh-server openssh-client mariadb-server mariadb-client chromium fonts-dejavu-core postgresql)
-programs=(slurmctld slurmd slurmdbd sbatch munged sshd ssh-keygen mariadbd mariadb-install-db chromium pg_ctlcluster)
+packages=(slurm-wlm slurmdbd munge openssh-server openssh-client mariadb-server mariadb-client chromium fonts-dejavu-core postgresql redis-server)
+programs=(slurmctld slurmd slurmdbd sbatch munged sshd ssh-keygen mariadbd mariadb-install-db chromium pg_ctlcluster redis-server)
 
 missing=()
 for prog in "${programs[@]}"; do
