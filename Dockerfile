@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
-# pcflow's Airflow image: the official Airflow 3.3.2 image (Python 3.11, as constraints.txt is resolved
-# for) + pcflow's runtime requirements + the ParallelCluster CLI in its own virtual environment with
-# Node.js (AWS CDK synthesises the cluster's CloudFormation template on Node.js).
+# pcflow's Airflow image: the official slim Airflow 3.3.2 image (Python 3.11, as constraints.txt is
+# resolved for; no providers of its own) + pcflow's runtime requirements at exactly the versions the
+# tests run (constraints.txt) + the ParallelCluster CLI in its own virtual environment with Node.js
+# (AWS CDK synthesises the cluster's CloudFormation template on Node.js).
 #   docker compose build          (docker-compose.yaml builds this file for every Airflow service)
-ARG AIRFLOW_BASE_IMAGE=apache/airflow:3.3.2-python3.11
+ARG AIRFLOW_BASE_IMAGE=apache/airflow:slim-3.3.2-python3.11
 FROM ${AIRFLOW_BASE_IMAGE}
 
 # -- layer 1: the pcluster CLI environment (Node.js from Debian + aws-parallelcluster in /opt/pcluster).
@@ -21,10 +22,13 @@ RUN PCLUSTER_VERSION="${PCLUSTER_VERSION}" PCLUSTER_PYTHON=/usr/local/bin/python
     bash /opt/pcflow/install-pcluster.sh /opt/pcluster
 ENV PCFLOW_PCLUSTER=/opt/pcluster/bin/pcluster
 
-# -- layer 2: pcflow's runtime requirements, Airflow pinned to the image's own version so pip never
-# up- or downgrades it (the official "adding dependencies via requirements.txt" recipe).
-COPY --chown=airflow:0 requirements.txt /opt/pcflow/requirements.txt
-RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /opt/pcflow/requirements.txt
+# -- layer 2: pcflow's runtime requirements under the project's constraints, so the image holds the
+# environment the tests ran (make lock), Airflow pinned to the image's own version so pip never up- or
+# downgrades it; pip check fails the build on any conflict with what the base image brought.
+COPY --chown=airflow:0 requirements.txt constraints.txt /opt/pcflow/
+RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /opt/pcflow/requirements.txt \
+      -c /opt/pcflow/constraints.txt \
+ && pip check
 
 # dags/, plugins/ and include/ are mounted by docker-compose.yaml (the triggerer imports pcflow's
 # triggers from plugins/, which Airflow puts on sys.path).
