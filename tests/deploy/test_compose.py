@@ -1,18 +1,23 @@
-"""Static checks of the deployment files that need no Docker engine: the compose file against the
-Compose specification's schema, the Dockerfiles through hadolint, every path/service/volume/profile the
-compose file names, and no secret written into it. (The IAM policy's checks: test_iam.py.)"""
+"""Checks of the deployment files that need no Docker engine: the compose file against the Compose
+specification's schema and as Docker Compose itself resolves it with a `.env` filled in as the README
+says (tests/deploy/compose.py), the Dockerfiles through hadolint, every path/service/volume/profile the
+compose file names, and no secret written into it. The deployment it describes runs for real in
+test_celery_deployment.py. (The IAM policy's checks: test_iam.py.)"""
 
 from __future__ import annotations
 
-import ast
 import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
 import yaml
+
+from deploy.compose import AWKWARD_PASSWORD, ComposeRefused, Project, fill_env_file
+from deploy.services import Container
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yaml"
@@ -149,7 +154,7 @@ def test_every_build_context_dockerfile_and_copied_path_exists():
                 for source in [w for w in words[:-1] if not w.startswith("--")]:
                     assert (REPO / source).exists(), (dockerfile.name, source)
     assert (REPO / "Dockerfile").read_text().count("FROM ${AIRFLOW_BASE_IMAGE}") == 1
-    assert "apache/airflow:3.3.2" in (REPO / "Dockerfile").read_text()
+    assert "apache/airflow:slim-3.3.2" in (REPO / "Dockerfile").read_text()
 
 
 def test_every_bind_mount_source_and_env_file_exists():
@@ -205,21 +210,20 @@ def test_every_profile_named_in_the_docs_exists():
     assert named <= profiles, f"profiles named in the docs but not in docker-compose.yaml: {sorted(named - profiles)}"
 
 
-def pools_named_in_code() -> set[str]:
-    """String `pool="..."` arguments of the DAGs and pcflow's stages."""
-    names = set()
-    for source in [*(REPO / "dags").glob("*.py"), *(REPO / "plugins" / "pcflow").rglob("*.py")]:
-        for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.keyword) and node.arg == "pool" and isinstance(node.value, ast.Constant):
-                names.add(node.value.value)
-    return names - {"default_pool"}
+def test_every_pool_the_dags_name_is_created_by_airflow_init(tmp_path):
+    """airflow-init imports include/pools.json (PCFLOW_POOLS_FILE, through its mount); every pool a task
+    of the DAGs names is in it."""
+    import json
 
+    from airflow.dag_processing.dagbag import DagBag
 
-def test_every_pool_the_dags_name_is_created_by_airflow_init():
-    init = compose()["services"]["airflow-init"]
-    command = init["command"] if isinstance(init["command"], str) else " ".join(init["command"])
-    created = set(re.findall(r"airflow pools set ['\"]?([A-Za-z0-9_.-]+)", command))
-    missing = sorted(pools_named_in_code() - created)
+    init = Container(resolve(tmp_path).services["airflow-init"], "airflow-init-1", tmp_path, {})
+    pools_file = Path(init.path(init.service.environment["PCFLOW_POOLS_FILE"]))
+    assert pools_file == REPO / "include" / "pools.json"
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    named = {task.pool for dag in bag.dags.values() for task in dag.tasks} - {"default_pool"}
+    assert named, "the DAGs name no pool"
+    missing = sorted(named - json.loads(pools_file.read_text()).keys())
     assert not missing, f"pools used by the DAGs but not created by airflow-init: {missing}"
 
 
@@ -227,11 +231,9 @@ def test_secrets_come_from_the_environment_only():
     text = COMPOSE.read_text()
     example = (REPO / ".env.example").read_text()
     required = set(re.findall(r"\$\{([A-Z_]+):\?", text))
-    assert {"POSTGRES_PASSWORD", "SLURM_DB_PASSWORD", "_AIRFLOW_WWW_USER_PASSWORD"} <= required
-    for variable in required:
+    assert set(SHARED_SECRETS) <= required
+    for variable in required | {"SLURM_DB_PASSWORD"}:
         assert re.search(rf"^{variable}=$", example, re.MULTILINE), f"{variable} missing (empty) in .env.example"
-    for key in ("AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET"):
-        assert re.search(rf"^{key}=$", example, re.MULTILINE), key
     # Any value named like a secret is an interpolation, never a literal.
     for name, service in compose()["services"].items():
         env = service.get("environment") or {}
@@ -240,3 +242,126 @@ def test_secrets_come_from_the_environment_only():
                 assert str(value).startswith("${"), (name, key)
     ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=REPO, check=False)
     assert ignored.returncode == 0, ".env must be ignored by git"
+
+
+# -- the file as Docker Compose resolves it, with a .env filled in as the README says -----------------
+
+#: Every Airflow process must share these (each would otherwise make its own), and the databases' passwords.
+SHARED_SECRETS = (
+    "AIRFLOW__CORE__FERNET_KEY",
+    "AIRFLOW__API_AUTH__JWT_SECRET",
+    "AIRFLOW__API__SECRET_KEY",
+    "POSTGRES_PASSWORD",
+    "_AIRFLOW_WWW_USER_PASSWORD",
+)
+FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+
+
+def resolve(tmp_path: Path, *profiles: str, **fill) -> Project:
+    return Project.resolve(fill_env_file(tmp_path / ".env", **fill), *profiles)
+
+
+@pytest.mark.parametrize("secret", SHARED_SECRETS)
+def test_compose_refuses_to_start_while_a_shared_secret_is_empty(tmp_path, secret):
+    """As the README says: an empty JWT secret would let each process generate its own, and the
+    api-server would refuse every token the scheduler gives a task (so would a Fernet or API key)."""
+    with pytest.raises(ComposeRefused, match=secret):
+        resolve(tmp_path, leave_empty=(secret,))
+
+
+def test_every_airflow_service_gets_the_same_secrets(tmp_path):
+    services = resolve(tmp_path).services
+    for key in SHARED_SECRETS[:3]:
+        values = {services[name].environment.get(key) for name in AIRFLOW_SERVICES}
+        assert len(values) == 1 and None not in values and "" not in values, (key, values)
+
+
+def test_the_default_services_need_no_local_profile_password(tmp_path):
+    """Compose interpolates the whole file before it picks services: a `:?` on the local profile's
+    database password would stop `docker compose up` of the default services. local-init refuses an
+    empty one instead, and the database waits for local-init."""
+    project = resolve(tmp_path, leave_empty=("SLURM_DB_PASSWORD",))
+    assert set(project.services) == {"postgres", "redis"} | AIRFLOW_SERVICES
+    local = Project.resolve(tmp_path / ".env", "local").services
+    assert LOCAL_SERVICES <= local.keys()
+    assert local["mariadb"].spec["depends_on"]["local-init"]["condition"] == "service_completed_successfully"
+    proc = subprocess.run(
+        ["bash", str(REPO / "docker" / "slurm" / "init.sh")],
+        env={"PATH": "/usr/bin:/bin", "PCFLOW_LOCAL_ROOT": str(tmp_path / "local"), "SLURM_DB_PASSWORD": ""},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode != 0 and "SLURM_DB_PASSWORD" in proc.stderr, proc.stderr
+
+
+def test_the_auth_manager_is_fab_whose_first_user_airflow_init_creates(tmp_path):
+    """FAB, as in the official file: airflow-init's `airflow users create` needs it (the simple auth
+    manager has no users to create). The deployment test logs in as this user."""
+    import importlib.util
+
+    services = resolve(tmp_path).services
+    assert {services[name].environment["AIRFLOW__CORE__AUTH_MANAGER"] for name in AIRFLOW_SERVICES} == {FAB}
+    assert importlib.util.find_spec(FAB.rsplit(".", 1)[0]) is not None
+    assert re.search(r"^apache-airflow-providers-fab==", (REPO / "requirements.txt").read_text(), re.MULTILINE)
+    init = services["airflow-init"]
+    assert init.environment["_AIRFLOW_WWW_USER_PASSWORD"] == AWKWARD_PASSWORD
+    script = Path(Container(init, "airflow-init-1", tmp_path, {}).argv()[-1])
+    assert script == REPO / "include" / "deploy" / "airflow-init.sh"
+    assert "airflow users create" in script.read_text()
+
+
+def test_no_password_is_written_into_a_url(tmp_path):
+    """A password with @ : / ? # % & + = and a space: no URL of any service carries it (libpq reads
+    PGPASSWORD); the deployment test runs PostgreSQL with this very password."""
+    for name, service in resolve(tmp_path).services.items():
+        for key, value in service.environment.items():
+            if "://" in value:
+                assert AWKWARD_PASSWORD not in value, (name, key)
+                assert not urllib.parse.urlsplit(value).password, (name, key)
+        if name in AIRFLOW_SERVICES:
+            assert service.environment["PGPASSWORD"] == AWKWARD_PASSWORD, name
+
+
+@pytest.mark.parametrize("failing", [None, "db migrate", "users create", "pools import"])
+def test_airflow_init_fails_when_any_step_fails(tmp_path, failing):
+    """airflow-init's command, as compose runs it (its entrypoint, command and environment, mounts on
+    their host paths), with an `airflow` that fails one step: init must fail, or nothing stops the other
+    services from starting without their pools (or their database, or their user)."""
+    init = Container(resolve(tmp_path).services["airflow-init"], "airflow-init-1", tmp_path, {})
+    stub = tmp_path / "bin" / "airflow"
+    stub.parent.mkdir()
+    stub.write_text(f'#!/bin/sh\n[ "$1 $2" = "{failing}" ] && {{ echo "$1 $2 failed" >&2; exit 1; }}\nexit 0\n')
+    stub.chmod(0o755)
+    env = init.environment({"PATH": f"{stub.parent}:/usr/bin:/bin"})
+    proc = subprocess.run(init.argv(), env=env, capture_output=True, text=True, check=False, timeout=60)
+    if failing is None:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode != 0 and f"{failing} failed" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_image_installs_the_tested_environment():
+    """The image's Python environment is the one the tests ran: the slim base (no providers of its own),
+    requirements.txt under constraints.txt, and pip check; every requirement pinned as constraints.txt."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "ARG AIRFLOW_BASE_IMAGE=apache/airflow:slim-3.3.2-python3.11" in dockerfile
+    install = next(block for block in dockerfile.split("\nRUN ") if "requirements.txt" in block.split("\n\n")[0])
+    install = install.split("\n\n")[0]
+    assert "-c /opt/pcflow/constraints.txt" in install and "pip check" in install, install
+    assert re.search(r"^COPY .*\bconstraints\.txt\b", dockerfile, re.MULTILINE)
+    pins = dict(
+        re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", (REPO / "constraints.txt").read_text(), re.MULTILINE)
+    )
+    for name, version in re.findall(
+        r"^([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", (REPO / "requirements.txt").read_text(), re.MULTILINE
+    ):
+        assert pins.get(name.lower()) == version, (
+            f"requirements.txt pins {name}=={version}, constraints.txt {pins.get(name.lower())}"
+        )
+    uv = BIN / "uv"
+    if uv.exists():
+        check = subprocess.run(
+            [str(uv), "pip", "check", "--python", sys.executable], capture_output=True, text=True, check=False
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
