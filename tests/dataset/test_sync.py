@@ -243,7 +243,7 @@ from pcflow.dataset import writer
 from pcflow.dataset.sources import LocalDirectorySource
 from pcflow.dataset.sync import sync_to_s3
 
-writer.PartitionWriter.__init__.__kwdefaults__["journal_interval_s"] = 0.0  # journal after every upload
+writer.PartitionWriter.__init__.__kwdefaults__["journal_interval_s"] = float(sys.argv[5])  # 0: after every upload
 
 class KilledAt(LocalDirectorySource):
     def open(self, item):
@@ -262,7 +262,8 @@ def test_killed_load_resumes_from_its_journal(s3, bucket, counter, tmp_path):
     for p in src.rglob("*.bin"):
         p.write_bytes(os.urandom(64) + p.read_bytes())
     plugins = str(Path(__file__).resolve().parents[2] / "plugins")
-    killed = subprocess.run([sys.executable, "-c", KILLED_LOAD, plugins, str(src), "c1/f001.bin", bucket], check=False)
+    argv = [sys.executable, "-c", KILLED_LOAD, plugins, str(src), "c1/f001.bin", bucket, "0"]
+    killed = subprocess.run(argv, check=False)
     assert killed.returncode == -9
     assert read_manifest(s3, bucket, "ds/p/")["content_hash"] == good["content_hash"]
     journaled = json.loads(s3.get_object(Bucket=bucket, Key=f"ds/p/{JOURNAL_KEY}")["Body"].read())["objects"]
@@ -273,6 +274,25 @@ def test_killed_load_resumes_from_its_journal(s3, bucket, counter, tmp_path):
     assert resumed["uploaded"] == 20 and resumed["skipped"] == 10, "the 10 journaled files are not uploaded again"
     assert not {f"ds/p/{e['key']}" for e in journaled} & set(counter.data_puts())
     assert read_manifest(s3, bucket, "ds/p/")["content_hash"] == resumed["content_hash"] != good["content_hash"]
+
+
+def test_load_killed_before_its_first_journal_puts_nothing_twice(s3, bucket, counter, tmp_path):
+    """SIGKILLed before any journal (one is written every 30 s): the retry finds what the dead load put
+    in the listing (same size, and the ETag of a single PUT is the MD5 of its bytes) and puts none of
+    it again, so every object of the partition has exactly one version."""
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    src = make_tree(tmp_path / "src", n=30)
+    plugins = str(Path(__file__).resolve().parents[2] / "plugins")
+    argv = [sys.executable, "-c", KILLED_LOAD, plugins, str(src), "c1/f001.bin", bucket, "30"]
+    assert subprocess.run(argv, check=False).returncode == -9
+    assert not any(o["Key"].endswith(JOURNAL_KEY) for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+    counter.reset()
+    resumed = sync_to_s3(s3, str(src), bucket=bucket, prefix="ds", partition="p", workers=2)
+    assert resumed["uploaded"] == 20 and resumed["skipped"] == 10, "the dead load's 10 objects are not put again"
+    versions = [v["Key"] for v in s3.list_object_versions(Bucket=bucket, Prefix="ds/p/")["Versions"]]
+    data = [key for key in versions if not key.endswith((JOURNAL_KEY, "manifest.json"))]
+    assert len(data) == len(set(data)) == 30
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "dangling-symlink"])

@@ -98,7 +98,7 @@ def _local_small(writer: PartitionWriter, src: LocalDirectorySource, item: Sourc
     if len(data) != item.size:
         raise SourceChangedError(f"{src.path(item)} changed size during the load; run again")
     sha = hashlib.sha256(data).hexdigest()
-    entry = writer.current(item.rel, size=item.size, sha256=sha)
+    entry = writer.current(item.rel, size=item.size, sha256=sha) or writer.unrecorded(item.rel, data, sha)
     if entry:
         return entry, False
     return writer.put_bytes(item.rel, data, sha), True

@@ -145,6 +145,22 @@ class PartitionWriter:
             return entry
         return None
 
+    def unrecorded(self, key: str, data: bytes, sha256: str) -> dict[str, Any] | None:
+        """The entry for `key` when the listing shows these very bytes there though no manifest or journal
+        recorded them: a load killed before its next journal put them. A single PUT's ETag is the MD5 of
+        its bytes (not under SSE-KMS: then this finds nothing and the bytes go up again); one HEAD names
+        the version. So a retry after a crash writes no object twice."""
+        listed = self.remote.get(key)
+        if listed != (len(data), f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'):
+            return None
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.root + key)
+        except ClientError as err:
+            raise self._explain(err, "read", key) from err
+        if head["ETag"] != listed[1]:
+            return None  # replaced since the listing
+        return {"key": key, "size": len(data), "sha256": sha256, "etag": head["ETag"], **_version(head)}
+
     # -- uploads ----------------------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes, sha256: str, **extra: Any) -> dict[str, Any]:
         """One PutObject; S3 verifies the body against the sha256 we computed from the same bytes."""
