@@ -1,33 +1,53 @@
-"""The sweep under real Airflow services (no Docker): PostgreSQL metadata DB, api-server, scheduler,
-dag-processor and triggerer, LocalExecutor with parallelism 2. `pretrain_sweep` is triggered through the
-REST API (as the UI does) with 4 single-task trials: the 4 elements of its Slurm job array run at the
-same time while the train task is deferred (in the triggerer, holding no executor slot), and the run
-succeeds. The evidence (task-instance states and Slurm elements over time, sacct start/end) is kept in
-tests/artifacts/<test>/. Then headless Chromium shows every Param of `pretrain` in its trigger form."""
+"""docker-compose.yaml's deployment, run for real on this host (no container engine): the environment,
+commands and mounts Docker Compose resolves for its default services (a `.env` filled in as the README
+says), PostgreSQL as metadata DB and Celery result backend, Redis as broker, airflow-init, the
+api-server, scheduler, dag-processor, 2 Celery workers and 2 triggerers, each in its own process, home
+and hostname. One deployment for the module:
+
+- `pretrain_sweep`, triggered through the REST API (as the UI does) with 4 single-task trials: the 4
+  elements of its Slurm job array run at the same time while the train task is deferred (in a
+  triggerer, holding no worker slot), and the run succeeds. While they run, the triggerer holding the
+  wait is SIGKILLed: the other takes the wait over, the job is not submitted again, its end is noticed.
+- a backfill of `pretrain_nightly` over 2 days, started with the real CLI: the worker running the
+  first night's dataset stage is SIGKILLed mid-load; the stage is retried on the other worker,
+  nothing is created twice, and both nights succeed on the shared network and image.
+- the trigger form of `pretrain` in headless Chromium, after logging in as the first user.
+
+The evidence (task states and Slurm elements over time, sacct spans, who ran what) is kept in
+tests/artifacts/<test>/."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import tempfile
 import time
 import urllib.error
-import urllib.request
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from deploy.browser import BrowserError, Chromium
-from deploy.services import AirflowServices, Postgres, install_postgres
+from deploy.compose import Project, fill_env_file
+from deploy.services import Deployment, install_postgres, install_redis
 
-pytestmark = [pytest.mark.stack, pytest.mark.slow]
+# Module fixtures (the deployment, the sweep, the backfill) start inside the first test that needs them.
+pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 TRIALS = [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.004}, {"lr": 0.008}]
-CONF = {"tasks_per_node": 1, "trials": TRIALS, "hyperparameters": {"epochs": 1}}
+SWEEP_CONF = {"tasks_per_node": 1, "trials": TRIALS, "hyperparameters": {"epochs": 1}}
+#: Two nights, new for each test run: their runs' ids (backfill__<date>), so their run keys and Slurm job
+#: names, are new too, and nothing an earlier run left on a reused stack is adopted.
+FIRST_NIGHT = date(2020, 1, 1) + timedelta(days=random.randrange(2000))
+NIGHTS = (FIRST_NIGHT.isoformat(), (FIRST_NIGHT + timedelta(days=1)).isoformat())
+#: The nightly runs at 02:00 and --to-date is a moment (a bare date is its midnight): up to the 2nd night's.
+BACKFILL_DATES = ("--from-date", NIGHTS[0], "--to-date", f"{NIGHTS[1]}T02:00:00+00:00")
+NIGHTLY_CONF = {"tasks_per_node": 1, "hyperparameters": {"epochs": 1, "lr": 0.004}}
 RUN_TIMEOUT_S = 720
 #: From sbatch to "deferred": the worker renders the trigger and exits, the API server records it
 #: (1-2 s on this 2-core machine). sacct truncates times to the second, hence one more.
@@ -36,23 +56,22 @@ HANDOFF_S = 4
 
 @pytest.fixture(scope="module")
 def airflow(local_stack, tmp_path_factory):
-    bindir = install_postgres()
-    if bindir is None:
-        pytest.skip("PostgreSQL is not installed and cannot be installed here (needs root + apt-get)")
-    root = Path(tempfile.mkdtemp(prefix="pcflow-pg-"))
-    postgres = Postgres(root, bindir)
-    services = None
+    bindir, redis_server = install_postgres(), install_redis()
+    if bindir is None or redis_server is None:
+        pytest.skip("PostgreSQL or Redis is not installed and cannot be installed here (needs root + apt-get)")
+    root = Path(tempfile.mkdtemp(prefix="pcflow-deploy-"))
+    # The user's .env: README's steps, plus the local stack's connections as a user adds theirs.
+    env_file = fill_env_file(root / ".env", extra=local_stack.env)
+    deployment = Deployment(Project.resolve(env_file), root, workers=2, triggerers=2)
+    started = time.monotonic()
     try:
-        dsn = postgres.start()
-        services = AirflowServices(tmp_path_factory.mktemp("airflow-home"), dsn, local_stack.env, parallelism=2)
-        services.start()
-        yield services
+        deployment.start(bindir, redis_server)
+        print(f"deployment up in {time.monotonic() - started:.0f} s: {deployment.timings}")
+        yield deployment
     finally:
-        if services is not None:
-            services.stop()
-        postgres.stop()
+        deployment.stop()
         shutil.rmtree(root, ignore_errors=True)
-        # The sweep keeps the stack's image and data by design; this module leaves nothing behind.
+        # The runs keep the stack's network, image and data by design; this module leaves nothing behind.
         from dagrun import remove_stack
 
         remove_stack("local")
@@ -96,7 +115,13 @@ def element_spans(env: dict[str, str], job_id: int, count: int, timeout: float =
         time.sleep(2)
 
 
-def wait_for_dag(airflow: AirflowServices, dag_id: str, timeout: float = 180) -> None:
+def jobs_named(env: dict[str, str], name: str) -> set[str]:
+    """Slurm jobs (an array counts once) submitted under `name` in the last hours: sbatch calls."""
+    out = slurm(env, "sacct", "-n", "-X", "-P", "-S", "now-6hours", "--name", name, "-o", "JobID")
+    return {line.split("_")[0] for line in out.split()}
+
+
+def wait_for_dag(airflow: Deployment, dag_id: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -104,45 +129,83 @@ def wait_for_dag(airflow: AirflowServices, dag_id: str, timeout: float = 180) ->
             return
         except urllib.error.HTTPError:
             time.sleep(2)
-    raise AssertionError(f"{dag_id} not parsed in {timeout}s:\n{airflow.log_tail('dag-processor')}")
+    raise AssertionError(f"{dag_id} not parsed in {timeout}s:\n{airflow.log_tail('airflow-dag-processor-1')}")
 
 
-def test_sweep_runs_four_array_elements_concurrently_while_deferred(airflow, local_stack, artifacts_dir):
+def task_instances(airflow: Deployment, dag_id: str, run_id: str) -> dict[str, dict]:
+    found = airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100")["task_instances"]
+    return {ti["task_id"]: ti for ti in found}
+
+
+def returned(airflow: Deployment, dag_id: str, run_id: str, task_id: str) -> dict:
+    entry = airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
+    return json.loads(entry["value"]) if isinstance(entry["value"], str) else entry["value"]
+
+
+def triggerer_of(airflow: Deployment, ti: dict) -> str | None:
+    """The replica (its hostname) whose triggerer runs this deferred task's trigger."""
+    trigger = ti.get("trigger") or {}
+    if trigger.get("triggerer_id") is None:
+        return None
+    jobs = airflow.api("GET", "/jobs?job_type=TriggererJob&limit=100")["jobs"]
+    return next((job["hostname"] for job in jobs if job["id"] == trigger["triggerer_id"]), None)
+
+
+# -- the sweep, and a triggerer lost while its train task waits ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sweep(airflow, local_stack) -> dict:
+    """Trigger the sweep and follow it to its end; once its 4 elements run and train waits in a
+    triggerer, SIGKILL that triggerer. Returns the run, its samples and what was killed when."""
     env = local_stack.env
     wait_for_dag(airflow, "pretrain_sweep")
     wait_for_free_cpus(env, len(TRIALS))
     airflow.api("PATCH", "/dags/pretrain_sweep", {"is_paused": False})
-    run = airflow.api("POST", "/dags/pretrain_sweep/dagRuns", {"logical_date": None, "conf": CONF})
-    run_id = run["dag_run_id"]
-    timeline, started = [], time.monotonic()
-    state = run["state"]
+    run = airflow.api("POST", "/dags/pretrain_sweep/dagRuns", {"logical_date": None, "conf": SWEEP_CONF})
+    run_id, state, started = run["dag_run_id"], run["state"], time.monotonic()
+    timeline, killed = [], None
     while state not in ("success", "failed") and time.monotonic() - started < RUN_TIMEOUT_S:
         before = datetime.now()  # sacct reports local wall-clock time, to the second
-        tis = airflow.api("GET", f"/dags/pretrain_sweep/dagRuns/{run_id}/taskInstances?limit=100")["task_instances"]
+        tis = task_instances(airflow, "pretrain_sweep", run_id)
         state = airflow.api("GET", f"/dags/pretrain_sweep/dagRuns/{run_id}")["state"]
         elements = slurm_elements(env)
-        timeline.append(
-            {
-                "from": before.isoformat(),
-                "to": datetime.now().isoformat(),
-                "run": state,
-                "tasks": {ti["task_id"]: ti["state"] for ti in tis},
-                "slurm": elements,
-            }
-        )
+        train = tis.get("train", {})
+        sample = {
+            "from": before.isoformat(),
+            "to": datetime.now().isoformat(),
+            "run": state,
+            "tasks": {task_id: ti["state"] for task_id, ti in tis.items()},
+            "slurm": elements,
+            "train_triggerer": triggerer_of(airflow, train) if train.get("state") == "deferred" else None,
+        }
+        timeline.append(sample)
+        running = [e for e in elements if e.endswith("|RUNNING")]
+        if killed is None and sample["train_triggerer"] and len(running) == len(TRIALS):
+            airflow.kill(sample["train_triggerer"])
+            killed = {"replica": sample["train_triggerer"], "at": datetime.now().isoformat(), "sample": len(timeline)}
         time.sleep(2)
-    (artifacts_dir / "timeline.json").write_text(json.dumps(timeline, indent=1))
-    assert state == "success", f"run ended {state}; last sample {timeline[-1]}\n{airflow.log_tail('scheduler')}"
+    return {
+        "run_id": run_id,
+        "state": state,
+        "timeline": timeline,
+        "killed": killed,
+        "seconds": time.monotonic() - started,
+    }
 
-    job = airflow.api("GET", f"/dags/pretrain_sweep/dagRuns/{run_id}/taskInstances/train/xcomEntries/return_value")
-    job_id = json.loads(job["value"])["job_id"] if isinstance(job["value"], str) else job["value"]["job_id"]
+
+def test_sweep_runs_four_array_elements_concurrently_while_deferred(airflow, sweep, local_stack, artifacts_dir):
+    env, timeline = local_stack.env, sweep["timeline"]
+    (artifacts_dir / "timeline.json").write_text(json.dumps(timeline, indent=1))
+    assert sweep["state"] == "success", f"run ended {sweep['state']}; last sample {timeline[-1]}"
+    job_id = returned(airflow, "pretrain_sweep", sweep["run_id"], "train")["job_id"]
     # 1. Slurm's accounting: the 4 elements ran at the same time (every start before every end).
     rows = element_spans(env, job_id, len(TRIALS))
     assert len(rows) == len(TRIALS) and all("Unknown" not in r[1:3] for r in rows), rows
     latest_start = max(datetime.fromisoformat(r[1]) for r in rows)
     earliest_end = min(datetime.fromisoformat(r[2]) for r in rows)
     assert latest_start < earliest_end, f"array elements did not overlap: {rows}"
-    # 2. Airflow, sampled inside that window: train was deferred — in the triggerer, holding no executor
+    # 2. Airflow, sampled inside that window: train was deferred — in a triggerer, holding no worker
     #    slot — while the 4 elements ran. The window opens HANDOFF_S after the last start: on an idle
     #    cluster the elements start at sbatch, a moment before the worker has handed the wait over.
     window = [
@@ -156,8 +219,8 @@ def test_sweep_runs_four_array_elements_concurrently_while_deferred(airflow, loc
         ours = [e for e in sample["slurm"] if e.startswith(f"{job_id}_") and e.endswith("|RUNNING")]
         assert len(ours) == len(TRIALS), sample
         assert sample["tasks"]["train"] == "deferred", sample
-    idle_executor = [s for s in window if "running" not in s["tasks"].values()]
-    assert idle_executor, "expected a moment with the 4 elements running and no task instance running"
+    idle_workers = [s for s in window if "running" not in s["tasks"].values()]
+    assert idle_workers, "expected a moment with the 4 elements running and no task instance running"
     (artifacts_dir / "evidence.json").write_text(
         json.dumps(
             {
@@ -165,11 +228,150 @@ def test_sweep_runs_four_array_elements_concurrently_while_deferred(airflow, loc
                 "sacct": rows,
                 "overlap": [latest_start.isoformat(), earliest_end.isoformat()],
                 "samples_in_overlap": len(window),
-                "samples_in_overlap_with_no_task_running": len(idle_executor),
-                "first_sample_in_overlap": window[0],
+                "samples_in_overlap_with_no_task_running": len(idle_workers),
+                "run_seconds": sweep["seconds"],
             },
             indent=1,
         )
+    )
+
+
+def test_a_killed_triggerer_hands_the_wait_over_without_resubmitting(airflow, sweep, local_stack, artifacts_dir):
+    """SIGKILL of the triggerer running the sweep's wait (its 4 elements running): the other triggerer
+    takes the trigger over once the dead one's heartbeat is stale, the job array is not submitted
+    again (one job under the run's name in Slurm's accounting), and its end is noticed: train succeeds."""
+    from pcflow.naming import run_key
+
+    killed, timeline = sweep["killed"], sweep["timeline"]
+    assert killed is not None, "train never waited in a triggerer while its elements ran"
+    assert killed["replica"].startswith("airflow-triggerer-")
+    after = [s for s in timeline[killed["sample"] :] if s["train_triggerer"]]
+    assert after, "no sample of the deferred train task after the kill"
+    successors = {s["train_triggerer"] for s in after} - {killed["replica"]}
+    assert successors and successors <= {"airflow-triggerer-1", "airflow-triggerer-2"}, after[-1]
+    assert timeline[-1]["tasks"]["train"] == "success", timeline[-1]
+    name = f"{run_key('pretrain_sweep', sweep['run_id'])}.train"
+    jobs = jobs_named(local_stack.env, name)
+    assert len(jobs) == 1, f"sbatch ran {len(jobs)} times for {name}: {sorted(jobs)}"
+    takeover = next(s for s in after if s["train_triggerer"] != killed["replica"])
+    (artifacts_dir / "failover.json").write_text(
+        json.dumps(
+            {
+                "killed": killed,
+                "taken_over_by": takeover["train_triggerer"],
+                "at": takeover["from"],
+                "jobs": sorted(jobs),
+            },
+            indent=1,
+        )
+    )
+
+
+# -- a backfill from the CLI, and a worker lost in the middle of a stage ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def backfill(airflow, sweep) -> dict:
+    """`airflow backfill create` for 2 nights; the worker running the first night's dataset stage is
+    SIGKILLed (with the task it runs) once the load has begun writing. Runs after the sweep."""
+    wait_for_dag(airflow, "pretrain_nightly")
+    # Unpaused so the scheduler runs the backfill's runs (the deployment makes no runs of its own schedule).
+    airflow.api("PATCH", "/dags/pretrain_nightly", {"is_paused": False})
+    started = time.monotonic()
+    cli = airflow.airflow(
+        "backfill", "create", "--dag-id", "pretrain_nightly", *BACKFILL_DATES,
+        "--dag-run-conf", json.dumps(NIGHTLY_CONF), "--reprocess-behavior", "none", "--max-active-runs", "1",
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
+    killed, runs = None, []
+    while time.monotonic() - started < len(NIGHTS) * RUN_TIMEOUT_S:
+        runs = airflow.api("GET", "/dags/pretrain_nightly/dagRuns?run_type=backfill&limit=10")["dag_runs"]
+        if airflow.api("GET", "/backfills?dag_id=pretrain_nightly")["backfills"][0]["completed_at"]:
+            break
+        pause = 2.0
+        if killed is None and runs:
+            first = min(runs, key=lambda r: r["logical_date"])
+            dataset = task_instances(airflow, "pretrain_nightly", first["dag_run_id"]).get("dataset", {})
+            if dataset.get("state") == "running" and dataset.get("hostname") and load_started(first):
+                airflow.kill(dataset["hostname"])
+                killed = {"replica": dataset["hostname"], "run_id": first["dag_run_id"], "try": dataset["try_number"]}
+            elif dataset.get("state") in (None, "scheduled", "queued", "running"):
+                pause = 0.5  # the load takes seconds: look often enough to catch it writing
+        time.sleep(pause)
+    states = {r["dag_run_id"]: r["state"] for r in runs}
+    return {"cli": cli.stdout, "states": states, "killed": killed, "seconds": time.monotonic() - started}
+
+
+def partition_versions(run: dict) -> dict[str, int]:
+    """Every object version under the night's partition of the dataset bucket, by key."""
+    import boto3
+
+    from pcflow.dataset.manifest import partition_root
+
+    counts: dict[str, int] = {}
+    root = partition_root("datasets/digits", run["logical_date"][:10])
+    pages = (
+        boto3.client("s3").get_paginator("list_object_versions").paginate(Bucket="pcflow-local-datasets", Prefix=root)
+    )
+    for page in pages:
+        for version in page.get("Versions", []):
+            counts[version["Key"]] = counts.get(version["Key"], 0) + 1
+    return counts
+
+
+def load_started(run: dict) -> bool:
+    with contextlib.suppress(Exception):
+        return len(partition_versions(run)) > 0
+    return False
+
+
+def test_backfill_from_the_cli_runs_both_nights(airflow, backfill, artifacts_dir):
+    (artifacts_dir / "backfill.json").write_text(json.dumps(backfill, indent=1))
+    runs = sorted(
+        airflow.api("GET", "/dags/pretrain_nightly/dagRuns?run_type=backfill")["dag_runs"],
+        key=lambda r: r["logical_date"],
+    )
+    assert [r["state"] for r in runs] == ["success", "success"], backfill["states"]
+    assert [r["conf"] for r in runs] == [NIGHTLY_CONF, NIGHTLY_CONF]  # --dag-run-conf reached every run
+    outputs = [
+        {task: returned(airflow, "pretrain_nightly", r["dag_run_id"], task) for task in ("dataset", "network", "image")}
+        for r in runs
+    ]
+    assert [o["dataset"]["partition"] for o in outputs] == list(NIGHTS)
+    assert outputs[0]["network"]["vpc_id"] == outputs[1]["network"]["vpc_id"]
+    assert outputs[0]["image"]["image_id"] == outputs[1]["image"]["image_id"]
+
+
+def test_a_killed_worker_s_stage_is_retried_elsewhere_creating_nothing_twice(airflow, backfill, artifacts_dir):
+    """SIGKILL of the Celery worker (and its task processes) running the first night's dataset stage,
+    once its load has written objects: the scheduler fails the task when its heartbeat stops, the retry
+    runs on the other worker, and every object of the partition exists in exactly one version."""
+    import boto3
+
+    from pcflow.dataset.manifest import JOURNAL_KEY
+
+    killed = backfill["killed"]
+    assert killed is not None, "the dataset stage was never seen running with its load begun"
+    tries = airflow.api("GET", f"/dags/pretrain_nightly/dagRuns/{killed['run_id']}/taskInstances/dataset/tries")[
+        "task_instances"
+    ]
+    hosts = {t["try_number"]: (t["hostname"], t["state"]) for t in tries}
+    assert hosts[killed["try"]][0] == killed["replica"] and hosts[killed["try"]][1] != "success", hosts
+    final = max(hosts)
+    assert final > killed["try"] and hosts[final] == (
+        next(iter({"airflow-worker-1", "airflow-worker-2"} - {killed["replica"]})),
+        "success",
+    ), hosts
+    run = airflow.api("GET", f"/dags/pretrain_nightly/dagRuns/{killed['run_id']}")
+    versions = partition_versions(run)
+    twice = {key: n for key, n in versions.items() if n > 1 and not key.endswith(JOURNAL_KEY)}
+    assert versions and not twice, f"objects written more than once: {sorted(twice)[:10]} (of {len(twice)})"
+    ec2 = boto3.client("ec2")
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:pcflow:stack", "Values": ["local"]}])["Vpcs"]
+    shared = [v for v in vpcs if not any(t["Key"] == "pcflow:run" for t in v.get("Tags", []))]
+    assert len(shared) == 1, [v["VpcId"] for v in shared]
+    (artifacts_dir / "failover.json").write_text(
+        json.dumps({"killed": killed, "tries": hosts, "objects": len(versions)}, indent=1)
     )
 
 
@@ -191,9 +393,15 @@ READ_SECTION = """(section => {
 })"""
 
 
-def open_trigger_form(browser, airflow: AirflowServices) -> None:
-    # all_admins: the UI logs in with no credentials through this redirect.
-    browser.navigate(f"{airflow.url}/auth/token/login?next={airflow.url}/dags/pretrain")
+def open_trigger_form(browser, airflow: Deployment) -> None:
+    """Log in on the FAB auth manager's page as the first user (the UI sends an unknown visitor there),
+    then open the DAG's trigger form."""
+    browser.navigate(f"{airflow.url}/dags/pretrain")
+    browser.wait_for("document.querySelector('input[name=username]')")
+    fill = "document.querySelector('input[name={}]').value = {};"
+    browser.evaluate(fill.format("username", json.dumps(airflow.username)))
+    browser.evaluate(fill.format("password", json.dumps(airflow.password)))
+    browser.evaluate("document.querySelector('input[name=password]').form.submit()")
     trigger = "[...document.querySelectorAll('button')].find(b => b.innerText.trim() === 'Trigger')"
     browser.wait_for(trigger)
     browser.click(trigger)
