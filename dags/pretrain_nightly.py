@@ -2,7 +2,7 @@
 
 Network, image and cluster are shared by the stack and kept between nights; one run at a time, so a
 backfill (`airflow backfill create --dag-id pretrain_nightly --from-date ... --to-date ...
---dag-run-conf '{...}' --max-active-runs 1`: a backfill's own limit, 10 unless given) retrains past
+--dag-run-conf '{...}' --max-active-runs 1`: a backfill has its own limit, not the DAG's) retrains past
 partitions one after another without a cluster per day.
 Each run writes under its own run key, so two runs never write the same place.
 """
