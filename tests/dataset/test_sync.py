@@ -244,6 +244,7 @@ from pcflow.dataset.sources import LocalDirectorySource
 from pcflow.dataset.sync import sync_to_s3
 
 writer.PartitionWriter.__init__.__kwdefaults__["journal_interval_s"] = float(sys.argv[5])  # 0: after every upload
+writer.JOURNAL_COST_FACTOR = 0  # however long each rewrite takes
 
 class KilledAt(LocalDirectorySource):
     def open(self, item):
@@ -293,6 +294,50 @@ def test_load_killed_before_its_first_journal_puts_nothing_twice(s3, bucket, cou
     versions = [v["Key"] for v in s3.list_object_versions(Bucket=bucket, Prefix="ds/p/")["Versions"]]
     data = [key for key in versions if not key.endswith((JOURNAL_KEY, "manifest.json"))]
     assert len(data) == len(set(data)) == 30
+
+
+KILLED_HALF_WAY = """
+import os, signal, sys, threading
+sys.path.insert(0, sys.argv[1])
+import boto3
+from pcflow.dataset.sources import LocalDirectorySource
+from pcflow.dataset.sync import sync_to_s3
+
+class KilledHalfWay(LocalDirectorySource):
+    opened, lock = 0, threading.Lock()
+
+    def open(self, item):
+        with self.lock:
+            KilledHalfWay.opened += 1
+            if KilledHalfWay.opened == int(sys.argv[3]):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().open(item)
+
+sync_to_s3(boto3.client("s3"), KilledHalfWay(sys.argv[2]), bucket=sys.argv[4], prefix="ds", partition="p")
+"""
+
+
+def test_load_killed_half_way_uploads_only_what_is_missing_on_resume(s3, bucket, counter, tmp_path):
+    """As a worker dies mid-task (SIGKILL, 16 uploads in flight, the loader's own settings), then the
+    retry: every object already in the bucket is skipped, each missing one goes up once. (Before the
+    journal was rewritten every second, a load shorter than 30 s left no journal: all went up again.)"""
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    src = make_tree(tmp_path / "src", n=200)
+    plugins = str(Path(__file__).resolve().parents[2] / "plugins")
+    killed = subprocess.run([sys.executable, "-c", KILLED_HALF_WAY, plugins, str(src), "100", bucket], check=False)
+    assert killed.returncode == -9
+    present = {k.removeprefix("ds/p/") for k in objects(s3, bucket) if "/_pcflow/" not in k}
+    assert 0 < len(present) < 200 and read_manifest(s3, bucket, "ds/p/") is None
+
+    counter.reset()
+    resumed = sync_to_s3(s3, str(src), bucket=bucket, prefix="ds", partition="p")
+    every = {p.relative_to(src).as_posix() for p in src.rglob("*.bin")}
+    assert sorted(counter.data_puts()) == sorted(f"ds/p/{key}" for key in every - present)
+    assert (resumed["uploaded"], resumed["skipped"]) == (200 - len(present), len(present))
+    latest = s3.list_object_versions(Bucket=bucket, Prefix="ds/p/")["Versions"]
+    versions = {v["Key"].removeprefix("ds/p/"): v["VersionId"] for v in latest if v["IsLatest"]}
+    manifest = read_manifest(s3, bucket, "ds/p/")
+    assert {o["key"]: o["version_id"] for o in manifest["objects"]} == {k: versions[k] for k in every}
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "dangling-symlink"])

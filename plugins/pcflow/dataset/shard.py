@@ -261,12 +261,13 @@ class _BuiltShard:
 def _upload_shard(writer: PartitionWriter, shard: _BuiltShard, progress: Progress, on_disk) -> None:
     try:
         entry = writer.current(shard.key, size=shard.size, sha256=shard.sha256)
-        uploaded = entry is None
-        if uploaded:
-            if shard.size < writer.transfer_config.multipart_threshold:
-                entry = writer.put_bytes(shard.key, shard.path.read_bytes(), shard.sha256, samples=shard.samples)
-            else:
-                entry = writer.put_stream(shard.key, str(shard.path), shard.size, shard.sha256, samples=shard.samples)
+        uploaded = False
+        if entry is None and shard.size < writer.transfer_config.multipart_threshold:
+            data = shard.path.read_bytes()
+            entry, uploaded = writer.upload_bytes(shard.key, data, shard.sha256, samples=shard.samples)
+        elif entry is None:
+            entry = writer.put_stream(shard.key, str(shard.path), shard.size, shard.sha256, samples=shard.samples)
+            uploaded = True
         writer.record(entry, uploaded=uploaded)
         progress.advance(files=shard.source_files, nbytes=shard.source_bytes, uploaded=uploaded)
     finally:

@@ -98,10 +98,10 @@ def _local_small(writer: PartitionWriter, src: LocalDirectorySource, item: Sourc
     if len(data) != item.size:
         raise SourceChangedError(f"{src.path(item)} changed size during the load; run again")
     sha = hashlib.sha256(data).hexdigest()
-    entry = writer.current(item.rel, size=item.size, sha256=sha) or writer.unrecorded(item.rel, data, sha)
+    entry = writer.current(item.rel, size=item.size, sha256=sha)
     if entry:
         return entry, False
-    return writer.put_bytes(item.rel, data, sha), True
+    return writer.upload_bytes(item.rel, data, sha)
 
 
 def _local_large(writer: PartitionWriter, src: LocalDirectorySource, item: SourceFile):
@@ -154,5 +154,5 @@ def _remote(writer: PartitionWriter, src: Source, item: SourceFile, small: bool)
     with src.open(item) as body:
         if small:
             data = body.read()
-            return writer.put_bytes(item.rel, data, hashlib.sha256(data).hexdigest(), source_version=item.version), True
+            return writer.upload_bytes(item.rel, data, hashlib.sha256(data).hexdigest(), source_version=item.version)
         return _upload_hashed(writer, src, item, body, source_version=item.version), True

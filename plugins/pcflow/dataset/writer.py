@@ -2,7 +2,10 @@
 
 Shared by the sync and the shard loader. What "already there" means is decided from the previous good
 manifest plus the journal of an unfinished load, each entry confirmed by one LIST of the partition
-(same size, same ETag), so neither a re-run nor a resume reads a remote object back.
+(same size, same ETag), so neither a re-run nor a resume reads a remote object back. The journal is
+rewritten about every second (less often when rewriting it takes long), so a load killed without
+warning loses at most that much of its record; an object uploaded in one request in that gap is still
+recognised on resume by its listed ETag (the MD5 of its bytes) and adopted with one HEAD, not sent again.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ MiB = 2**20
 DEFAULT_TRANSFER = TransferConfig(
     multipart_threshold=16 * MiB, multipart_chunksize=8 * MiB, max_concurrency=10, use_threads=True
 )
+#: The journal is rewritten at most every JOURNAL_INTERVAL_S, and at most once per JOURNAL_COST_FACTOR
+#: times the last rewrite's duration: a big journal (a million files) costs at most a tenth of the time.
+JOURNAL_INTERVAL_S = 1.0
+JOURNAL_COST_FACTOR = 10
 DENIED = {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"}
 
 
@@ -85,7 +92,7 @@ class PartitionWriter:
         tags: Mapping[str, str] | None = None,
         workers: int = 16,
         transfer_config: TransferConfig = DEFAULT_TRANSFER,
-        journal_interval_s: float = 30.0,
+        journal_interval_s: float = JOURNAL_INTERVAL_S,
     ):
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -102,6 +109,8 @@ class PartitionWriter:
         self._lock = threading.Lock()
         self._journal_dirty = False
         self._last_journal = time.monotonic()
+        self._journal_seconds = 0.0  # how long the last rewrite took
+        self._flushing = threading.Lock()  # one rewrite at a time: an older body never lands after a newer one
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pcflow-upload")
         self._slots = threading.BoundedSemaphore(2 * workers)  # bounds memory held by queued work
         self._futures: list[Future] = []
@@ -145,7 +154,7 @@ class PartitionWriter:
             return entry
         return None
 
-    def unrecorded(self, key: str, data: bytes, sha256: str) -> dict[str, Any] | None:
+    def unrecorded(self, key: str, data: bytes, sha256: str, **extra: Any) -> dict[str, Any] | None:
         """The entry for `key` when the listing shows these very bytes there though no manifest or journal
         recorded them: a load killed before its next journal put them. A single PUT's ETag is the MD5 of
         its bytes (not under SSE-KMS: then this finds nothing and the bytes go up again); one HEAD names
@@ -156,10 +165,12 @@ class PartitionWriter:
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=self.root + key)
         except ClientError as err:
+            if err.response["Error"]["Code"] in ("NoSuchKey", "404"):
+                return None  # deleted since the listing
             raise self._explain(err, "read", key) from err
         if head["ETag"] != listed[1]:
             return None  # replaced since the listing
-        return {"key": key, "size": len(data), "sha256": sha256, "etag": head["ETag"], **_version(head)}
+        return {"key": key, "size": len(data), "sha256": sha256, "etag": head["ETag"], **_version(head), **extra}
 
     # -- uploads ----------------------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes, sha256: str, **extra: Any) -> dict[str, Any]:
@@ -175,6 +186,13 @@ class PartitionWriter:
         except ClientError as err:
             raise self._explain(err, "write", key) from err
         return {"key": key, "size": len(data), "sha256": sha256, "etag": resp["ETag"], **_version(resp), **extra}
+
+    def upload_bytes(self, key: str, data: bytes, sha256: str, **extra: Any) -> tuple[dict[str, Any], bool]:
+        """(entry, uploaded): `put_bytes`, unless the listing shows these very bytes already there."""
+        adopted = self.unrecorded(key, data, sha256, **extra)
+        if adopted is not None:
+            return adopted, False
+        return self.put_bytes(key, data, sha256, **extra), True
 
     def put_stream(self, key: str, fileobj: str | IO[bytes], size: int, sha256: str | None, **extra: Any):
         """A large object through s3transfer (multipart, parts in parallel); `fileobj` may be a path.
@@ -219,22 +237,33 @@ class PartitionWriter:
             self.entries[entry["key"]] = entry
             if uploaded:
                 self.uploaded += 1
-                self._journal_dirty = True
             else:
                 self.skipped += 1
-            due = self._journal_dirty and time.monotonic() - self._last_journal >= self.journal_interval_s
+            if uploaded or entry["key"] not in self.known:  # adopted objects are journaled too
+                self._journal_dirty = True
+            wait = max(self.journal_interval_s, JOURNAL_COST_FACTOR * self._journal_seconds)
+            due = self._journal_dirty and time.monotonic() - self._last_journal >= wait
         if due:
-            self.flush_journal()
+            self.flush_journal(wait=False)
 
-    def flush_journal(self) -> None:
-        """Remember what this load uploaded, so a resume after a crash skips it (cheap: one PUT)."""
-        with self._lock:
-            if not self._journal_dirty:
-                return
-            body = json.dumps({"format": FORMAT, "objects": list(self.entries.values())}).encode()
-            self._journal_dirty = False
-            self._last_journal = time.monotonic()
-        self.client.put_object(Bucket=self.bucket, Key=self.root + JOURNAL_KEY, Body=body, Tagging=self.tagging)
+    def flush_journal(self, *, wait: bool = True) -> None:
+        """Remember what this load uploaded, so a resume after a crash skips it (one PUT). With
+        `wait=False`, returns at once when another thread is writing it (the next rewrite has this)."""
+        if not self._flushing.acquire(blocking=wait):
+            return
+        try:
+            with self._lock:
+                if not self._journal_dirty:
+                    return
+                body = json.dumps({"format": FORMAT, "objects": list(self.entries.values())}).encode()
+                self._journal_dirty = False
+            started = time.monotonic()
+            self.client.put_object(Bucket=self.bucket, Key=self.root + JOURNAL_KEY, Body=body, Tagging=self.tagging)
+            with self._lock:
+                self._last_journal = time.monotonic()
+                self._journal_seconds = self._last_journal - started
+        finally:
+            self._flushing.release()
 
     # -- the pool ---------------------------------------------------------------------------------------
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
