@@ -31,6 +31,6 @@ rm -rf "$venv"
 "$base" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --requirement "$requirements"
 # Fail here, not in the first training job, if the environment cannot do what the payload needs.
-"$venv/bin/python" -c 'import numpy, PIL, torch, torch.distributed as dist; assert dist.is_available()'
+"$venv/bin/python" -c 'import boto3, numpy, PIL, torch, webdataset, torch.distributed as dist; assert dist.is_available()'
 printf '%s\n' "$want" > "$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
 echo "payload env $venv ready (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'))"

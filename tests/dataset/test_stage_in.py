@@ -3,12 +3,14 @@ files equal to their sources, unchanged files skipped, objects that no longer ma
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from pathlib import Path
 
 import pytest
 
+from pcflow.dataset.manifest import read_manifest
 from pcflow.dataset.stage_in import copy_partition
 from pcflow.dataset.sync import sync_to_s3
 from pcflow.slurm.hook import SlurmError, SlurmHook
@@ -36,7 +38,9 @@ def test_stage_in_copies_once_skips_what_is_there_and_refuses_a_changed_object(s
     stage = {"bucket": bucket, "root": loaded["root"], "dest": dest, "log": log}
 
     assert copy_partition(s3, hook, **stage) == {"copied": 41, "skipped": 0, "files": 41}
-    assert {str(p.relative_to(dest)): p.read_bytes() for p in Path(dest).rglob("*") if p.is_file()} == files
+    staged = {str(p.relative_to(dest)): p.read_bytes() for p in Path(dest).rglob("*") if p.is_file()}
+    assert json.loads(staged.pop("manifest.json")) == read_manifest(s3, bucket, loaded["root"])  # what FSx shows
+    assert staged == files
     assert copy_partition(s3, hook, **stage) == {"copied": 0, "skipped": 41, "files": 41}
 
     Path(dest, "class-0/img 0.png").write_bytes(b"torn")  # a copy cut short: another size

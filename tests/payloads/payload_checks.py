@@ -208,6 +208,119 @@ def check_image_folder_loader():
         raise AssertionError("a missing data_dir was accepted")
 
 
+def check_few_label_probe_separates_separable_features():
+    from probe import few_label_probe
+
+    labels = torch.arange(10).repeat(30)
+    noise = torch.randn(300, 10, generator=torch.Generator().manual_seed(0))
+    assert few_label_probe(torch.nn.functional.one_hot(labels, 10) * 3.0 + noise * 0.3, labels, shots=2) == 1.0
+    assert few_label_probe(noise, labels, shots=2, draws=3) < 0.35  # chance is 0.1
+
+
+def _png(value: int, size: int = 6) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((size, size), value, dtype=np.uint8), mode="L").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_partition(folders: Path, dest: Path, target_bytes: int) -> dict:
+    """Shards of `folders` into `dest`, with their manifest, by the dataset stage's own shard writer."""
+    sys.path.insert(0, str(SIMCLR.parents[2] / "plugins"))
+    from pcflow.dataset.manifest import build_manifest
+    from pcflow.dataset.shard import group_samples, plan_shards, write_shard
+    from pcflow.dataset.sources import LocalDirectorySource
+
+    src = LocalDirectorySource(str(folders))
+    samples, classes = group_samples(src.list())
+    objects = []
+    for index, members in enumerate(plan_shards(samples, target_bytes=target_bytes, seed=0)):
+        with open(dest / f"shard-{index:03d}.tar", "wb") as out:
+            sha, size = write_shard(src, members, out)
+        objects.append({"key": f"shard-{index:03d}.tar", "size": size, "sha256": sha, "samples": len(members)})
+    manifest = build_manifest(
+        mode="shard", bucket="b", root="p/", partition="p", source_uri=src.uri, objects=objects,
+        extra={"classes": classes},
+    )  # fmt: skip
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def check_shards_read_as_the_same_labelled_images_as_their_folders():
+    """Class names that sort differently as text and as numbers ("10" < "2"): the shard writer's `.cls`
+    is an index into the manifest's sorted names, the folder reader sorts numerically; the payload gives
+    every image the same class name either way."""
+    from data import ImageFolderDataset, open_dataset
+    from shards import ShardDataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folders, parted = Path(tmp, "folders"), Path(tmp, "shards")
+        parted.mkdir()
+        for i in range(60):
+            cls = ("2", "10", "cat")[i % 3]
+            (folders / cls).mkdir(parents=True, exist_ok=True)
+            (folders / cls / f"{i:03d}.png").write_bytes(_png(4 * i))
+        manifest = write_partition(folders, parted, target_bytes=8_000)
+        assert len(manifest["objects"]) > 3, "several shards"
+        folder, shards = open_dataset(str(folders)), open_dataset(str(parted))
+        assert isinstance(folder, ImageFolderDataset) and isinstance(shards, ShardDataset) and shards.size == 60
+
+        def named(dataset):
+            images, labels = dataset.eval_set(1000)
+            pairs = zip(images, labels, strict=True)
+            return sorted((round(float(x.mean()) * 255), dataset.classes[y]) for x, y in pairs)
+
+        assert named(folder) == named(shards) == sorted((4 * i, ("2", "10", "cat")[i % 3]) for i in range(60))
+        assert shards.eval_set(7)[0].shape == (7, 1, 6, 6)
+
+
+def check_shard_shares_are_equal_disjoint_and_seeded():
+    """Each epoch, every rank gets the same number of samples, no sample twice; same seed, same shares."""
+    from shards import Shard, ShardDataset
+
+    manifest = {"mode": "shard", "classes": ["a"], "objects": [{"key": f"s{i}", "samples": n} for i, n in
+                enumerate([7, 1, 30, 12, 5])]}  # fmt: skip
+    data = ShardDataset("/d", manifest, seed=3)
+    for world in (1, 2, 3, 4):
+        count = data.size // world
+        for epoch in range(3):
+            seen = []
+            for rank in range(world):
+                pieces = data.share(epoch, rank, world, count)
+                assert sum(p.take for p in pieces) == count
+                seen += [(p.shard.url, p.skip + k) for p in pieces for k in range(p.take)]
+                assert all(0 <= p.skip and p.skip + p.take <= p.shard.samples for p in pieces)
+            assert len(seen) == len(set(seen)) == world * count, (world, epoch)
+    assert data.share(1, 1, 2, 20) == ShardDataset("/d", manifest, seed=3).share(1, 1, 2, 20)
+    assert data.share(1, 1, 2, 20) != data.share(2, 1, 2, 20) != ShardDataset("/d", manifest, seed=4).share(2, 1, 2, 20)
+    one = ShardDataset("/d", {**manifest, "objects": [{"key": "only", "samples": 100}]})
+    assert len({one.share(e, 0, 2, 50)[-1].skip for e in range(5)}) > 1, "one shard: split anew every epoch"
+    assert isinstance(one.shards[0], Shard) and one.shards[0].url == "/d/only"
+
+
+def check_shard_batches_stream_each_rank_its_share():
+    from data import open_dataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folders, parted = Path(tmp, "folders"), Path(tmp, "shards")
+        parted.mkdir()
+        for i in range(50):
+            (folders / str(i % 2)).mkdir(parents=True, exist_ok=True)
+            (folders / str(i % 2) / f"{i:03d}.png").write_bytes(_png(5 * i))
+        write_partition(folders, parted, target_bytes=6_000)
+        data = open_dataset(str(parted), shuffle_buffer=8, seed=1)
+        ranks = [list(data.batches(0, rank, 2, 4, 6)) for rank in range(2)]
+        assert [len(r) for r in ranks] == [6, 6] and all(b.shape == (4, 1, 6, 6) for r in ranks for b in r)
+        values = [round(float(x.mean()) * 255) for r in ranks for b in r for x in b]
+        assert len(set(values)) == 48, "ranks read disjoint shares"
+        again = [round(float(x.mean()) * 255) for b in data.batches(0, 0, 2, 4, 6) for x in b]
+        assert again == values[:24], "same seed, same batches"
+
+
 def _ddp_worker(rank: int, job: tuple) -> None:
     world, port, z1, z2, out = job
     import torch.distributed as dist

@@ -21,11 +21,12 @@ class HparamError(ValueError):
 @dataclass(frozen=True)
 class Hparams:
     # data
-    data_dir: str = ""  #: a directory of class folders of PNG images (required)
+    data_dir: str = ""  #: class folders of PNGs, or a partition of WebDataset shards (dir or s3://) (required)
     image_size: int = 16  #: side the (8x8) digits are resampled to by the augmentations
+    shuffle_buffer: int = 1000  #: shards: samples a rank shuffles through while it streams its share
     # pretraining
-    epochs: int = 3
-    batch_size: int = 256  #: global: split evenly over the tasks (one result whatever the task count)
+    epochs: int = 5
+    batch_size: int = 128  #: global: split evenly over the tasks (one result whatever the task count)
     lr: float = 2e-3  #: peak learning rate of AdamW, reached after the warm-up
     weight_decay: float = 1e-4
     warmup_epochs: float = 0.5  #: linear warm-up, then cosine decay to zero at the last step
@@ -39,7 +40,10 @@ class Hparams:
     probe_steps: int = 300  #: full-batch optimisation steps of the logistic regression
     probe_lr: float = 0.1
     probe_weight_decay: float = 1e-4
-    probe_baseline: bool = False  #: also probe the untrained encoder (the same init), for comparison
+    probe_shots: int = 1  #: few-label probe: labelled images per class it is fitted on
+    probe_draws: int = 10  #: few-label probe: draws of those images, the accuracy is their mean
+    probe_baseline: bool = True  #: also probe the untrained encoder (the same init), side by side
+    eval_samples: int = 10_000  #: the probes' images: all of a folder up to this many; the first of shards
     # operations
     log_every_steps: int = 1
     keep_checkpoints: int = 2
@@ -79,7 +83,8 @@ class Hparams:
             if not ok:
                 raise HparamError(message)
 
-        need(bool(self.data_dir), "data_dir is required: a directory of class folders of PNG images")
+        need(bool(self.data_dir), "data_dir is required: class folders of PNG images, or a partition of shards")
+        need(self.shuffle_buffer >= 1, f"shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
         need(4 <= self.image_size <= 224, f"image_size must be 4..224, got {self.image_size}")
         need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
         need(self.batch_size >= 2, f"batch_size must be >= 2, got {self.batch_size}")
@@ -92,6 +97,9 @@ class Hparams:
         need(0 < self.probe_test_fraction < 1, f"probe_test_fraction must be in (0, 1), got {self.probe_test_fraction}")
         need(self.probe_steps >= 1, f"probe_steps must be >= 1, got {self.probe_steps}")
         need(self.probe_lr > 0, f"probe_lr must be > 0, got {self.probe_lr}")
+        need(self.probe_shots >= 1, f"probe_shots must be >= 1, got {self.probe_shots}")
+        need(self.probe_draws >= 1, f"probe_draws must be >= 1, got {self.probe_draws}")
+        need(self.eval_samples >= 2, f"eval_samples must be >= 2, got {self.eval_samples}")
         need(self.log_every_steps >= 1, f"log_every_steps must be >= 1, got {self.log_every_steps}")
         need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         need(self.threads >= 0, f"threads must be >= 0, got {self.threads}")

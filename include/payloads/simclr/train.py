@@ -1,4 +1,6 @@
-"""SimCLR-style self-supervised pretraining on a folder of class-labelled PNGs, then a linear probe.
+"""SimCLR-style self-supervised pretraining on class-labelled images, then probes of trained and untrained encoder.
+
+The images are class folders of PNGs or the dataset stage's WebDataset shards (data.py, shards.py).
 
 Run one copy per Slurm task (`srun python train.py`) or under torchrun; one process without either.
 Reads hyperparameters from $PCFLOW_HPARAMS (see hparams.py), writes per-epoch checkpoints to
@@ -9,6 +11,7 @@ $PCFLOW_METRICS_FILE (rank 0), saves the final encoder to $PCFLOW_RUN_DIR/model.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import math
 import os
@@ -21,15 +24,14 @@ import checkpoint
 import torch
 import torch.distributed as dist
 from augment import resize, two_views
-from data import DataError, load_image_folder
+from data import DataError, open_dataset
 from distenv import DistEnv, detect, threads_per_task
 from hparams import HparamError, Hparams
 from loss import global_nt_xent
 from metrics import MetricsWriter
 from model import SimCLR
-from probe import linear_probe
+from probe import few_label_probe, linear_probe
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 #: Hyperparameters that change the checkpoint's shapes: a checkpoint made with others cannot resume.
 SHAPE_HPARAMS = ("width", "embedding_dim")
@@ -122,33 +124,36 @@ def resume(model: SimCLR, optimizer: torch.optim.Optimizer, hp: Hparams, env: Di
 
 
 @torch.no_grad()
-def encode(model: SimCLR, images: torch.Tensor, size: int, device: torch.device, batch: int = 512) -> torch.Tensor:
-    was_training = model.training
-    model.eval()
-    out = [model.encoder(resize(images[i : i + batch].to(device), size)).cpu() for i in range(0, len(images), batch)]
-    model.train(was_training)
+def encode(encoder: torch.nn.Module, images: torch.Tensor, size: int, device, batch: int = 512) -> torch.Tensor:
+    was_training = encoder.training
+    encoder.eval()
+    out = [encoder(resize(images[i : i + batch].to(device), size)).cpu() for i in range(0, len(images), batch)]
+    encoder.train(was_training)
     return torch.cat(out)
 
 
-def probe(model: SimCLR, images: torch.Tensor, labels: torch.Tensor, hp: Hparams, device: torch.device):
-    return linear_probe(
-        encode(model, images, hp.image_size, device),
-        labels,
-        test_fraction=hp.probe_test_fraction,
-        seed=hp.probe_seed,
-        steps=hp.probe_steps,
-        lr=hp.probe_lr,
-        weight_decay=hp.probe_weight_decay,
-    )
+def evaluate(encoder: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, hp: Hparams, device):
+    """The linear probe on all training labels, and the mean few-label probe (`probe_shots` per class)."""
+    features = encode(encoder, images, hp.image_size, device)
+    settings = {
+        "test_fraction": hp.probe_test_fraction,
+        "seed": hp.probe_seed,
+        "steps": hp.probe_steps,
+        "lr": hp.probe_lr,
+        "weight_decay": hp.probe_weight_decay,
+    }
+    fewshot = few_label_probe(features, labels, shots=hp.probe_shots, draws=hp.probe_draws, **settings)
+    return linear_probe(features, labels, **settings), fewshot
 
 
-def run_epoch(epoch: int, step: int, *, ddp, optimizer, loader, hp: Hparams, env: DistEnv, device, metrics) -> int:
+def run_epoch(
+    epoch: int, step: int, *, ddp, optimizer, data, steps_per_epoch: int, hp: Hparams, env: DistEnv, device, metrics
+) -> int:
     """One pass over this rank's share of the data; returns the global step after it."""
-    loader.sampler.set_epoch(epoch)
+    per_rank = hp.batch_size // env.world_size
     generator = torch.Generator().manual_seed(view_seed(hp.seed, epoch, env.rank))
-    steps_per_epoch = len(loader)
     started, loss_sum = time.perf_counter(), 0.0
-    for i, (batch,) in enumerate(loader):
+    for i, batch in enumerate(data.batches(epoch, env.rank, env.world_size, per_rank, steps_per_epoch)):
         lr = lr_at(step, hp, steps_per_epoch)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -167,7 +172,7 @@ def run_epoch(epoch: int, step: int, *, ddp, optimizer, loader, hp: Hparams, env
             raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step}: the run diverged, lower lr")
         step += 1
     seconds = time.perf_counter() - started
-    throughput = steps_per_epoch * loader.batch_size * env.world_size / seconds
+    throughput = steps_per_epoch * per_rank * env.world_size / seconds
     metrics.write("epoch_loss", loss_sum / steps_per_epoch, epoch=epoch, step=step)
     metrics.write("epoch_time", seconds, epoch=epoch, step=step)
     metrics.write("throughput", throughput, epoch=epoch, step=step)
@@ -179,6 +184,24 @@ def run_epoch(epoch: int, step: int, *, ddp, optimizer, loader, hp: Hparams, env
     return step
 
 
+def open_data(hp: Hparams, env: DistEnv, device):
+    """The dataset, and the steps of an epoch (the same on every rank: the shares are equal)."""
+    data = open_dataset(hp.data_dir, shuffle_buffer=hp.shuffle_buffer, seed=hp.seed)
+    per_rank = hp.batch_size // env.world_size
+    if per_rank < 2:
+        raise HparamError(f"batch_size {hp.batch_size} over {env.world_size} tasks leaves fewer than 2 per task")
+    steps_per_epoch = data.size // env.world_size // per_rank
+    if steps_per_epoch == 0:
+        raise HparamError(f"batch_size {hp.batch_size} is larger than the dataset ({data.size} images)")
+    log(
+        env,
+        f"{data.size} images, {len(data.classes)} classes from {hp.data_dir} ({type(data).__name__}); "
+        f"{env.world_size} task(s), {per_rank} images per task per step, {steps_per_epoch} steps per epoch, "
+        f"{torch.get_num_threads()} thread(s) per task, device {device}",
+    )
+    return data, steps_per_epoch
+
+
 def train(hp: Hparams, env: DistEnv) -> None:
     device = setup_process_group(env)
     torch.set_num_threads(
@@ -186,44 +209,23 @@ def train(hp: Hparams, env: DistEnv) -> None:
     )
     torch.manual_seed(hp.seed)
     metrics = MetricsWriter(os.environ.get("PCFLOW_METRICS_FILE"), enabled=env.is_main)
-
-    images, labels, classes = load_image_folder(hp.data_dir)
-    per_rank = hp.batch_size // env.world_size
-    if per_rank < 2:
-        raise HparamError(f"batch_size {hp.batch_size} over {env.world_size} tasks leaves fewer than 2 per task")
-    sampler = DistributedSampler(
-        TensorDataset(images), num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=hp.seed, drop_last=True
-    )
-    loader = DataLoader(TensorDataset(images), batch_size=per_rank, sampler=sampler, drop_last=True)
-    steps_per_epoch = len(loader)
-    if steps_per_epoch == 0:
-        raise HparamError(f"batch_size {hp.batch_size} is larger than the dataset ({len(images)} images)")
-    log(
-        env,
-        f"{len(images)} images, {len(classes)} classes from {hp.data_dir}; {env.world_size} task(s), "
-        f"{per_rank} images per task per step, {steps_per_epoch} steps per epoch, "
-        f"{torch.get_num_threads()} thread(s) per task, device {device}",
-    )
+    data, steps_per_epoch = open_data(hp, env, device)
 
     model = SimCLR(hp.width, hp.embedding_dim).to(device)
+    untrained = copy.deepcopy(model.encoder).cpu() if hp.probe_baseline and env.is_main else None  # the seed's init
     optimizer = torch.optim.AdamW(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-    baseline = None
-    if hp.probe_baseline and env.is_main:
-        baseline = probe(model, images, labels, hp, device)
     start_epoch, step = resume(model, optimizer, hp, env)
     if start_epoch and env.is_main:
         metrics.write("resumed_from_epoch", start_epoch, epoch=start_epoch, step=step)
-    if baseline is not None and start_epoch == 0:
-        metrics.write("probe_baseline_accuracy", baseline.accuracy, epoch=0, step=0, split="eval")
-        log(env, f"probe accuracy of the untrained encoder: {baseline.accuracy:.4f}")
     ddp = DistributedDataParallel(model) if env.distributed else model
 
     for epoch in range(start_epoch, hp.epochs):
         if should_fail(hp, epoch, env, device):
             raise InjectedFailure(f"fail_at_epoch={epoch}: failing on purpose at the start of epoch {epoch}")
         step = run_epoch(
-            epoch, step, ddp=ddp, optimizer=optimizer, loader=loader, hp=hp, env=env, device=device, metrics=metrics
-        )
+            epoch, step, ddp=ddp, optimizer=optimizer, data=data, steps_per_epoch=steps_per_epoch,
+            hp=hp, env=env, device=device, metrics=metrics,
+        )  # fmt: skip
         if env.is_main:
             state = {
                 "epochs_done": epoch + 1,
@@ -236,20 +238,36 @@ def train(hp: Hparams, env: DistEnv) -> None:
             log(env, f"epoch {epoch + 1}/{hp.epochs} checkpointed: {path.name}")
 
     if env.is_main:
-        result = probe(model, images, labels, hp, device)
-        final_epoch = hp.epochs - 1
-        metrics.write("probe_accuracy", result.accuracy, epoch=final_epoch, step=step, split="eval")
-        metrics.write("probe_train_accuracy", result.train_accuracy, epoch=final_epoch, step=step, split="eval")
-        metrics.write("probe_loss", result.loss, epoch=final_epoch, step=step, split="eval")
-        log(
-            env,
-            f"linear probe: accuracy {result.accuracy:.4f} on {result.n_test} held-out images "
-            f"(train {result.train_accuracy:.4f} on {result.n_train}); chance is {1 / len(classes):.2f}",
-        )
-        save_model(model, hp, classes, result.accuracy, hp.epochs)
+        evaluated = {"hp": hp, "env": env, "device": device, "metrics": metrics, "step": step}
+        accuracy = report_evaluation(model.encoder, untrained, data, **evaluated)
+        save_model(model, hp, data.classes, accuracy, hp.epochs)
     metrics.close()
     if env.distributed:
         dist.barrier()
+
+
+def report_evaluation(encoder, untrained, data, *, hp: Hparams, env: DistEnv, device, metrics, step: int) -> float:
+    """Probes of the trained encoder and, beside them, of the untrained one; returns probe_accuracy."""
+    images, labels = data.eval_set(hp.eval_samples)
+    epoch = hp.epochs - 1
+    result, fewshot = evaluate(encoder, images, labels, hp, device)
+    metrics.write("probe_accuracy", result.accuracy, epoch=epoch, step=step, split="eval")
+    metrics.write("probe_train_accuracy", result.train_accuracy, epoch=epoch, step=step, split="eval")
+    metrics.write("probe_loss", result.loss, epoch=epoch, step=step, split="eval")
+    metrics.write("fewshot_accuracy", fewshot, epoch=epoch, step=step, split="eval")
+    chance = 1 / len(data.classes)
+    log(
+        env,
+        f"linear probe: accuracy {result.accuracy:.4f} on {result.n_test} held-out images "
+        f"(train {result.train_accuracy:.4f} on {result.n_train}); {hp.probe_shots} labels per class: "
+        f"{fewshot:.4f}; chance is {chance:.2f}",
+    )
+    if untrained is not None:
+        base, base_fewshot = evaluate(untrained.to(device), images, labels, hp, device)
+        metrics.write("probe_accuracy_untrained", base.accuracy, epoch=epoch, step=step, split="eval")
+        metrics.write("fewshot_accuracy_untrained", base_fewshot, epoch=epoch, step=step, split="eval")
+        log(env, f"untrained encoder (same init): linear probe {base.accuracy:.4f}, few labels {base_fewshot:.4f}")
+    return result.accuracy
 
 
 def save_model(model: SimCLR, hp: Hparams, classes: list[str], accuracy: float, epochs: int) -> Path:

@@ -3,7 +3,8 @@
 On ParallelCluster, FSx for Lustre is linked to the dataset's S3 prefix and loads files lazily, so
 the data is already at `<mount>/<partition>/`. A static cluster has no such link: pcflow copies the
 objects the partition's manifest lists (and only those: a half-loaded partition is never read) into
-the cluster's shared directory, skipping files already there with the same size. The copy is one
+the cluster's shared directory, skipping files already there with the same size, and the manifest
+itself, last (as FSx shows it: the payload reads a shard partition's list of shards from it). The copy is one
 `tar -x` fed over SSH (one round trip, not four SFTP requests per file: 1,797 digits took 18-36 s
 file by file), from parallel S3 reads checked against the manifest's sha256 before they are sent.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import posixpath
 import tarfile
 import time
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pcflow.dataset.manifest import read_listed_object, read_manifest
+from pcflow.dataset.manifest import MANIFEST_NAME, read_listed_object, read_manifest
 from pcflow.paths import remote_within
 from pcflow.slurm.hook import SlurmHook
 
@@ -62,7 +64,7 @@ def windows(entries: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
 def copy_partition(
     s3: Any, hook: SlurmHook, *, bucket: str, root: str, dest: str, log: Any, workers: int = 16
 ) -> dict[str, int]:
-    """Copy the manifest's objects under `dest`; returns counts of copied and skipped files."""
+    """Copy the manifest's objects, then the manifest, under `dest`; returns counts of copied and skipped files."""
     manifest = read_manifest(s3, bucket, root)
     if manifest is None:
         raise ValueError(f"s3://{bucket}/{root} has no manifest: the dataset stage has not completed a load there")
@@ -74,6 +76,7 @@ def copy_partition(
     hook.makedirs(dest)
     present = hook.file_sizes(dest)
     todo = [o for o in objects if present.get(o["key"]) != o["size"]]
+    listing = json.dumps(manifest, indent=1, sort_keys=True).encode()
 
     def fetch(entry: dict[str, Any]) -> bytes:
         data = read_listed_object(s3, bucket, root, entry)
@@ -84,14 +87,19 @@ def copy_partition(
             )
         return data
 
-    if todo:
+    if todo or present.get(MANIFEST_NAME) != len(listing):
         with hook.command_input(["tar", "-x", "-f", "-", "-C", dest]) as sink:
             with tarfile.open(fileobj=sink, mode="w|") as tar, ThreadPoolExecutor(workers) as pool:
                 for window in windows(todo):
                     for entry, data in zip(window, pool.map(fetch, window), strict=True):
-                        info = tarfile.TarInfo(entry["key"])
-                        info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-                        tar.addfile(info, io.BytesIO(data))
+                        _add(tar, entry["key"], data)
+                _add(tar, MANIFEST_NAME, listing)
     skipped = len(objects) - len(todo)
     log.info("staged s3://%s/%s into %s: %d copied, %d already there", bucket, root, dest, len(todo), skipped)
     return {"copied": len(todo), "skipped": skipped, "files": len(objects)}
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+    tar.addfile(info, io.BytesIO(data))
