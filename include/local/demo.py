@@ -15,7 +15,15 @@ from pathlib import Path
 
 from dagrun import REPO, airflow_environment, prepare_airflow, run_dag, tagged_resources
 
-CONF = {"partition": "demo", "hyperparameters": {"epochs": 3}}
+CONF = {"partition": "demo", "hyperparameters": {"epochs": 5}}
+UNTRAINED = "_untrained"
+
+
+def trained_vs_untrained(metrics: dict) -> dict[str, dict[str, float | None]]:
+    """Each evaluation the payload ran on both encoders (`<name>` and `<name>_untrained`), side by side."""
+    final = {name: m.get("final") for name, m in (metrics.get("metrics") or {}).items()}
+    pairs = [name.removesuffix(UNTRAINED) for name in final if name.endswith(UNTRAINED)]
+    return {name: {"trained": final.get(name), "untrained": final[name + UNTRAINED]} for name in pairs}
 
 
 def main() -> int:
@@ -43,16 +51,19 @@ def main() -> int:
         "dataset": {k: (out.get("dataset") or {}).get(k) for k in ("uri", "object_count", "uploaded", "skipped")},
         "slurm_job": {k: (out.get("train") or {}).get(k) for k in ("job_id", "state", "elapsed_s", "run_dir")},
         "objective": metrics.get("objective"),
+        "trained_vs_untrained": trained_vs_untrained(metrics),
         "cost_usd_estimate": metrics.get("cost_usd_estimate"),
         "report": metrics.get("report"),
         "teardown_deleted": [f"{d['kind']} {d['id']}" for d in teardown.get("deleted", [])],
         "left_tagged_with_run_key": leftover,
     }
     print(json.dumps(summary, indent=2, default=str))
-    accuracy = (metrics.get("objective") or {}).get("value")
+    objective = metrics.get("objective") or {}
+    versus = summary["trained_vs_untrained"].get(objective.get("name"), {})
     ok = result.state == "success" and not leftover
     print(
-        f"pcflow demo: {'OK' if ok else 'FAILED'} - run {result.state}, probe accuracy {accuracy}, "
+        f"pcflow demo: {'OK' if ok else 'FAILED'} - run {result.state}, {objective.get('name')} "
+        f"{versus.get('trained')} trained vs {versus.get('untrained')} untrained, "
         f"{len(summary['teardown_deleted'])} resources deleted, {len(leftover)} left, {summary['seconds']} s",
         flush=True,
     )

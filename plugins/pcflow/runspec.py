@@ -126,7 +126,7 @@ class EarlyStoppingSettings(_Section):
 
 
 class MetricsSettings(_Section):
-    objective: str = Field("probe_accuracy", pattern=METRIC_NAME)
+    objective: str = Field("fewshot_accuracy", pattern=METRIC_NAME)
     mode: Literal["max", "min"] = "max"
     early_stopping: EarlyStoppingSettings | None = None
     publish_cloudwatch: bool = True

@@ -54,8 +54,11 @@ def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
     assert result.state == "success", result.task_states
     out = result.returned
     assert out["train"]["state"] == "COMPLETED"
-    objective = out["metrics"]["objective"]
-    assert objective["name"] == "probe_accuracy" and objective["value"] > 0.5  # 10 classes: chance is 0.1
+    objective, finals = out["metrics"]["objective"], out["metrics"]["metrics"]
+    assert objective["name"] == "fewshot_accuracy" and objective["value"] > 0.3  # 10 classes: chance is 0.1
+    assert finals["probe_accuracy"]["final"] > 0.5
+    both = {"probe_accuracy_untrained", "fewshot_accuracy_untrained"}  # the margin: tests/payloads
+    assert both < set(finals), "the untrained encoder is evaluated beside the trained one"
     assert out["metrics"]["report"].endswith("/report.html")
     assert out["teardown"]["deleted"] and not out["teardown"]["remaining"]
     assert tagged_resources("pcflow:run", result.run_key) == []
@@ -116,7 +119,7 @@ def test_sweep_ranks_trials_and_picks_the_best(airflow):
     result = run_dag("pretrain_sweep", conf)
     assert result.state == "success", result.task_states
     board = result.returned["metrics"]
-    assert board["objective"] == {"name": "probe_accuracy", "mode": "max"}
+    assert board["objective"] == {"name": "fewshot_accuracy", "mode": "max"}
     assert len(board["leaderboard"]) == 3
     values = [row["value"] for row in board["leaderboard"]]
     assert None not in values and values == sorted(values, reverse=True)

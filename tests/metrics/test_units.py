@@ -15,7 +15,7 @@ from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan
 from pcflow.metrics.early_stop import decide
 from pcflow.metrics.jsonlines import read_metric_lines
 from pcflow.metrics.leaderboard import leaderboard_csv, rank_trials
-from pcflow.metrics.report import fmt
+from pcflow.metrics.report import fmt, render_report
 from pcflow.metrics.series import Objective, group
 from pcflow.metrics.utilisation import read_samples
 from pcflow.runspec import RunSpecError, resolve_run_spec
@@ -156,6 +156,13 @@ def test_report_numbers_read_as_numbers():
         "—",
         "7",
     ]
+
+
+def test_report_shows_trained_and_untrained_side_by_side():
+    metrics = {"fewshot_accuracy": {"final": 0.62}, "fewshot_accuracy_untrained": {"final": 0.47}, "loss": {"final": 5}}
+    html = render_report({"run_key": "r", "metrics": metrics, "cost": {}, "utilisation": {}})
+    assert "<th>fewshot_accuracy</th><td>trained 0.62 · untrained 0.47 (" in html
+    assert html.count('class="versus"') == 1
 
 
 def test_objective_and_leaderboard():

@@ -18,7 +18,7 @@ def test_early_stopping_rule_from_the_trigger_form_and_the_profile():
     assert early_stopping_rule(resolve_run_spec("local", {}).metrics) is None  # off unless asked for
     spec = resolve_run_spec("local", overrides_from_params({"early_stopping_patience": 3}))
     assert early_stopping_rule(spec.metrics) == {
-        "objective": {"name": "probe_accuracy", "mode": "max"},
+        "objective": {"name": "fewshot_accuracy", "mode": "max"},
         "patience": 3,
         "min_delta": 0.0,
     }
