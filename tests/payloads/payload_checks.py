@@ -171,16 +171,18 @@ def check_lr_schedule_warms_up_then_decays_to_zero():
 
 
 def check_probe_separates_separable_features():
-    from probe import linear_probe, stratified_split
+    from probe import ProbeSettings, linear_probe, stratified_split
 
     labels = torch.arange(10).repeat(30)
     features = (
         torch.nn.functional.one_hot(labels, 10).float() * 3
         + torch.randn(300, 10, generator=torch.Generator().manual_seed(0)) * 0.3
     )
-    result = linear_probe(features, labels, steps=100)
+    result = linear_probe(features, labels, ProbeSettings(steps=100))
     assert result.accuracy == 1.0 and result.n_test == 90 and result.n_train == 210, result
-    noise = linear_probe(torch.randn(300, 10, generator=torch.Generator().manual_seed(1)), labels, steps=100)
+    noise = linear_probe(
+        torch.randn(300, 10, generator=torch.Generator().manual_seed(1)), labels, ProbeSettings(steps=100)
+    )
     assert noise.accuracy < 0.35, noise  # chance is 0.1: the probe does not invent signal
     a, b = stratified_split(labels, 0.3, seed=4), stratified_split(labels, 0.3, seed=4)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not set(a[0].tolist()) & set(a[1].tolist())

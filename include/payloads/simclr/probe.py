@@ -19,6 +19,15 @@ import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
+class ProbeSettings:
+    test_fraction: float = 0.3  #: held-out share of each class
+    seed: int = 0  #: of the split (and of the few-label draws)
+    steps: int = 300  #: full-batch Adam steps
+    lr: float = 0.1
+    weight_decay: float = 1e-4
+
+
+@dataclass(frozen=True)
 class ProbeResult:
     accuracy: float
     train_accuracy: float
@@ -64,22 +73,13 @@ def fit_and_score(x_train, y_train, x_test, y_test, classes: int, *, steps: int,
     return ProbeResult(test_acc, train_acc, test_loss, len(y_train), len(y_test))
 
 
-def linear_probe(
-    features: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    test_fraction: float = 0.3,
-    seed: int = 0,
-    steps: int = 300,
-    lr: float = 0.1,
-    weight_decay: float = 1e-4,
-) -> ProbeResult:
-    train_idx, test_idx = stratified_split(labels, test_fraction, seed)
+def linear_probe(features: torch.Tensor, labels: torch.Tensor, settings: ProbeSettings = ProbeSettings()):
+    train_idx, test_idx = stratified_split(labels, settings.test_fraction, settings.seed)
     x = _standardised(features, train_idx)
     classes = int(labels.max()) + 1
     return fit_and_score(
         x[train_idx], labels[train_idx], x[test_idx], labels[test_idx], classes,
-        steps=steps, lr=lr, weight_decay=weight_decay,
+        steps=settings.steps, lr=settings.lr, weight_decay=settings.weight_decay,
     )  # fmt: skip
 
 
@@ -89,35 +89,31 @@ def few_label_probe(
     *,
     shots: int = 1,
     draws: int = 10,
-    test_fraction: float = 0.3,
-    seed: int = 0,
-    steps: int = 300,
-    lr: float = 0.1,
-    weight_decay: float = 1e-4,
+    settings: ProbeSettings = ProbeSettings(),
 ) -> float:
     """Mean test accuracy of `draws` probes, each fitted on `shots` seeded picks per class (fewer when
     a class has fewer in its training part). The features of the whole training part, labels unused,
     set the standardisation, as unlabelled data would in practice. The draws are fitted together, as
     one batch of independent problems (Adam is elementwise: the same as fitting them one by one)."""
-    train_idx, test_idx = stratified_split(labels, test_fraction, seed)
+    train_idx, test_idx = stratified_split(labels, settings.test_fraction, settings.seed)
     x = _standardised(features, train_idx)
     classes = int(labels.max()) + 1
     members = [train_idx[labels[train_idx] == cls] for cls in torch.unique(labels[train_idx])]
     shots = min(shots, *(len(m) for m in members))
     chosen = []
     for draw in range(draws):
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + draw + 1)
+        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + draw + 1)
         chosen.append(torch.cat([m[torch.randperm(len(m), generator=generator)[:shots]] for m in members]))
     picks = torch.stack(chosen)  # (draws, shots x classes)
     x_train, y_train = x[picks], labels[picks]
     weight = torch.zeros(draws, x.shape[1], classes, dtype=torch.float64, requires_grad=True)
     bias = torch.zeros(draws, 1, classes, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.Adam([weight, bias], lr=lr)
-    for _ in range(steps):
+    optimizer = torch.optim.Adam([weight, bias], lr=settings.lr)
+    for _ in range(settings.steps):
         optimizer.zero_grad()
         logits = torch.bmm(x_train, weight) + bias
         per_draw = F.cross_entropy(logits.transpose(1, 2), y_train, reduction="none").mean(1)
-        loss = (per_draw + weight_decay * weight.pow(2).sum((1, 2))).sum()
+        loss = (per_draw + settings.weight_decay * weight.pow(2).sum((1, 2))).sum()
         loss.backward()
         optimizer.step()
     with torch.no_grad():

@@ -37,6 +37,8 @@ from webdataset.tariterators import group_by_keys, tar_file_expander
 
 MANIFEST = "manifest.json"
 PREFETCH_BATCHES = 4
+READ_CHUNK = 1 << 20
+READ_AHEAD_CHUNKS = 16  #: 16 MiB in flight per shard being read
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "pgm", "ppm", "tif", "tiff")
 
 
@@ -88,11 +90,60 @@ def read_manifest(data_dir: str) -> dict[str, Any] | None:
 
 
 def open_stream(shard: Shard) -> IO[bytes]:
+    """A local file (the kernel reads ahead), or the S3 object read ahead by a thread of its own, so
+    that the transfer overlaps the parsing and decoding."""
     if is_s3(shard.url):
         bucket, key = _split_s3(shard.url)
         version = {"VersionId": shard.version_id} if shard.version_id else {}
-        return s3_client().get_object(Bucket=bucket, Key=key, **version)["Body"]
+        body = s3_client().get_object(Bucket=bucket, Key=key, **version)["Body"]
+        return io.BufferedReader(ReadAhead(body), buffer_size=READ_CHUNK)
     return open(shard.url, "rb")
+
+
+class ReadAhead(io.RawIOBase):
+    """A stream that a daemon thread reads up to READ_AHEAD_CHUNKS chunks ahead of its reader."""
+
+    def __init__(self, raw: IO[bytes]):
+        self.raw, self.chunks, self.closing = raw, queue.Queue(maxsize=READ_AHEAD_CHUNKS), threading.Event()
+        self.current, self.pos = b"", 0
+        threading.Thread(target=self._fill, name="pcflow-read-ahead", daemon=True).start()
+
+    def _fill(self) -> None:
+        try:
+            while not self.closing.is_set() and (chunk := self.raw.read(READ_CHUNK)):
+                self._put(chunk)
+            self._put(b"")
+        except BaseException as exc:  # handed to the reader
+            self._put(exc)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self.closing.is_set():
+            try:
+                return self.chunks.put(item, timeout=0.1)
+            except queue.Full:
+                continue
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.pos == len(self.current):
+            item = self.chunks.get()
+            if isinstance(item, BaseException):
+                raise item
+            if not item:
+                self._put(b"")  # end of stream, for the next read too
+                return 0
+            self.current, self.pos = item, 0
+        n = min(len(buffer), len(self.current) - self.pos)
+        buffer[:n] = self.current[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.closing.set()
+        self.raw.close()
+        super().close()
 
 
 def plan(shards: list[Shard], *, start: int, count: int) -> list[Piece]:

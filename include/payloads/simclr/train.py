@@ -30,7 +30,7 @@ from hparams import HparamError, Hparams
 from loss import global_nt_xent
 from metrics import MetricsWriter
 from model import SimCLR
-from probe import few_label_probe, linear_probe
+from probe import ProbeSettings, few_label_probe, linear_probe
 from torch.nn.parallel import DistributedDataParallel
 
 #: Hyperparameters that change the checkpoint's shapes: a checkpoint made with others cannot resume.
@@ -135,15 +135,9 @@ def encode(encoder: torch.nn.Module, images: torch.Tensor, size: int, device, ba
 def evaluate(encoder: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, hp: Hparams, device):
     """The linear probe on all training labels, and the mean few-label probe (`probe_shots` per class)."""
     features = encode(encoder, images, hp.image_size, device)
-    settings = {
-        "test_fraction": hp.probe_test_fraction,
-        "seed": hp.probe_seed,
-        "steps": hp.probe_steps,
-        "lr": hp.probe_lr,
-        "weight_decay": hp.probe_weight_decay,
-    }
-    fewshot = few_label_probe(features, labels, shots=hp.probe_shots, draws=hp.probe_draws, **settings)
-    return linear_probe(features, labels, **settings), fewshot
+    settings = ProbeSettings(hp.probe_test_fraction, hp.probe_seed, hp.probe_steps, hp.probe_lr, hp.probe_weight_decay)
+    fewshot = few_label_probe(features, labels, shots=hp.probe_shots, draws=hp.probe_draws, settings=settings)
+    return linear_probe(features, labels, settings), fewshot
 
 
 def run_epoch(
@@ -259,7 +253,7 @@ def report_evaluation(encoder, untrained, data, *, hp: Hparams, env: DistEnv, de
     log(
         env,
         f"linear probe: accuracy {result.accuracy:.4f} on {result.n_test} held-out images "
-        f"(train {result.train_accuracy:.4f} on {result.n_train}); {hp.probe_shots} labels per class: "
+        f"(train {result.train_accuracy:.4f} on {result.n_train}); few-label probe ({hp.probe_shots} per class): "
         f"{fewshot:.4f}; chance is {chance:.2f}",
     )
     if untrained is not None:
