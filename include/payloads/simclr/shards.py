@@ -38,7 +38,8 @@ from webdataset.tariterators import group_by_keys, tar_file_expander
 MANIFEST = "manifest.json"
 PREFETCH_BATCHES = 4
 READ_CHUNK = 1 << 20
-READ_AHEAD_CHUNKS = 16  #: 16 MiB in flight per shard being read
+READ_AHEAD_CHUNKS = 64  #: s3transfer writes in 256 KiB pieces: 16 MiB ahead of the reader
+S3_CONNECTIONS = 8
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "pgm", "ppm", "tif", "tiff")
 
 
@@ -90,28 +91,31 @@ def read_manifest(data_dir: str) -> dict[str, Any] | None:
 
 
 def open_stream(shard: Shard) -> IO[bytes]:
-    """A local file (the kernel reads ahead), or the S3 object read ahead by a thread of its own, so
-    that the transfer overlaps the parsing and decoding."""
+    """A local file (the kernel reads ahead), or the S3 object as a stream that s3transfer fills from
+    parallel ranged GETs, in order, ahead of the reader (one GET at a time was 0.36x the local read)."""
     if is_s3(shard.url):
         bucket, key = _split_s3(shard.url)
         version = {"VersionId": shard.version_id} if shard.version_id else {}
-        body = s3_client().get_object(Bucket=bucket, Key=key, **version)["Body"]
-        return io.BufferedReader(ReadAhead(body), buffer_size=READ_CHUNK)
+        return io.BufferedReader(S3Stream(bucket, key, version), buffer_size=READ_CHUNK)
     return open(shard.url, "rb")
 
 
-class ReadAhead(io.RawIOBase):
-    """A stream that a daemon thread reads up to READ_AHEAD_CHUNKS chunks ahead of its reader."""
+class S3Stream(io.RawIOBase):
+    """An S3 object, read in order from what a download thread (s3transfer: ranged GETs in parallel,
+    written out in order) puts in a bounded queue: at most READ_AHEAD_CHUNKS writes ahead."""
 
-    def __init__(self, raw: IO[bytes]):
-        self.raw, self.chunks, self.closing = raw, queue.Queue(maxsize=READ_AHEAD_CHUNKS), threading.Event()
+    def __init__(self, bucket: str, key: str, extra: dict[str, str]):
+        self.chunks, self.closing = queue.Queue(maxsize=READ_AHEAD_CHUNKS), threading.Event()
         self.current, self.pos = b"", 0
-        threading.Thread(target=self._fill, name="pcflow-read-ahead", daemon=True).start()
+        args = (bucket, key, self, extra)
+        threading.Thread(target=self._download, args=args, name="pcflow-s3-stream", daemon=True).start()
 
-    def _fill(self) -> None:
+    def _download(self, bucket: str, key: str, sink, extra: dict[str, str]) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_chunksize=8 << 20, max_concurrency=S3_CONNECTIONS, max_io_queue=64)
         try:
-            while not self.closing.is_set() and (chunk := self.raw.read(READ_CHUNK)):
-                self._put(chunk)
+            s3_client().download_fileobj(bucket, key, _Sink(self), ExtraArgs=extra or None, Config=config)
             self._put(b"")
         except BaseException as exc:  # handed to the reader
             self._put(exc)
@@ -122,6 +126,8 @@ class ReadAhead(io.RawIOBase):
                 return self.chunks.put(item, timeout=0.1)
             except queue.Full:
                 continue
+        if isinstance(item, bytes) and item:
+            raise OSError("the reader closed the stream")  # stops the download
 
     def readable(self) -> bool:
         return True
@@ -142,8 +148,18 @@ class ReadAhead(io.RawIOBase):
 
     def close(self) -> None:
         self.closing.set()
-        self.raw.close()
         super().close()
+
+
+class _Sink:
+    """The non-seekable file s3transfer writes the object to, in order."""
+
+    def __init__(self, stream: S3Stream):
+        self.stream = stream
+
+    def write(self, data: bytes) -> int:
+        self.stream._put(bytes(data))
+        return len(data)
 
 
 def plan(shards: list[Shard], *, start: int, count: int) -> list[Piece]:
