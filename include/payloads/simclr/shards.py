@@ -16,7 +16,6 @@ a rank shuffles through a buffer. Same seed, same world size: same batches.
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import queue
@@ -32,14 +31,12 @@ import numpy as np
 import torch
 from data import DataError
 from PIL import Image
+from s3stream import is_s3, open_object, read_object
 from webdataset.filters import shuffle
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 MANIFEST = "manifest.json"
 PREFETCH_BATCHES = 4
-READ_CHUNK = 1 << 20
-READ_AHEAD_CHUNKS = 64  #: s3transfer writes in 256 KiB pieces: 16 MiB ahead of the reader
-S3_CONNECTIONS = 8
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "pgm", "ppm", "tif", "tiff")
 
 
@@ -59,107 +56,21 @@ class Piece:
     take: int
 
 
-def is_s3(url: str) -> bool:
-    return url.startswith("s3://")
-
-
-def _split_s3(url: str) -> tuple[str, str]:
-    bucket, _, key = url.removeprefix("s3://").partition("/")
-    return bucket, key
-
-
-@functools.cache
-def s3_client():
-    """One boto3 client per process; region, endpoint and CA bundle come from the usual AWS_* variables."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 10}))
-
-
 def read_manifest(data_dir: str) -> dict[str, Any] | None:
     """The partition's manifest, or None when `data_dir` (a local directory) has none."""
     if is_s3(data_dir):
-        bucket, key = _split_s3(data_dir.rstrip("/") + "/" + MANIFEST)
+        url = data_dir.rstrip("/") + "/" + MANIFEST
         try:
-            body = s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+            return json.loads(read_object(url))
         except Exception as exc:
-            raise DataError(f"cannot read s3://{bucket}/{key}: {exc}") from exc
-        return json.loads(body)
+            raise DataError(f"cannot read {url}: {exc}") from exc
     path = Path(data_dir) / MANIFEST
     return json.loads(path.read_text()) if path.is_file() else None
 
 
 def open_stream(shard: Shard) -> IO[bytes]:
-    """A local file (the kernel reads ahead), or the S3 object as a stream that s3transfer fills from
-    parallel ranged GETs, in order, ahead of the reader (one GET at a time was 0.36x the local read)."""
-    if is_s3(shard.url):
-        bucket, key = _split_s3(shard.url)
-        version = {"VersionId": shard.version_id} if shard.version_id else {}
-        return io.BufferedReader(S3Stream(bucket, key, version), buffer_size=READ_CHUNK)
-    return open(shard.url, "rb")
-
-
-class S3Stream(io.RawIOBase):
-    """An S3 object, read in order from what a download thread (s3transfer: ranged GETs in parallel,
-    written out in order) puts in a bounded queue: at most READ_AHEAD_CHUNKS writes ahead."""
-
-    def __init__(self, bucket: str, key: str, extra: dict[str, str]):
-        self.chunks, self.closing = queue.Queue(maxsize=READ_AHEAD_CHUNKS), threading.Event()
-        self.current, self.pos = b"", 0
-        args = (bucket, key, self, extra)
-        threading.Thread(target=self._download, args=args, name="pcflow-s3-stream", daemon=True).start()
-
-    def _download(self, bucket: str, key: str, sink, extra: dict[str, str]) -> None:
-        from boto3.s3.transfer import TransferConfig
-
-        config = TransferConfig(multipart_chunksize=8 << 20, max_concurrency=S3_CONNECTIONS, max_io_queue=64)
-        try:
-            s3_client().download_fileobj(bucket, key, _Sink(self), ExtraArgs=extra or None, Config=config)
-            self._put(b"")
-        except BaseException as exc:  # handed to the reader
-            self._put(exc)
-
-    def _put(self, item: bytes | BaseException) -> None:
-        while not self.closing.is_set():
-            try:
-                return self.chunks.put(item, timeout=0.1)
-            except queue.Full:
-                continue
-        if isinstance(item, bytes) and item:
-            raise OSError("the reader closed the stream")  # stops the download
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        if self.pos == len(self.current):
-            item = self.chunks.get()
-            if isinstance(item, BaseException):
-                raise item
-            if not item:
-                self._put(b"")  # end of stream, for the next read too
-                return 0
-            self.current, self.pos = item, 0
-        n = min(len(buffer), len(self.current) - self.pos)
-        buffer[:n] = self.current[self.pos : self.pos + n]
-        self.pos += n
-        return n
-
-    def close(self) -> None:
-        self.closing.set()
-        super().close()
-
-
-class _Sink:
-    """The non-seekable file s3transfer writes the object to, in order."""
-
-    def __init__(self, stream: S3Stream):
-        self.stream = stream
-
-    def write(self, data: bytes) -> int:
-        self.stream._put(bytes(data))
-        return len(data)
+    """A local file (the kernel reads ahead) or an S3 object (s3stream.py reads ahead)."""
+    return open_object(shard.url, shard.version_id) if is_s3(shard.url) else open(shard.url, "rb")
 
 
 def plan(shards: list[Shard], *, start: int, count: int) -> list[Piece]:
