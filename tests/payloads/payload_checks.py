@@ -256,7 +256,7 @@ def check_shards_read_as_the_same_labelled_images_as_their_folders():
     """Class names that sort differently as text and as numbers ("10" < "2"): the shard writer's `.cls`
     is an index into the manifest's sorted names, the folder reader sorts numerically; the payload gives
     every image the same class name either way."""
-    from data import ImageFolderDataset, open_dataset
+    from data import DataError, ImageFolderDataset, open_dataset
     from shards import ShardDataset
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -278,6 +278,13 @@ def check_shards_read_as_the_same_labelled_images_as_their_folders():
 
         assert named(folder) == named(shards) == sorted((4 * i, ("2", "10", "cat")[i % 3]) for i in range(60))
         assert shards.eval_set(7)[0].shape == (7, 1, 6, 6)
+        (parted / "manifest.json").unlink()
+        try:
+            open_dataset(str(parted))
+        except DataError as exc:
+            assert "no manifest.json" in str(exc), exc
+        else:
+            raise AssertionError("shards without their manifest were read")
 
 
 def check_shard_shares_are_equal_disjoint_and_seeded():

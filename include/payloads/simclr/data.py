@@ -31,6 +31,11 @@ def open_dataset(data_dir: str, *, shuffle_buffer: int = 1000, seed: int = 0):
         if manifest is None:
             raise DataError(f"{data_dir} has no {shards.MANIFEST}: give the partition's prefix")
         return shards.ShardDataset(data_dir, manifest, shuffle_buffer=shuffle_buffer, seed=seed)
+    if manifest is None and any(Path(data_dir).glob("*.tar")):
+        raise DataError(
+            f"{data_dir} holds tar shards but no {shards.MANIFEST}: the payload reads the shards the "
+            "partition's manifest lists (FSx shows it beside them; pcflow's stage-in copies it)"
+        )
     return ImageFolderDataset(data_dir, seed=seed)
 
 

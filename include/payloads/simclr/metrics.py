@@ -4,7 +4,8 @@
 
 Names: loss and lr (every logged step), epoch_loss, epoch_time and throughput (images per second,
 all ranks) at the end of each epoch, resumed_from_epoch when an attempt resumes, probe_accuracy,
-probe_train_accuracy and probe_loss at the end (split eval), probe_baseline_accuracy when asked for.
+probe_train_accuracy, probe_loss and fewshot_accuracy at the end (split eval), with
+probe_accuracy_untrained and fewshot_accuracy_untrained beside them (the untrained encoder).
 A diverging loss is written (as NaN) before the payload fails.
 A step of an epoch interrupted by a requeue appears twice: the later line is the one that counted.
 """
