@@ -532,6 +532,24 @@ def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, An
 
 
 @task(multiple_outputs=True)
+def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
+    """The run's code on the cluster: the profile's payload, shipped by content hash (reused when there)."""
+    if not run["training"]["payload"]:
+        return {"name": None, "digest": None, "dir": None, "reused": False}
+    import logging
+
+    from pcflow.slurm.payload import build_archive, ship
+
+    hook = cluster_hook(cluster)
+    try:
+        archive = build_archive(run["training"]["payload"])
+        root = cluster.get("shared_root") or hook.shared_root
+        return ship(hook, archive, shared_root=root, log=logging.getLogger("airflow.task"))
+    finally:
+        hook.close()
+
+
+@task(multiple_outputs=True)
 def training_inputs(
     run: dict[str, Any], cluster: dict[str, Any], data_dir: str, trials: list[dict] | None = None
 ) -> dict[str, Any]:
@@ -553,9 +571,9 @@ def build_training_pipeline(
 ) -> dict[str, Any]:
     """Declare the stages in the DAG being defined; returns its tasks by name.
 
-    validate -> (network, bucket -> dataset) -> image -> cluster -> stage_in -> train, with the cluster
-    and (for run-scoped infrastructure) the network as setups whose teardowns run even when training
-    fails. `run_scoped=False` keeps the network, image and cluster for the next run (nightly).
+    validate -> (network, bucket -> dataset) -> image -> cluster -> (stage_in, ship_payload) -> train,
+    with the cluster and (for run-scoped infrastructure) the network as setups whose teardowns run even
+    when training fails. `run_scoped=False` keeps the network, image and cluster for the next run (nightly).
     """
     from pcflow.aws.ami import BakeImageOperator
     from pcflow.aws.network import EnsureNetworkOperator
@@ -601,6 +619,7 @@ def build_training_pipeline(
         os=run_value("ami.os"),
         wait_for_ssm_agent=run_value("ami.wait_for_ssm_agent"),
         enabled=run_value("ami.enabled"),
+        environment_file=run_value("ami.environment"),
     )
     cluster_args = {
         "provider": run_value("cluster.provider"),
@@ -629,6 +648,7 @@ def build_training_pipeline(
         **cluster_args,
     )
     data_dir = stage_in(run, cluster.output, dataset.output)
+    payload = ship_payload(run, cluster.output)
     trials = run_value("trials") if sweep else None
     inputs = training_inputs(run, cluster.output, data_dir, trials)
     job = {
@@ -644,6 +664,7 @@ def build_training_pipeline(
         "max_restarts": run_value("training.max_restarts"),
         "early_stopping": run_value("early_stopping"),
         "pending_timeout": run_value("training.pending_timeout_s"),
+        "payload_dir": payload["dir"],
     }
     if sweep:
         train = SlurmArrayJobOperator(

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
-from pcflow.paths import ami_script, include_dir, profile_dirs, profile_names
+from pcflow.paths import ami_script, include_dir, profile_dirs, profile_names, within
 from pcflow.patterns import INSTANCE_TYPE, PARTITION, PROFILE_NAME
 from pcflow.trust import ConfRefused, Rule, parse_rules, refusals
 
@@ -63,6 +63,9 @@ class AmiSettings(_Section):
     base_image_owners: list[str] = Field(["amazon"], description="who publishes the ParallelCluster images")
     os: Literal["alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9"] = "alinux2023"
     wait_for_ssm_agent: bool = True
+    environment: str | None = Field(
+        None, description="requirements of the environment the image holds, under include/; empty: the payload's"
+    )
 
     @field_validator("bootstrap_script")
     @classmethod
@@ -70,6 +73,17 @@ class AmiSettings(_Section):
         if value.startswith("/") or ".." in value.split("/"):
             raise ValueError("must be a path relative to include/, without '..', of a script in include/ami/")
         return str(ami_script(value))
+
+    @field_validator("environment")
+    @classmethod
+    def _in_include_payloads(cls, value: str | None) -> str | None:
+        """The requirements the image installs: a file of include/payloads/ (admin-owned), nowhere else."""
+        if value is None:
+            return None
+        try:
+            return str(within(value if value.startswith("/") else include_dir() / value, include_dir() / "payloads"))
+        except ValueError:
+            raise ValueError(f"{value!r} is not a file of include/payloads/") from None
 
 
 class ClusterSettings(_Section):
@@ -81,8 +95,12 @@ class ClusterSettings(_Section):
 
 class TrainingSettings(_Section):
     launcher: Literal["srun", "torchrun", "vissl", "mpirun"] = "srun"
+    payload: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9_-]{0,40}$",
+        description="a directory of include/payloads/, shipped with each run; program[0] is a script in it",
+    )  # fmt: skip
     program: list[str] = Field(min_length=1)
-    python: str = "python3"
+    python: str = Field("python3", description="the environment's interpreter on the cluster (image or venv)")
     nodes: int = Field(1, ge=1, le=512)
     tasks_per_node: int = Field(1, ge=1, le=128)
     gpus_per_node: int = Field(0, ge=0, le=16)
@@ -93,6 +111,20 @@ class TrainingSettings(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     max_restarts: int = Field(3, ge=0, le=100)
     pending_timeout_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _payload(self) -> TrainingSettings:
+        if self.payload is not None:
+            from pcflow.slurm.payload import PayloadError, payload_source
+
+            try:
+                payload_source(self.payload)
+            except PayloadError as exc:
+                raise ValueError(str(exc).removeprefix("payload: ")) from None
+            script = self.program[0]
+            if script.startswith("/") or ".." in script.split("/"):
+                raise ValueError(f"program[0] must be a script inside the payload (e.g. train.py), got {script!r}")
+        return self
 
     def allocation(self) -> dict[str, Any]:
         """The Slurm resources, in `SlurmJobOperator(allocation=...)`'s shape."""
@@ -176,6 +208,15 @@ class RunSpec(_Section):
         if not INSTANCE_TYPE.match(value):
             raise ValueError("must be an EC2 instance type such as g5.12xlarge")
         return value
+
+    @model_validator(mode="after")
+    def _image_environment(self) -> RunSpec:
+        """The image holds the payload's environment (its requirements), never its code."""
+        if self.ami.environment is None and self.training.payload:
+            requirements = include_dir() / "payloads" / self.training.payload / "requirements.txt"
+            if requirements.is_file():
+                self.ami.environment = str(requirements)
+        return self
 
     @property
     def ttl(self) -> dt.timedelta:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +60,8 @@ class AmiSpec:
     architecture: str = "x86_64"
     base_image_owners: tuple[str, ...] = ("amazon",)
     extra_inputs: Mapping[str, Any] = field(default_factory=dict)
+    #: Environment variables the bootstrap script reads (e.g. the payload's requirements); part of the recipe.
+    script_env: Mapping[str, str] = field(default_factory=dict)
     #: Wait for the SSM agent to register before sending the command (moto lacks the API: tests turn it off).
     wait_for_ssm_agent: bool = True
 
@@ -67,6 +71,18 @@ class AmiSpec:
             raise ValueError(f"os {self.os!r} is not a ParallelCluster OS; use one of {', '.join(PCLUSTER_OSES)}")
         if not self.bootstrap_script.strip():
             raise ValueError("the bootstrap script is empty")
+        for name in self.script_env:
+            if not re.match(r"^[A-Z_][A-Z0-9_]{0,127}$", name):
+                raise ValueError(f"bootstrap environment variable {name!r} is not an upper-case shell name")
+
+    @property
+    def recipe_inputs(self) -> dict[str, Any]:
+        return {**self.extra_inputs, **({"script_env": dict(self.script_env)} if self.script_env else {})}
+
+    def commands(self) -> list[str]:
+        """The SSM RunCommand lines: the script's environment (quoted), then the script."""
+        exports = [f"export {name}={shlex.quote(value)}" for name, value in sorted(self.script_env.items())]
+        return [*exports, self.bootstrap_script]
         object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
 
 
@@ -229,7 +245,7 @@ class _Bake:
                 InstanceIds=[instance_id],
                 DocumentName="AWS-RunShellScript",
                 Comment=comment,
-                Parameters={"commands": [self.spec.bootstrap_script]},
+                Parameters={"commands": self.spec.commands()},
                 TimeoutSeconds=600,
             )["Command"]["CommandId"]
             log.info("bootstrap command %s sent to %s", command_id, instance_id)
@@ -297,7 +313,7 @@ def prepare_bake(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -
         architecture=spec.architecture, owners=spec.base_image_owners,
     )  # fmt: skip
     check_base_image(ec2, base, spec.region)
-    recipe = recipe_hash(base, spec.bootstrap_script, spec.pcluster_version, spec.extra_inputs)
+    recipe = recipe_hash(base, spec.bootstrap_script, spec.pcluster_version, spec.recipe_inputs)
     bake = _Bake(ec2, ssm, spec, recipe=recipe, base_image=base, waiter_delay=waiter_delay)
     return bake, find_image(ec2, spec.stack, recipe)
 
@@ -350,12 +366,16 @@ class BakeImageOperator(PcflowAwsOperator):
 
     Builder launch, bootstrap and CreateImage run in the worker; the wait for the image (the longest
     part) is deferred to the triggerer. The builder is terminated on failure, on kill and at the end.
+
+    :param environment_file: requirements of the training environment the image holds (the payload's
+        `requirements.txt`): handed to the bootstrap script as PCFLOW_PAYLOAD_REQUIREMENTS, part of the
+        recipe. The payload's code is not baked: each run ships it (`pcflow.slurm.payload`).
     """
 
     template_fields = (
         *PcflowAwsOperator.template_fields, "stack", "pcluster_version", "subnet_id", "security_group_ids",
         "instance_type", "base_image_id", "extra_inputs", "bootstrap_script_path", "instance_profile", "os",
-        "base_image_owners", "wait_for_ssm_agent", "enabled",
+        "base_image_owners", "wait_for_ssm_agent", "enabled", "environment_file",
     )  # fmt: skip
 
     def __init__(
@@ -377,10 +397,12 @@ class BakeImageOperator(PcflowAwsOperator):
         waiter_delay: int = 30,
         wait_for_ssm_agent: bool = True,
         enabled: bool = True,
+        environment_file: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.enabled = enabled
+        self.environment_file = environment_file
         self.stack, self.pcluster_version = stack, pcluster_version
         self.bootstrap_script_path, self.instance_profile = bootstrap_script_path, instance_profile
         self.subnet_id, self.security_group_ids = subnet_id, security_group_ids
@@ -399,8 +421,17 @@ class BakeImageOperator(PcflowAwsOperator):
             instance_type=self.instance_type, base_image_id=self.base_image_id or None, os=self.os,
             base_image_owners=tuple(self.base_image_owners or ("amazon",)),
             architecture=self.architecture, extra_inputs=dict(self.extra_inputs or {}),
-            wait_for_ssm_agent=self.wait_for_ssm_agent,
+            wait_for_ssm_agent=self.wait_for_ssm_agent, script_env=self.script_env(),
         )  # fmt: skip
+
+    def script_env(self) -> dict[str, str]:
+        """The payload environment's requirements, for the bootstrap script (it installs them, not the code)."""
+        if not self.environment_file:
+            return {}
+        path = Path(self.environment_file)
+        if not path.is_file():
+            raise ValueError(f"the image's environment {path} does not exist: set ami.environment to requirements")
+        return {"PCFLOW_PAYLOAD_REQUIREMENTS": path.read_text()}
 
     def execute(self, context: Any) -> dict[str, Any]:
         if not self.enabled:

@@ -49,7 +49,10 @@ class SlurmJobOperator(BaseOperator):
         extra_sbatch (allow-listed options).
     :param hyperparameters: written to hparams.json beside the script; the job reads PCFLOW_HPARAMS.
     :param env: environment variables for the job.
-    :param python: interpreter on the cluster for torchrun/vissl (a baked venv's python).
+    :param python: interpreter on the cluster for torchrun/vissl (a baked venv's python), and for every
+        launcher when a payload is shipped.
+    :param payload_dir: the run's shipped payload on the cluster (`pcflow.slurm.payload`): `program[0]` is
+        then a script inside it, run with `python`; None runs `program` as it is.
     :param ssh_conn_id: SSH connection to the head node (extras: shared_root, slurm_bin).
     :param remote_host: head node address overriding the connection's (a cluster made by this run).
     :param host_key: that head node's pinned host key, `<type> <base64>`.
@@ -76,6 +79,7 @@ class SlurmJobOperator(BaseOperator):
         "max_restarts",
         "pending_timeout",
         "early_stopping",
+        "payload_dir",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -98,11 +102,13 @@ class SlurmJobOperator(BaseOperator):
         pending_timeout: float | None = None,
         max_restarts: int = 3,
         early_stopping: dict[str, Any] | None = None,
+        payload_dir: str | None = None,
         deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.program = program
+        self.payload_dir = payload_dir
         self.launcher = launcher
         self.allocation = allocation or {}
         self.hyperparameters = hyperparameters or {}
@@ -150,6 +156,7 @@ class SlurmJobOperator(BaseOperator):
                 env=self.env,
                 python=self.python,
                 array=self.array_spec(),
+                payload_dir=self.payload_dir or None,
             )
         except ValidationError as exc:
             raise AirflowFailException(

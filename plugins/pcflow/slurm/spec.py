@@ -124,6 +124,9 @@ class JobSpec(BaseModel):
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     rdzv_port: int = Field(29500, ge=1024, le=64535, description="base port; the job id modulo 1000 is added")
     array: ArraySpec | None = None
+    payload_dir: Annotated[str, Field(pattern=ABS_PATH.pattern)] | None = Field(
+        None, description="the shipped payload on the cluster: `program` is a script in it, run with `python`"
+    )
 
     @field_validator("program")
     @classmethod
@@ -162,6 +165,13 @@ class JobSpec(BaseModel):
         return hyperparameters
 
     @model_validator(mode="after")
+    def _program_in_payload(self) -> JobSpec:
+        script = self.program[0]
+        if self.payload_dir is not None and (script.startswith("/") or ".." in script.split("/") or not script):
+            raise ValueError(f"with a payload, program[0] is a path inside it (e.g. train.py), got {script!r}")
+        return self
+
+    @model_validator(mode="after")
     def _launcher_fits(self) -> JobSpec:
         if self.launcher in ("torchrun", "vissl") and self.resources.gpus_per_node not in (
             0,
@@ -176,6 +186,18 @@ class JobSpec(BaseModel):
     @property
     def total_tasks(self) -> int:
         return self.resources.nodes * self.resources.tasks_per_node
+
+    @property
+    def script(self) -> list[str]:
+        """The program with its script resolved in the shipped payload (what `python` runs)."""
+        if self.payload_dir is None:
+            return list(self.program)
+        return [posixpath.join(self.payload_dir, self.program[0]), *self.program[1:]]
+
+    @property
+    def command(self) -> list[str]:
+        """What a launcher that runs the program itself (srun, mpirun) starts on each task."""
+        return [self.python, *self.script] if self.payload_dir is not None else list(self.program)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,132 @@
+"""Ship a training payload (the code a job runs) to the cluster with each run, by content hash.
+
+The payload is a directory under `include/payloads/` (the deployment's code, admin-owned). Each run
+packs it into a deterministic tar (sorted names, zero times and owners, modes 0644/0755), names it by
+the tar's sha256, and extracts it once per hash into `<shared root>/pcflow/payloads/<hash>/`: a run
+whose payload is already there reuses it; a changed payload gets a new directory, so the next run
+picks it up without a new image (the image holds the environment only). The directory appears by one
+rename of a fully extracted temporary directory, so a reader never sees half a payload, and it is
+made read-only, so no job can change the code another run with the same hash will run. The copy is
+one `tar -x` fed over SSH, as the dataset's stage-in does; every member is a plain file or directory
+pcflow named itself, inside the payload's own directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import posixpath
+import re
+import tarfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from pcflow.paths import include_dir
+from pcflow.slurm.hook import SlurmHook
+from pcflow.slurm.spec import ABS_PATH
+
+PAYLOAD_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
+#: A payload is code: data goes through the dataset stage. A larger one is refused rather than shipped.
+MAX_PAYLOAD_BYTES = 64 << 20
+DIGEST_LEN = 20
+SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache"})
+SKIPPED_SUFFIXES = (".pyc", ".pyo")
+
+
+class PayloadError(ValueError):
+    """The payload cannot be shipped as it is; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class PayloadArchive:
+    name: str
+    data: bytes  # an uncompressed tar: payloads are small and the SSH transport compresses nothing twice
+    digest: str
+    files: int
+
+
+def payloads_dir() -> Path:
+    return include_dir() / "payloads"
+
+
+def payload_source(name: str) -> Path:
+    """`include/payloads/<name>/`, refused unless it is a plain name of an existing directory there."""
+    if not isinstance(name, str) or not PAYLOAD_NAME.match(name):
+        raise PayloadError(f"payload: {name!r} is not a payload name (lower-case letters, digits, _ and -)")
+    source = payloads_dir() / name
+    if not source.is_dir():
+        available = sorted(p.name for p in payloads_dir().iterdir() if p.is_dir() and PAYLOAD_NAME.match(p.name))
+        raise PayloadError(f"payload: no directory {name!r} in {payloads_dir()}; available: {', '.join(available)}")
+    return source
+
+
+def _members(source: Path) -> list[Path]:
+    """Every file and directory to ship, in a stable order; symbolic links are refused."""
+    members = []
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if SKIPPED_DIRS.intersection(relative.parts) or path.name.endswith(SKIPPED_SUFFIXES):
+            continue
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            raise PayloadError(f"payload {source.name}: {relative} is not a plain file or directory; ship real files")
+        members.append(path)
+    return members
+
+
+def build_archive(name: str) -> PayloadArchive:
+    """The payload's deterministic tar and its digest: the same files give the same bytes."""
+    source = payload_source(name)
+    buffer = io.BytesIO()
+    total, files = 0, 0
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in _members(source):
+            info = tarfile.TarInfo(path.relative_to(source).as_posix())
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if path.is_dir():
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+                continue
+            data = path.read_bytes()
+            total += len(data)
+            if total > MAX_PAYLOAD_BYTES:
+                raise PayloadError(
+                    f"payload {name} is over {MAX_PAYLOAD_BYTES >> 20} MiB: keep data out of include/payloads/ "
+                    "(the dataset stage carries it)"
+                )
+            info.size, info.mode = len(data), 0o755 if path.stat().st_mode & 0o111 else 0o644
+            tar.addfile(info, io.BytesIO(data))
+            files += 1
+    data = buffer.getvalue()
+    return PayloadArchive(name, data, hashlib.sha256(data).hexdigest()[:DIGEST_LEN], files)
+
+
+def payload_root(shared_root: str) -> str:
+    if not ABS_PATH.match(shared_root or ""):
+        raise PayloadError(
+            f"shared root must be an absolute path of letters, digits and _.@+-/ (got {shared_root!r}); set the "
+            "cluster connection's `shared_root` extra"
+        )
+    return posixpath.join(shared_root, "pcflow", "payloads")
+
+
+def ship(hook: SlurmHook, archive: PayloadArchive, *, shared_root: str, log) -> dict[str, object]:
+    """`<shared root>/pcflow/payloads/<digest>/` holding the archive's files; made only when missing."""
+    root = payload_root(shared_root)
+    final = posixpath.join(root, archive.digest)
+    if hook.is_dir(final):
+        log.info("payload %s %s is on the cluster already: %s", archive.name, archive.digest, final)
+        return {"name": archive.name, "digest": archive.digest, "dir": final, "reused": True}
+    tmp = posixpath.join(root, f".tmp-{archive.digest}-{uuid.uuid4().hex[:8]}")
+    hook.makedirs(tmp)
+    try:
+        with hook.command_input(["tar", "-x", "-f", "-", "-C", tmp, "--no-same-owner"]) as sink:
+            sink.write(archive.data)
+        hook.run(["chmod", "-R", "a-w", "--", tmp])
+        moved = hook.run(["mv", "-T", "--", tmp, final], check=False)
+        if moved.exit_code != 0 and not hook.is_dir(final):  # else: a concurrent run shipped the same digest
+            moved.check()
+    finally:
+        hook.run(["sh", "-c", 'test ! -e "$1" || { chmod -R u+w "$1"; rm -rf "$1"; }', "sh", tmp], check=False)
+    log.info("payload %s shipped to %s (%d files, %d bytes)", archive.name, final, archive.files, len(archive.data))
+    return {"name": archive.name, "digest": archive.digest, "dir": final, "reused": False}
