@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from airflow.sdk import Asset, Param, task
+from airflow.sdk import Asset, AssetAlias, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.paths import default_profile, profile_names
@@ -43,8 +43,19 @@ STAGE_TIMEOUTS = {
     "janitor": dt.timedelta(hours=1),
 }
 DEFAULT_STAGE_TIMEOUT = dt.timedelta(minutes=30)
-#: Updated by every successful training run, with its metrics summary and checkpoints as the event's extra.
-PRETRAINED_ENCODER = Asset(name="pcflow-pretrained-encoder", uri="x-pcflow://models/pretrained-encoder")
+#: Every successful training run emits an event of its stack's own model Asset through this alias, with
+#: the model's S3 URI and the metrics summary as extra: `pretrained_encoder(stack)` is what a consumer
+#: DAG schedules on, so a demo stack's runs never update a production stack's model.
+PRETRAINED_ENCODER = AssetAlias(name="pcflow-pretrained-encoder")
+
+
+def pretrained_encoder(stack: str) -> Asset:
+    """The trained encoder of one stack (the Asset a DAG that uses the model schedules on)."""
+    from pcflow.metrics.outputs import stack_asset
+
+    return stack_asset(PRETRAINED_ENCODER.name, stack)
+
+
 VALIDATE_TASK = "validate"
 #: Pools that bound spend across all runs of all pcflow DAGs (created from include/pools.json): a cluster
 #: task holds a `pcflow_clusters` slot while it creates or adopts its cluster, a train task a `pcflow_trials`

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from airflow.sdk import Asset
+from airflow.sdk import AssetAlias
 from airflow.sdk.execution_time.context import OutletEventAccessors
 from deploy.browser import Chromium
 from PIL import Image
@@ -43,6 +43,8 @@ for e in 0 1 2 3 4 5; do
 done
 echo '{"time": 1, "epoch": 6, "step": 60, "name": "lr", "value": NaN, "split": "train"}' >> "$PCFLOW_METRICS_FILE"
 printf '{"time": 1, "epoch": 6, "step": 60, "name": "lo' >> "$PCFLOW_METRICS_FILE"
+for e in 5 6; do echo "checkpoint $e" > "$PCFLOW_CHECKPOINT_DIR/epoch-000$e.pt"; sleep 0.1; done
+echo "the model" > "$PCFLOW_RUN_DIR/model.pt"
 """
 
 # What each chart of a page looks like once Chromium has laid it out: its size, and per line drawn,
@@ -121,7 +123,7 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     job = train.execute(context)
     assert job["state"] == "COMPLETED"
 
-    model = Asset(name="pcflow-test-model", uri="x-pcflow://models/test")
+    model = AssetAlias(name="pcflow-test-model")
     harvest = HarvestMetricsOperator(
         task_id="metrics",
         job=json.dumps(job),  # a template rendered without native objects: JSON text
@@ -150,13 +152,25 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     assert summary["cost_usd_estimate"] > 0 and summary["elapsed_s"] >= 2
     assert len(json.dumps(summary)) < 4000
 
-    # The trained model's Asset event carries the summary as its extra.
-    extra = metrics_context["outlet_events"][model].extra
+    # The model and the newest checkpoint are in S3; the event of this stack's own model Asset (through
+    # the alias) carries their URIs and the summary.
+    prefix = f"runs/{summary['run_key']}/"
+    assert summary["model"] == {
+        "prefix": f"s3://{bucket}/{prefix}model/",
+        "model": f"s3://{bucket}/{prefix}model/model.pt",
+        "checkpoint": f"s3://{bucket}/{prefix}model/checkpoints/epoch-0006.pt",
+    }
+    assert s3.get_object(Bucket=bucket, Key=prefix + "model/model.pt")["Body"].read() == b"the model\n"
+    (event,) = metrics_context["outlet_events"][model].asset_alias_events
+    assert (event.dest_asset_key.name, event.dest_asset_key.uri) == (
+        f"pcflow-test-model-{stack_name}",
+        f"x-pcflow://{stack_name}/pcflow-test-model",
+    )
+    extra = event.extra
     assert extra["run_key"] == summary["run_key"] and extra["objective"]["value"] == pytest.approx(0.65)
-    assert extra["report"] == summary["report"] and extra["checkpoints"].endswith("/checkpoints")
+    assert extra["report"] == summary["report"] and extra["model"]["model"] == summary["model"]["model"]
 
     # S3: metrics.json and report.html under runs/<run key>/.
-    prefix = f"runs/{summary['run_key']}/"
     document = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "metrics.json")["Body"].read())
     assert (
         document["sources"]["metrics_file"]["bad_lines"] == 1 and document["sources"]["metrics_file"]["truncated_tail"]
@@ -179,8 +193,11 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
 
     # The report, as Chromium lays it out: every curve drawn with all its points, utilisation too.
     html = s3.get_object(Bucket=bucket, Key=prefix + "report.html")["Body"].read().decode()
-    charts, (estimate_label,) = render(html, artifacts_dir, "report", "document.querySelector('.estimate').textContent")
-    assert estimate_label == "estimate"
+    charts, (estimate_label, model_link) = render(
+        html, artifacts_dir, "report", "document.querySelector('.estimate').textContent",
+        "document.querySelector('#model a').textContent",
+    )  # fmt: skip
+    assert estimate_label == "estimate" and model_link == summary["model"]["model"]
     for name in ("loss", "probe_accuracy", "top1"):
         line = drawn(charts[name])
         assert charts[name]["section"] == "metric-charts" and line["points"] == 6 and line["height"] > 10
@@ -216,7 +233,8 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     again = harvest.execute(make_context("metrics", run_id=context["run_id"]))
     assert again["run_key"] == summary["run_key"]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
-    assert sorted(keys) == sorted(prefix + k for k in ("metrics.json", "report.html", "cloudwatch.json"))
+    outputs = ("model/model.pt", "model/checkpoints/epoch-0006.pt")
+    assert sorted(keys) == sorted(prefix + k for k in ("metrics.json", "report.html", "cloudwatch.json", *outputs))
     assert sum(statistic(cloudwatch, "probe_accuracy", full_dims, "SampleCount")) == count
     body2 = json.loads(cloudwatch.get_dashboard(DashboardName=dashboard_name(stack_name))["DashboardBody"])
     assert [w["properties"]["title"] for w in body2["widgets"]] == titles

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset
+from airflow.sdk import Asset, AssetAlias
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.aws.base import PcflowAwsOperator
@@ -53,7 +53,9 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).
     :param ssh_conn_id, remote_host, host_key: the head node, as for SlurmJobOperator.
 
-    Outlets that are Assets (the trained model) get an event whose extra is the summary.
+    The job's `model.pt` and newest checkpoint are copied to `s3://<bucket>/runs/<run key>/model/`
+    (`outputs.py`) before the report, which links them. Outlets that are Assets get an event whose extra
+    is the summary; an AssetAlias gets an event of the stack's own Asset (`outputs.stack_asset`).
     """
 
     template_fields: Sequence[str] = (
@@ -218,6 +220,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id)
         document["cost"] = self.cost_of(document, context)
         s3 = self.client("s3")
+        document["model"] = self.save_model(s3, document, key)
         prefix = publish.run_prefix(key)
         publish.put_object(s3, self.bucket, prefix + "metrics.json", json.dumps(document, indent=1), "application/json")
         report_url = publish.put_object(
@@ -233,7 +236,19 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         self.log.info("Harvested %s (%s): report %s", ref.run_dir, document["outcome"], report_url)
         for item in document["missing"]:
             self.log.warning("Not harvested: %s (%s): %s", item["what"], item["path"], item["why"])
-        return document, xcom_summary(document, report_url=report_url)
+        model = {k: document["model"][k] for k in ("prefix", "model", "checkpoint")}
+        return document, {**xcom_summary(document, report_url=report_url), "model": model}
+
+    def save_model(self, s3: Any, document: dict[str, Any], key: str) -> dict[str, Any]:
+        """The job's model and newest checkpoint, from the cluster to `s3://<bucket>/runs/<key>/model/`."""
+        from pcflow.metrics.outputs import MODEL_FILE, save_outputs
+
+        prefix, run_dir = publish.run_prefix(key) + "model/", document["job"]["run_dir"]
+        saved = save_outputs(self.slurm, s3, run_dir=run_dir, bucket=self.bucket, prefix=prefix, log=self.log)
+        saved["console_url"] = publish.s3_console_url(self.bucket, prefix, self.hook.region_name)
+        if saved["model"] is None:
+            document["missing"].append({"what": "model", "path": f"{run_dir}/{MODEL_FILE}", "why": "does not exist"})
+        return saved
 
     def publish_dashboard(self, documents: Sequence[Mapping[str, Any]]) -> str | None:
         if not self.cloudwatch:
@@ -258,10 +273,17 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             MetricsDashboardLink.persist(context, publish.dashboard_url(region, dashboard))
 
     def asset_events(self, context: Context, extra: Mapping[str, Any]) -> None:
+        """An Asset outlet gets the event's extra; an AssetAlias, an event of this stack's own Asset
+        behind it (`outputs.stack_asset`), so one stack's runs never update another stack's model."""
+        from pcflow.metrics.outputs import stack_asset
+
         events = context.get("outlet_events")
+        extra = json.loads(json.dumps(extra, default=str))
         for outlet in self.outlets or []:
             if events is not None and isinstance(outlet, Asset):
-                events[outlet].extra.update(json.loads(json.dumps(extra, default=str)))
+                events[outlet].extra.update(extra)
+            elif events is not None and isinstance(outlet, AssetAlias):
+                events[outlet].add(stack_asset(outlet.name, self.stack), extra=extra)
 
     # -- execute -----------------------------------------------------------------------------------
 
@@ -287,8 +309,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         finally:
             self.slurm.close()
         self.link(context, report_key, dashboard)
-        extra = {"run_key": key, "checkpoints": f"{documents[0]['job']['run_dir']}/checkpoints", **result}
-        self.asset_events(context, extra)
+        self.asset_events(context, {"run_key": key, **result})
         return result
 
     def harvest_trials(self, context, refs, key, objective, definitions):
@@ -337,11 +358,14 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
         )
         self.link(context, prefix + "leaderboard.html", dashboard)
         best = next((r for r in rows if r["value"] is not None), None)
+        if best is not None:  # every trial's model is in S3 under its own prefix; the best one is named here
+            model = next(d["model"]["model"] for d in documents if d["job"]["trial"] == best["trial"])
+            best = {**{k: best[k] for k in ("trial", "value", "hyperparameters")}, "model": model}
         result = {
             "run_key": key,
             "objective": objective.as_dict(),
             "leaderboard": rows,
-            "best": {k: best[k] for k in ("trial", "value", "hyperparameters")} if best else None,
+            "best": best,
             "leaderboard_csv": csv_url,
             "leaderboard_html": html_url,
         }

@@ -390,6 +390,31 @@ class SlurmHook(BaseHook):
             raise
         CommandResult(argv, code, out, err).check()
 
+    @contextmanager
+    def command_output(self, argv: Sequence[str]) -> Iterator[IO[bytes]]:
+        """Run a command whose output the caller reads as a stream (e.g. `tar -c`): SSH's flow control
+        keeps at most one channel window in memory, whatever the size. Fails when the command does
+        (after the caller has read what it wanted); each read waits at most command_timeout."""
+        argv = tuple(self._slurm_argv(argv))
+        client = self.get_conn()
+        with self._deadline(client, self.command_timeout, f"`{shlex.join(argv)[:200]}`"):
+            stdin, stdout, stderr = client.exec_command(quote_command(argv), timeout=self.command_timeout)
+        stdin.channel.shutdown_write()
+        try:
+            yield stdout
+            with self._deadline(client, self.command_timeout, f"the end of `{shlex.join(argv)[:200]}`"):
+                while stdout.read(1 << 20):  # what the caller left unread, dropped a chunk at a time
+                    pass
+                err = stderr.read(64 << 10).decode(errors="replace")
+                code = stdout.channel.recv_exit_status()
+        except TimeoutError as exc:
+            self.close()
+            raise SlurmConnectionError(self._stalled(f"`{shlex.join(argv)[:200]}`", self.command_timeout)) from exc
+        except BaseException:
+            stdout.channel.close()
+            raise
+        CommandResult(argv, code, "", err).check()
+
     def file_sizes(self, directory: str) -> dict[str, int]:
         """Size of every file under `directory` by relative path, in one command (empty if it is absent)."""
         result = self.run(["find", directory, "-type", "f", "-printf", "%s %P\\0"], check=False)
