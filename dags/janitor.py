@@ -1,5 +1,6 @@
-"""Hourly: delete pcflow resources whose `pcflow:expires` has passed. Triggered by hand it only
-reports what it would delete, unless the trigger form's `dry_run` is turned off."""
+"""Hourly: delete pcflow resources whose `pcflow:expires` has passed (a killed run's network and cluster;
+a stack's image, network and cluster once no run has stamped them for `teardown.keep_hours`). Triggered by
+hand it only reports what it would delete, unless the trigger form's `dry_run` is turned off."""
 
 from airflow.sdk import DAG, Param
 
@@ -26,6 +27,6 @@ with DAG(
     JanitorOperator(
         task_id="reap",
         dry_run="{{ params.dry_run }}",
-        handler_sets=("pcluster", "ec2", "fsx"),
+        handler_sets=("pcluster", "ec2", "fsx", "images"),
         execution_timeout=STAGE_TIMEOUTS["janitor"],
     )

@@ -1,7 +1,10 @@
 """Self-supervised pretraining on a Slurm cluster, triggered by hand from the Airflow UI's form.
 
-Everything this run creates (network, cluster) is torn down when it ends, also when training fails;
-the run then still ends failed. The stages live in plugins/pcflow/pipeline.py.
+What this run creates for itself (its network and, with ParallelCluster, its cluster) is deleted when
+it ends, also when training fails; the run then still ends failed. What it keeps: the model and last
+checkpoint in S3 (`s3://<bucket>/runs/<run key>/model/`), the stack's image (reused by later runs of
+the same recipe; it expires `teardown.keep_hours` after the last run that used it) and the data
+bucket. A static cluster is the site's and is never deleted. The stages: plugins/pcflow/pipeline.py.
 """
 
 from airflow.sdk import DAG

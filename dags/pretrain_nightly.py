@@ -1,9 +1,12 @@
 """Nightly pretraining on the data partition of the run's logical date (YYYY-MM-DD).
 
-Network, image and cluster are shared by the stack and kept between nights; one run at a time, so a
-backfill (`airflow backfill create --dag-id pretrain_nightly --from-date ... --to-date ...
---dag-run-conf '{...}' --max-active-runs 1`: a backfill has its own limit, not the DAG's) retrains past
-partitions one after another without a cluster per day.
+Keeps the stack's network, image and cluster between nights (nothing is torn down): each night adopts
+them (creating only what is missing) and stamps their `pcflow:expires` `teardown.keep_hours` (48 h)
+ahead, so the janitor deletes them once the nights stop. With a static cluster the cluster is the
+site's, never deleted. Each night's model and last checkpoint go to `s3://<bucket>/runs/<run key>/model/`.
+One run at a time, so a backfill (`airflow backfill create --dag-id pretrain_nightly --from-date ...
+--to-date ... --dag-run-conf '{...}' --max-active-runs 1`: a backfill has its own limit, not the DAG's)
+retrains past partitions one after another on the same cluster.
 Each run writes under its own run key, so two runs never write the same place.
 """
 

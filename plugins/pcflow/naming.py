@@ -131,6 +131,18 @@ def parse_expires(value: str | None) -> dt.datetime | None:
     return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
 
 
+def expiry_advances(current: str | None, wanted: str, *, by: dt.timedelta) -> bool:
+    """Whether moving an expiry tag from `current` to `wanted` postpones it by more than `by` (a resource
+    whose tag costs an update to change, a cluster, is re-tagged once per run, not on every retry)."""
+    try:
+        before, after = parse_expires(current), parse_expires(wanted)
+    except ValueError:  # unreadable: replace it
+        return True
+    if after is None or before is None:
+        return (current or NEVER_EXPIRES) != wanted
+    return after - before > by
+
+
 def standard_tags(
     *,
     stack: str,

@@ -584,7 +584,10 @@ def build_training_pipeline(
 
     validate -> (network, bucket -> dataset) -> image -> cluster -> (stage_in, ship_payload) -> train,
     with the cluster and (for run-scoped infrastructure) the network as setups whose teardowns run even
-    when training fails. `run_scoped=False` keeps the network, image and cluster for the next run (nightly).
+    when training fails. `run_scoped=False` (nightly) keeps the network and cluster for the next run
+    instead: no teardown, and every run stamps their `pcflow:expires` again (`teardown.keep_hours`
+    ahead), so the next night adopts them and the janitor reaps them once the nights stop. The image is
+    the stack's in both cases: reused by recipe, its expiry stamped again by every run that uses it.
     """
     from pcflow.aws.ami import BakeImageOperator
     from pcflow.aws.network import EnsureNetworkOperator
@@ -594,7 +597,8 @@ def build_training_pipeline(
     from pcflow.metrics.operators import HarvestMetricsOperator, SweepLeaderboardOperator
     from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
 
-    ttl_hours = run_value("ttl_hours") if run_scoped else None
+    keep_hours = run_value("teardown.keep_hours")
+    ttl_hours = run_value("ttl_hours") if run_scoped else keep_hours
     run = validate_run(dated_partitions)
     network = EnsureNetworkOperator(
         task_id="network",
@@ -631,6 +635,7 @@ def build_training_pipeline(
         wait_for_ssm_agent=run_value("ami.wait_for_ssm_agent"),
         enabled=run_value("ami.enabled"),
         environment_file=run_value("ami.environment"),
+        ttl_hours=keep_hours,
     )
     cluster_args = {
         "provider": run_value("cluster.provider"),
@@ -706,20 +711,20 @@ def build_training_pipeline(
         outlets=[PRETRAINED_ENCODER],
     )
 
-    delete_cluster = DeleteClusterOperator(
-        task_id="delete_cluster",
-        cluster=settings,
-        cluster_name=task_value("cluster", "name"),
-        export_fsx=run_value("teardown.export_fsx"),
-        keep=run_value("keep_resources"),
-        run_scoped=run_scoped,  # deletes only a cluster tagged with this stack (and run)
-        **cluster_args,
-    )
-    metrics >> delete_cluster.as_teardown(setups=cluster)
     tasks = {"validate": run, "network": network, "validate_cluster": dry_run, "dataset": dataset, "image": image}
-    tasks["cluster"] = cluster
-    tasks |= {"train": train, "metrics": metrics, "delete_cluster": delete_cluster}
+    tasks |= {"cluster": cluster, "train": train, "metrics": metrics}
     if run_scoped:
+        delete_cluster = DeleteClusterOperator(
+            task_id="delete_cluster",
+            cluster=settings,
+            cluster_name=task_value("cluster", "name"),
+            export_fsx=run_value("teardown.export_fsx"),
+            keep=run_value("keep_resources"),
+            run_scoped=True,  # deletes only a cluster tagged with this stack and run
+            **cluster_args,
+        )
+        metrics >> delete_cluster.as_teardown(setups=cluster)
+        tasks["delete_cluster"] = delete_cluster
         teardown = TeardownOperator(
             task_id="teardown",
             stack=run_value("stack"),

@@ -142,6 +142,11 @@ class TrainingSettings(_Section):
 class TeardownSettings(_Section):
     policy: Literal["always", "never"] = "always"  # never: kept for debugging until the janitor's TTL
     delete_image: bool = False
+    keep_hours: float = Field(
+        48, gt=0, le=24 * 30,
+        description="what runs keep for the next one (the stack's image; a nightly's network and cluster) "
+        "expires this long after the last run that used it; every run stamps it again",
+    )  # fmt: skip
     export_fsx: bool = Field(False, description="write FSx changes (checkpoints) back to S3 before the cluster goes")
 
 

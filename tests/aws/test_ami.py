@@ -154,3 +154,21 @@ def test_base_image_is_found_by_version(aws, spec, base_image):
         aws.ec2, region=wanted.region, pcluster_version=wanted.pcluster_version, os=wanted.os, owners=("self",)
     )
     assert found == base_image
+
+
+def test_reusing_the_image_stamps_its_expiry_and_its_snapshots_again(aws, spec):
+    """The stack's image lives its TTL past the last run that used it (then the janitor reaps it)."""
+    import datetime as dt
+
+    from pcflow.naming import parse_expires
+
+    first = bake_image(aws.ec2, aws.ssm, spec(ttl=dt.timedelta(hours=1)), waiter_delay=0)
+    again = bake_image(aws.ec2, aws.ssm, spec(ttl=dt.timedelta(hours=48)), waiter_delay=0)
+    assert again == {**first, "reused": True}
+    image = aws.ec2.describe_images(ImageIds=[first["image_id"]])["Images"][0]
+    snapshot_ids = [m["Ebs"]["SnapshotId"] for m in image["BlockDeviceMappings"] if "Ebs" in m]
+    snapshots = aws.ec2.describe_snapshots(SnapshotIds=snapshot_ids)["Snapshots"]
+    stamped = {t["Value"] for item in [image, *snapshots] for t in item["Tags"] if t["Key"] == "pcflow:expires"}
+    (expires,) = stamped
+    assert parse_expires(expires) > dt.datetime.now(dt.UTC) + dt.timedelta(hours=47)
+    delete_image(aws.ec2, first["image_id"])

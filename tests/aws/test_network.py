@@ -144,3 +144,21 @@ def test_adopted_vpc_gets_only_security_groups_and_survives_teardown(aws, stack,
     finally:
         aws.ec2.delete_subnet(SubnetId=subnet_id)
         aws.ec2.delete_vpc(VpcId=vpc_id)
+
+
+def test_every_ensure_stamps_the_expiry_of_each_network_resource_again(aws, stack):
+    """A kept network (a nightly's) lives its TTL past its last run: the second ensure, a night later
+    with its TTL, moves `pcflow:expires` on for every resource of the network, NAT and its address too."""
+    import datetime as dt
+
+    from pcflow.aws.teardown import Selector, build_handlers
+    from pcflow.naming import parse_expires
+
+    ensure_network(aws.ec2, spec(stack, nat_gateway=True), ttl=dt.timedelta(hours=1), waiter_delay=0)
+    ensure_network(aws.ec2, spec(stack, nat_gateway=True), ttl=dt.timedelta(hours=48), waiter_delay=0)
+    listed = [r for handler in build_handlers(aws, ["ec2"]) for r in handler.list(Selector(stack=stack))]
+    listed = [r for r in listed if r.tags]  # moto's NAT gateway leaves an untagged interface in the VPC
+    kinds = {"vpc", "subnet", "internet-gateway", "route-table", "vpc-endpoint", "security-group"}
+    assert {r.kind for r in listed} == kinds | {"nat-gateway", "elastic-ip"}
+    (expires,) = {r.tags["pcflow:expires"] for r in listed}
+    assert parse_expires(expires) > dt.datetime.now(dt.UTC) + dt.timedelta(hours=47)

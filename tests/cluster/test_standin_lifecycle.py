@@ -254,3 +254,47 @@ def test_standin_dry_run_of_an_existing_cluster_adopts_checks_the_update_or_refu
         assert grown["existing"]["update"] is True and grown["config_hash"] != same["config_hash"]
     finally:
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_standin_kept_cluster_is_adopted_and_its_expiry_moved_on_once_per_run(standin_cli, site, monkeypatch):
+    """A nightly's cluster: night 2 adopts it (no second stack, no create) and postpones its expiry with
+    a tags-only update-cluster; a retry within the hour adopts it as it is. Once the nights stop, the
+    janitor's rule selects it when the expiry passes, and not before."""
+    import datetime as dt
+
+    from pcflow.aws.janitor import run_janitor
+    from pcflow.naming import parse_expires
+
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    provider.require_host_key = False
+    spec = site.spec()
+    updates = []
+    real_update = provider.hook.update_cluster
+    monkeypatch.setattr(provider.hook, "update_cluster", lambda *a, **k: updates.append(a) or real_update(*a, **k))
+
+    def expires() -> dt.datetime:
+        return parse_expires({t["Key"]: t["Value"] for t in stacks_named(spec["name"])[0]["Tags"]}["pcflow:expires"])
+
+    def night(hours: float) -> dict:
+        ttl = dt.timedelta(hours=hours)
+        return ensure_cluster(provider, spec, stack=site.stack, ttl=ttl, waiter_delay=1, waiter_max_attempts=10)
+
+    try:
+        first = night(1)
+        assert not first["adopted"] and updates == []
+        before = expires()
+        second = night(48)
+        assert second["adopted"] and second["status"] == "UPDATE_COMPLETE" and len(updates) == 1
+        assert second["config_hash"] == first["config_hash"] and expires() - before > dt.timedelta(hours=46)
+        assert len(stacks_named(spec["name"])) == 1
+        retry = night(48)
+        assert retry["adopted"] and len(updates) == 1  # moved on less than the margin: left as it is
+
+        def reaped(now: dt.datetime) -> list[str]:
+            report = run_janitor(clients, now=now, stack=site.stack, handler_sets=["pcluster"], dry_run=True)
+            return [r.id for r in report.would_delete]
+
+        assert reaped(expires() - dt.timedelta(minutes=1)) == []
+        assert reaped(expires() + dt.timedelta(seconds=1)) == [spec["name"]]
+    finally:
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)

@@ -64,6 +64,28 @@ def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
     assert tagged_resources("pcflow:run", result.run_key) == []
     report = out["metrics"]["report"].removeprefix("s3://").split("/", 1)
     assert boto3.client("s3").head_object(Bucket=report[0], Key=report[1])["ContentLength"] > 0
+    # The code ran from the payload this run shipped; the model outlived the run's teardown, in S3.
+    assert out["ship_payload"]["dir"].endswith(f"/pcflow/payloads/{out['ship_payload']['digest']}")
+    model = out["metrics"]["model"]["model"]
+    assert model == f"s3://{report[0]}/runs/{result.run_key}/model/model.pt"
+    assert boto3.client("s3").head_object(Bucket=report[0], Key=model.split("/", 3)[3])["ContentLength"] > 0
+    assert out["metrics"]["model"]["checkpoint"].startswith(f"s3://{report[0]}/runs/{result.run_key}/model/checkpoints/")
+    assert model_events("pcflow-pretrained-encoder-local", result.run_id) == [model]  # the stack's own asset
+
+
+def model_events(asset_name: str, run_id: str) -> list[str]:
+    """The model URIs of the events a DAG run emitted for an asset."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        events = (
+            session.query(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .filter(AssetModel.name == asset_name, AssetEvent.source_run_id == run_id)
+            .all()
+        )
+        return [event.extra["model"]["model"] for event in events]
 
 
 def test_training_failure_still_tears_down_and_fails_the_run(airflow):
@@ -97,20 +119,54 @@ def test_invalid_conf_is_refused_before_anything_is_created(admin_profiles, admi
 
 
 def test_nightly_backfill_of_two_days_shares_infrastructure_and_keeps_outputs_apart(airflow):
+    """Night 2 adopts what night 1 made and stamps its expiry again; each night's model is in S3; once
+    the nights stop, the janitor's rule selects the kept network and image when their expiry passes."""
+    from pcflow.aws.clients import aws_client
+    from pcflow.aws.janitor import run_janitor
+
     nights = [dt.datetime(2026, 11, 20, 2, tzinfo=dt.UTC), dt.datetime(2026, 11, 21, 2, tzinfo=dt.UTC)]
-    runs = [
-        run_dag("pretrain_nightly", {"hyperparameters": {"epochs": 1, "lr": lr}}, logical_date=night)
-        for night, lr in zip(nights, (0.002, 0.004), strict=True)
-    ]
+    expiries = []
+    runs = []
+    for night, lr in zip(nights, (0.002, 0.004), strict=True):
+        runs.append(run_dag("pretrain_nightly", {"hyperparameters": {"epochs": 1, "lr": lr}}, logical_date=night))
+        expiries.append(kept_expiries("local"))
     assert [r.state for r in runs] == ["success", "success"]
+    assert "delete_cluster" not in runs[0].task_states and "teardown" not in runs[0].task_states
     assert [r.returned["dataset"]["partition"] for r in runs] == ["2026-11-20", "2026-11-21"]
     assert runs[0].returned["network"]["vpc_id"] == runs[1].returned["network"]["vpc_id"]
     assert runs[0].returned["image"]["image_id"] == runs[1].returned["image"]["image_id"]
+    assert runs[1].returned["image"]["reused"] and runs[1].returned["cluster"]["adopted"]
     reports = {r.returned["metrics"]["report"] for r in runs}
     assert len(reports) == 2
-    vpcs = boto3.client("ec2").describe_vpcs(Filters=[{"Name": "tag:pcflow:stack", "Values": ["local"]}])["Vpcs"]
-    shared = [v for v in vpcs if not any(t["Key"] == "pcflow:run" for t in v.get("Tags", []))]
-    assert len(shared) == 1
+    s3 = boto3.client("s3")
+    for run in runs:
+        model = run.returned["metrics"]["model"]["model"]
+        assert model == f"s3://pcflow-local-datasets/runs/{run.run_key}/model/model.pt"
+        assert s3.head_object(Bucket="pcflow-local-datasets", Key=model.split("/", 3)[3])["ContentLength"] > 0
+    # Every kept resource's expiry was stamped again by night 2.
+    assert set(expiries[0]) == set(expiries[1])
+    assert all(expiries[1][r] > expiries[0][r] for r in expiries[0])
+    kinds = {kind for kind, _ in expiries[1]}
+    assert {"vpc", "subnet", "security-group", "image"} <= kinds
+    last = max(expiries[1].values())
+
+    def reaped(now: dt.datetime) -> set[tuple[str, str]]:
+        report = run_janitor(aws_client, now=now, stack="local", dry_run=True, handler_sets=("ec2", "images"))
+        return {(r.kind, r.id) for r in report.would_delete}
+
+    assert reaped(last - dt.timedelta(minutes=1)) == set()
+    assert reaped(last + dt.timedelta(seconds=1)) >= set(expiries[1])
+
+
+def kept_expiries(stack: str) -> dict[tuple[str, str], dt.datetime]:
+    """`pcflow:expires` of every resource the stack keeps between runs (no run tag), by (kind, id)."""
+    from pcflow.aws.clients import aws_client
+    from pcflow.aws.teardown import Selector, build_handlers
+    from pcflow.naming import TAG_EXPIRES, TAG_RUN, parse_expires
+
+    selector = Selector(stack=stack, predicate=lambda tags: TAG_RUN not in tags)
+    listed = [r for handler in build_handlers(aws_client, ["ec2", "images"]) for r in handler.list(selector)]
+    return {(r.kind, r.id): parse_expires(r.tags[TAG_EXPIRES]) for r in listed if r.tags.get(TAG_EXPIRES)}
 
 
 def test_sweep_ranks_trials_and_picks_the_best(airflow):

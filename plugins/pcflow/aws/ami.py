@@ -23,8 +23,8 @@ from typing import Any
 
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.clients import error_code, validate_region, wait_logged
-from pcflow.aws.tags import tag_equals, tag_specifications
-from pcflow.naming import TAG_STACK, Component, digest, resource_name, standard_tags
+from pcflow.aws.tags import refresh_expiry, tag_equals, tag_specifications
+from pcflow.naming import TAG_EXPIRES, TAG_STACK, Component, digest, resource_name, standard_tags
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ class AmiSpec:
     script_env: Mapping[str, str] = field(default_factory=dict)
     #: Wait for the SSM agent to register before sending the command (moto lacks the API: tests turn it off).
     wait_for_ssm_agent: bool = True
+    #: The image's `pcflow:expires`: it lives this long past the last run that used it (None: never).
+    ttl: dt.timedelta | None = None
 
     def __post_init__(self) -> None:
         validate_region(self.region)
@@ -173,7 +175,15 @@ class _Bake:
 
     def tags(self, role: str, ttl: dt.timedelta | None = None) -> dict[str, str]:
         extra = {TAG_RECIPE: self.recipe, TAG_ROLE: role, "Name": self.name}
+        ttl = ttl if role == "builder" else self.spec.ttl
         return standard_tags(stack=self.spec.stack, component=Component.AMI, ttl=ttl, extra=extra)
+
+    def reuse(self, image: Mapping[str, Any]) -> dict[str, Any]:
+        """An available image of the recipe, its expiry (and its snapshots') stamped again."""
+        snapshots = [m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", []) if "Ebs" in m]
+        refresh_expiry(self.ec2, [image["ImageId"], *snapshots], self.tags("image")[TAG_EXPIRES])
+        log.info("reusing image %s of recipe %s", image["ImageId"], self.recipe)
+        return {"image_id": image["ImageId"], "recipe_hash": self.recipe, "reused": True}
 
     def find_builder(self) -> str | None:
         found = self.ec2.describe_instances(
@@ -322,8 +332,7 @@ def bake_image(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -> 
     """Ensure an available image of the recipe; returns `{"image_id", "recipe_hash", "reused"}`."""
     bake, found = prepare_bake(ec2, ssm, spec, waiter_delay=waiter_delay)
     if found and found["State"] == "available":
-        log.info("reusing image %s of recipe %s", found["ImageId"], bake.recipe)
-        return {"image_id": found["ImageId"], "recipe_hash": bake.recipe, "reused": True}
+        return bake.reuse(found)
     builder = None
     try:
         if found is None:
@@ -370,12 +379,14 @@ class BakeImageOperator(PcflowAwsOperator):
     :param environment_file: requirements of the training environment the image holds (the payload's
         `requirements.txt`): handed to the bootstrap script as PCFLOW_PAYLOAD_REQUIREMENTS, part of the
         recipe. The payload's code is not baked: each run ships it (`pcflow.slurm.payload`).
+    :param ttl_hours: the image's `pcflow:expires`, stamped again by every run that reuses it, so an
+        image no run uses any more is reaped by the janitor; None: never expires.
     """
 
     template_fields = (
         *PcflowAwsOperator.template_fields, "stack", "pcluster_version", "subnet_id", "security_group_ids",
         "instance_type", "base_image_id", "extra_inputs", "bootstrap_script_path", "instance_profile", "os",
-        "base_image_owners", "wait_for_ssm_agent", "enabled", "environment_file",
+        "base_image_owners", "wait_for_ssm_agent", "enabled", "environment_file", "ttl_hours",
     )  # fmt: skip
 
     def __init__(
@@ -398,11 +409,13 @@ class BakeImageOperator(PcflowAwsOperator):
         wait_for_ssm_agent: bool = True,
         enabled: bool = True,
         environment_file: str | None = None,
+        ttl_hours: float | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.enabled = enabled
         self.environment_file = environment_file
+        self.ttl_hours = ttl_hours
         self.stack, self.pcluster_version = stack, pcluster_version
         self.bootstrap_script_path, self.instance_profile = bootstrap_script_path, instance_profile
         self.subnet_id, self.security_group_ids = subnet_id, security_group_ids
@@ -422,6 +435,7 @@ class BakeImageOperator(PcflowAwsOperator):
             base_image_owners=tuple(self.base_image_owners or ("amazon",)),
             architecture=self.architecture, extra_inputs=dict(self.extra_inputs or {}),
             wait_for_ssm_agent=self.wait_for_ssm_agent, script_env=self.script_env(),
+            ttl=dt.timedelta(hours=float(self.ttl_hours)) if self.ttl_hours is not None else None,
         )  # fmt: skip
 
     def script_env(self) -> dict[str, str]:
@@ -444,7 +458,7 @@ class BakeImageOperator(PcflowAwsOperator):
         self._bake = bake
         if found and found["State"] == "available":
             bake.terminate_builder(None)  # left by an attempt that died after CreateImage, if any
-            return {"image_id": found["ImageId"], "recipe_hash": bake.recipe, "reused": True}
+            return bake.reuse(found)
         try:
             if found is None:
                 self._builder = bake.launch_builder()

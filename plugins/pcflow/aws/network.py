@@ -20,9 +20,18 @@ from typing import Any, ClassVar
 
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.clients import error_code, validate_region, wait_logged
-from pcflow.aws.tags import find_one, tag_equals, tag_specifications
+from pcflow.aws.tags import find_one, refresh_expiry, tag_equals, tag_specifications
 from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, teardown
-from pcflow.naming import TAG_RUN, TAG_STACK, Component, digest, resource_name, standard_tags, validate_stack_name
+from pcflow.naming import (
+    TAG_EXPIRES,
+    TAG_RUN,
+    TAG_STACK,
+    Component,
+    digest,
+    resource_name,
+    standard_tags,
+    validate_stack_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +157,7 @@ class _Ensurer:
         # A run's own network is that run's alone: its key is part of every name and lookup, so a
         # run never adopts the stack's shared network (nor another run's) and then deletes it.
         self.run = self.tags.get(TAG_RUN)
+        self.nat_allocation_id: str | None = None
 
     def name(self, role: str) -> str:
         return resource_name(self.spec.stack, Component.NETWORK, role, *([self.run] if self.run else []))
@@ -272,6 +282,7 @@ class _Ensurer:
         allocation_id = addr[0]["AllocationId"] if addr else self.ec2.allocate_address(
             Domain="vpc", TagSpecifications=tag_specifications("elastic-ip", self.tags_for("nat-eip"))
         )["AllocationId"]  # fmt: skip
+        self.nat_allocation_id = allocation_id
         filters = [*self.identity("nat"), {"Name": "state", "Values": ["pending", "available"]}]
         found = find_one(self.ec2.describe_nat_gateways, "NatGateways", what="NAT gateway", id_key="NatGatewayId",
                          Filter=filters)  # fmt: skip
@@ -375,7 +386,8 @@ def ensure_network(
     """Create what is missing, adopt what exists and matches, refuse what exists and differs.
 
     `run` tags the network as one run's (deleted by that run's teardown / the janitor); leave it None
-    for a network shared across runs of the stack. Safe to call any number of times.
+    for a network shared across runs of the stack. Safe to call any number of times. Every call stamps
+    the network's `pcflow:expires` again (now + `ttl`): a kept network lives `ttl` past its last run.
     """
     tags = standard_tags(stack=spec.stack, component=Component.NETWORK, run=run, ttl=ttl)
     step = _Ensurer(ec2, spec, tags, waiter_delay)
@@ -400,6 +412,8 @@ def ensure_network(
     step.cluster_rules(cluster_sg)
     head_sg = step.security_group(vpc_id, "head-sg", "pcflow: SSH to the head node from configured CIDRs")
     step.ssh_rules(head_sg)
+    owned = [vpc_id, igw_id, public_id, *private_ids, *route_tables, endpoint_id, nat_id, step.nat_allocation_id]
+    refresh_expiry(ec2, [*owned, cluster_sg, head_sg], tags[TAG_EXPIRES])
     return NetworkIds(
         vpc_id=vpc_id,
         head_subnet_id=public_id,
@@ -442,6 +456,7 @@ def _adopt(step: _Ensurer, spec: NetworkSpec) -> NetworkIds:
     step.cluster_rules(cluster_sg)
     head_sg = step.security_group(spec.vpc_id, "head-sg", "pcflow: SSH to the head node from configured CIDRs")
     step.ssh_rules(head_sg)
+    refresh_expiry(ec2, [cluster_sg, head_sg], step.tags[TAG_EXPIRES])  # the VPC and subnets are not pcflow's
     return NetworkIds(
         vpc_id=spec.vpc_id,
         head_subnet_id=spec.public_subnet_id,
@@ -472,7 +487,7 @@ class EnsureNetworkOperator(PcflowAwsOperator):
     :param stack: the stack name (shared resources are named and tagged with it).
     :param network: the network section of the spec (`NetworkSpec` fields, e.g. `ssh_ingress_cidrs`).
     :param run_scoped: tag the network with this run's key, so the run's teardown deletes it.
-    :param ttl_hours: `pcflow:expires` for the janitor; None = never.
+    :param ttl_hours: `pcflow:expires` for the janitor, stamped again by every run; None = never.
     """
 
     template_fields = (*PcflowAwsOperator.template_fields, "stack", "network", "ttl_hours")

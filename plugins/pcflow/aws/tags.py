@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from pcflow.naming import aws_tags
+from pcflow.naming import TAG_EXPIRES, aws_tags
 
 
 def tag_specifications(resource_types: str | Iterable[str], tags: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -45,3 +45,13 @@ def find_one(
             "(or run the pcflow teardown for this stack) and retry"
         )
     return found[0] if found else None
+
+
+def refresh_expiry(ec2: Any, resource_ids: Iterable[str | None], expires: str) -> list[str]:
+    """Stamp `pcflow:expires` again on resources an ensure found or made: what a stack keeps between runs
+    (a nightly's network, an image) lives its TTL past the last run that used it, so the janitor reaps
+    it only once its runs have stopped. Returns the ids stamped."""
+    ids = sorted({i for i in resource_ids if i})
+    for start in range(0, len(ids), 1000):  # CreateTags takes at most 1,000 resources
+        ec2.create_tags(Resources=ids[start : start + 1000], Tags=[{"Key": TAG_EXPIRES, "Value": expires}])
+    return ids

@@ -21,7 +21,7 @@ from pcflow.cluster.config import TAG_CONFIG_HASH, RenderedConfig, render_config
 from pcflow.cluster.info import ClusterInfo, Partition
 from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError
 from pcflow.cluster.spec import ClusterSpec, check_instance_type
-from pcflow.naming import TAG_RUN, TAG_STACK, Component, resource_name, standard_tags
+from pcflow.naming import TAG_EXPIRES, TAG_RUN, TAG_STACK, Component, expiry_advances, resource_name, standard_tags
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ IN_PROGRESS = frozenset({"CREATE_IN_PROGRESS", "UPDATE_IN_PROGRESS"})
 FAILED = frozenset({"CREATE_FAILED", "UPDATE_FAILED", "DELETE_FAILED", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED"})
 BOOTSTRAP_LOG_RE = re.compile(r"error|fail|cfn-init|cloud-init.*(warn|error)|chef|bootstrap", re.IGNORECASE)
 MAX_DIAGNOSTIC_LINES = 40
+#: A kept cluster's expiry is moved on by a run only when that postpones it by more than this.
+EXPIRY_REFRESH_MARGIN = dt.timedelta(hours=1)
 
 
 #: How long an FSx export before delete may take (a large file system writing back to S3).
@@ -119,7 +121,7 @@ def console_text(ec2: Any, instance_id: str) -> str:
 class EnsureStep:
     """What `ParallelClusterProvider.start` decided: `ready` (adopt now) or `wait` for `waiter` on `stack`."""
 
-    action: str  # created | updating | adopted | waiting
+    action: str  # created | updating | adopted | refreshed (adopted, expiry moved on) | waiting
     cluster_name: str
     stack_name: str
     waiter: str | None  # stack_create_complete | stack_update_complete | None (ready)
@@ -219,7 +221,21 @@ class ParallelClusterProvider:
         if status in IN_PROGRESS:
             waiter = "stack_update_complete" if status.startswith("UPDATE") else "stack_create_complete"
             return EnsureStep("waiting", name, name, waiter, rendered.config_hash)
+        if self.expiry_outdated(described, rendered):
+            self.hook.update_cluster(name, rendered.text, suppress_validators=self.suppress_validators)
+            log.info("cluster %s adopted; its pcflow:expires is postponed (a tags-only update)", name)
+            return EnsureStep("refreshed", name, name, "stack_update_complete", rendered.config_hash)
         return EnsureStep("adopted", name, name, None, rendered.config_hash)
+
+    @staticmethod
+    def expiry_outdated(described: Mapping[str, Any], rendered: RenderedConfig) -> bool:
+        """A kept cluster (a nightly's) lives its TTL past its last run: its expiry tag is moved on when
+        this run's is later by more than EXPIRY_REFRESH_MARGIN (so a retry does not update it again).
+        ParallelCluster updates Tags in place since 3.15 (only the head node's root volume keeps its
+        old tags); the config hash leaves tags out, so this is no config change."""
+        wanted = next((t["Value"] for t in rendered.document.get("Tags", []) if t["Key"] == TAG_EXPIRES), None)
+        current = describe_tags(described).get(TAG_EXPIRES)
+        return wanted is not None and expiry_advances(current, wanted, by=EXPIRY_REFRESH_MARGIN)
 
     def _update_or_refuse(
         self, spec: ClusterSpec, rendered: RenderedConfig, described: Mapping[str, Any], found_hash: str | None
@@ -276,7 +292,7 @@ class ParallelClusterProvider:
             partitions=(Partition(spec.queue_name, "up", spec.max_count, spec.max_count, 0),),
             config_hash=describe_tags(described).get(TAG_CONFIG_HASH),
             status=status,
-            adopted=step_action == "adopted",
+            adopted=step_action in ("adopted", "refreshed"),
         )
 
     def head_node_host_key(self, instance_id: str | None) -> str | None:
