@@ -395,21 +395,48 @@ def check_against_aws(run: dict[str, Any], aws_conn_id: str = "aws_default") -> 
         raise
 
 
+def planned_cluster(run: dict[str, Any]) -> Any:
+    """The ParallelCluster cluster the run will create or adopt (`ClusterSpec`), None for a static one."""
+    if run["cluster"]["provider"] != "parallelcluster":
+        return None
+    from pcflow.cluster.spec import ClusterSpec
+
+    planned = {"head_subnet_id": PLANNED_SUBNET, "compute_subnet_ids": [PLANNED_SUBNET]}
+    return ClusterSpec.parse(settings_for_cluster(run, planned, run["ami"]["base_image_id"]))
+
+
 def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
     """ParallelCluster settings checked before the network exists: name, counts, schema of pcflow's
     fields, and a GPU queue on a GPU instance type (EC2 DescribeInstanceTypes)."""
     if run["cluster"]["provider"] != "parallelcluster":
         return
     from pcflow.aws.clients import aws_client
-    from pcflow.cluster.spec import ClusterSpec, ClusterSpecError, check_instance_type
+    from pcflow.cluster.spec import ClusterSpecError, check_instance_type
 
-    planned = {"head_subnet_id": PLANNED_SUBNET, "compute_subnet_ids": [PLANNED_SUBNET]}
     try:
-        spec = ClusterSpec.parse(settings_for_cluster(run, planned, run["ami"]["base_image_id"]))
+        spec = planned_cluster(run)
         ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
         check_instance_type(ec2, spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa)
     except ClusterSpecError as exc:
         raise AirflowFailException(f"cluster.config: {exc}") from None
+
+
+def account_preflight(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+    """What a first real run trips on (key pair, instance types in the zone, vCPU quota, the builder's
+    instance profile, the pcluster CLI and Node.js), asked before anything is created: pcflow/preflight.py."""
+    import functools
+
+    from pcflow.aws.clients import aws_client
+    from pcflow.preflight import Account, PreflightFailed, run_preflight
+
+    @functools.cache
+    def client(service: str) -> Any:
+        return aws_client(service, aws_conn_id=aws_conn_id, region_name=run["region"])
+
+    try:
+        run_preflight(Account(run, planned_cluster(run), client), skip=run["preflight"]["skip"])
+    except PreflightFailed as exc:
+        raise AirflowFailException(str(exc)) from None
 
 
 @task(task_id=VALIDATE_TASK, multiple_outputs=False)
@@ -422,7 +449,14 @@ def validate_run(
 
     document = resolve_for_run(params or {}, context, dated_partitions=dated_partitions)
     check_job(document, env=run_env(params or {}))  # env values stay out of the document (XCom)
-    checks = (check_network, check_static_cluster, check_cluster_settings, check_dataset_source, check_against_aws)
+    checks = (
+        check_network,
+        check_static_cluster,
+        check_cluster_settings,
+        check_dataset_source,
+        check_against_aws,
+        account_preflight,
+    )
     for check in checks:
         check(document)
     return document

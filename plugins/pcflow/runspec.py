@@ -180,6 +180,22 @@ class MetricsSettings(_Section):
         return [d.as_dict() for d in parse_definitions(value)]
 
 
+class PreflightSettings(_Section):
+    skip: list[str] = Field(
+        default_factory=list, description="account checks (pcflow/preflight.py) an endpoint cannot answer as AWS does"
+    )
+
+    @field_validator("skip")
+    @classmethod
+    def _known(cls, value: list[str]) -> list[str]:
+        from pcflow.preflight import CHECKS
+
+        unknown = sorted(set(value) - set(CHECKS))
+        if unknown:
+            raise ValueError(f"unknown check(s) {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
+        return value
+
+
 class RunSpec(_Section):
     profile: str
     stack: str
@@ -194,6 +210,7 @@ class RunSpec(_Section):
     training: TrainingSettings
     teardown: TeardownSettings = Field(default_factory=TeardownSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    preflight: PreflightSettings = Field(default_factory=PreflightSettings)
 
     @field_validator("stack")
     @classmethod

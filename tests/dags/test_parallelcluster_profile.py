@@ -23,10 +23,14 @@ NOT_STARTED = ("upstream_failed", "None", "skipped")
 @pytest.fixture
 def aws_gpu(airflow, pcluster_cli, monkeypatch, admin_profiles):
     """Conf for `pretrain` with an admin's variant of the aws-gpu profile, pointed at what moto has (the
-    stand-in ParallelCluster base image is alinux2023, owned by this account); removes the stack after.
-    The settings given are the admin's (written into the profile), not a trigger user's."""
+    stand-in ParallelCluster base image is alinux2023, owned by this account; a key pair made here); removes
+    the stack after. The settings given are the admin's (written into the profile), not a trigger user's.
+    The account preflight skips the vCPU quota: moto's Service Quotas knows only VPC quotas
+    (tests/cluster/test_preflight.py seeds them instead)."""
     monkeypatch.setenv("PCFLOW_PCLUSTER", str(pcluster_cli))
     stack = f"pc{uuid.uuid4().hex[:8]}"
+    ec2 = boto3.client("ec2")
+    ec2.create_key_pair(KeyName=f"pcflow-{stack}")
 
     def conf(**settings: Any) -> dict[str, Any]:
         base = {
@@ -35,13 +39,15 @@ def aws_gpu(airflow, pcluster_cli, monkeypatch, admin_profiles):
             "ami": {"os": "alinux2023", "base_image_owners": ["self"], "wait_for_ssm_agent": False},
             "cluster": {
                 "suppress_validators": list(MOTO_SUPPRESSED_VALIDATORS),
-                "config": {"os": "alinux2023"},
+                "config": {"os": "alinux2023", "key_name": f"pcflow-{stack}"},
             },
+            "preflight": {"skip": ["vcpu_quota"]},
         }
         return {"profile": admin_profiles.make("aws-gpu", deep_merge(base, settings)), "partition": "dryrun"}
 
     conf.stack = stack
     yield conf
+    ec2.delete_key_pair(KeyName=f"pcflow-{stack}")
     # The data bucket is shared by stacks (not tagged with one): this stack is its only user.
     buckets = [b["Name"] for b in boto3.client("s3").list_buckets()["Buckets"]]
     if f"pcflow-{stack}-data" in buckets or tagged_resources("pcflow:stack", stack):
@@ -70,6 +76,7 @@ def test_dry_run_rejection_stops_the_run_before_any_spend(aws_gpu):
         ({"cluster": {"config": {"name": "c" * 61}}}, "name"),
         ({"cluster": {"config": {"name": "my_cluster!"}}}, "name"),
         ({"cluster": {"config": {"max_count": 1}}, "training": {"nodes": 2}}, "max_count 1 is below"),
+        ({"cluster": {"config": {"key_name": "nobody-made-this"}}}, "key_pair: the key pair 'nobody-made-this'"),
     ],
 )
 def test_bad_cluster_settings_are_refused_by_the_first_task(aws_gpu, settings, complaint, capfd):

@@ -146,6 +146,18 @@ class NetworkIds:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
+def choose_availability_zone(ec2: Any, region: str, wanted: str | None) -> str:
+    """The zone a new network's subnets go to: the one asked for, else the region's first available one
+    (the account preflight asks what this zone offers before the network exists)."""
+    zones = ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
+    names = sorted(z["ZoneName"] for z in zones["AvailabilityZones"])
+    if wanted is None:
+        return names[0]
+    if wanted not in names:
+        raise ValueError(f"availability zone {wanted!r} is not available in {region}; choose one of {names}")
+    return wanted
+
+
 class _Ensurer:
     """One ensure run: the spec, the tags and a client; each step looks up by Name tag, then creates."""
 
@@ -175,16 +187,7 @@ class _Ensurer:
     # --- steps ---
 
     def availability_zone(self) -> str:
-        zones = self.ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
-        names = sorted(z["ZoneName"] for z in zones["AvailabilityZones"])
-        if self.spec.availability_zone is None:
-            return names[0]
-        if self.spec.availability_zone not in names:
-            raise ValueError(
-                f"availability zone {self.spec.availability_zone!r} is not available in {self.spec.region}; "
-                f"choose one of {names}"
-            )
-        return self.spec.availability_zone
+        return choose_availability_zone(self.ec2, self.spec.region, self.spec.availability_zone)
 
     def vpc(self) -> str:
         found = find_one(self.ec2.describe_vpcs, "Vpcs", what="VPC", id_key="VpcId", Filters=self.identity("vpc"))

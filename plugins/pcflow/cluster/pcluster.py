@@ -161,10 +161,10 @@ class ParallelClusterHook(BaseHook):
 
     # -- running the CLI ------------------------------------------------------------------------
 
-    def run(self, command: str, *args: str, check: bool = True) -> dict[str, Any]:
+    def run(self, command: str, *args: str, check: bool = True, regional: bool = True) -> dict[str, Any]:
         """`pcluster <command> <args> [--region R]`; the parsed JSON answer, or `PclusterError`."""
         argv = [str(self.pcluster_path), command, *args]
-        if self.region_name and "--region" not in args and "-r" not in args:
+        if regional and self.region_name and "--region" not in args and "-r" not in args:
             argv += ["--region", self.region_name]
         self.log.info("pcluster %s %s", command, " ".join(a for a in args if not a.startswith("/")))
         try:
@@ -190,7 +190,7 @@ class ParallelClusterHook(BaseHook):
         return answer
 
     def version(self) -> str:
-        return str(self.run("version").get("version", ""))
+        return str(self.run("version", regional=False).get("version", ""))  # `version` takes no --region
 
     def describe_cluster(self, name: str) -> dict[str, Any] | None:
         """`describe-cluster`; None when the cluster does not exist."""

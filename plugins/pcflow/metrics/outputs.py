@@ -106,9 +106,7 @@ def _in_s3_already(s3: Any, bucket: str, key: str, file: RemoteFile) -> bool:
     return meta.get("Metadata", {}).get(SIZE_KEY) == str(file.size) and meta["Metadata"].get(MTIME_KEY) == file.mtime
 
 
-def stream_to_s3(
-    hook: SlurmHook, s3: Any, *, run_dir: str, files: list[RemoteFile], bucket: str, prefix: str
-) -> int:
+def stream_to_s3(hook: SlurmHook, s3: Any, *, run_dir: str, files: list[RemoteFile], bucket: str, prefix: str) -> int:
     """One `tar -c` of `files` over SSH, each member uploaded to `<prefix><path>` as it streams by."""
     wanted = {f.path: f for f in files}
     config, sent = transfer_config(), 0
