@@ -49,11 +49,13 @@ def main() -> int:
         "network": {k: (out.get("network") or {}).get(k) for k in ("vpc_id", "head_subnet_id")},
         "image": out.get("image"),
         "dataset": {k: (out.get("dataset") or {}).get(k) for k in ("uri", "object_count", "uploaded", "skipped")},
+        "payload": {k: (out.get("ship_payload") or {}).get(k) for k in ("dir", "reused")},
         "slurm_job": {k: (out.get("train") or {}).get(k) for k in ("job_id", "state", "elapsed_s", "run_dir")},
         "objective": metrics.get("objective"),
         "trained_vs_untrained": trained_vs_untrained(metrics),
         "cost_usd_estimate": metrics.get("cost_usd_estimate"),
         "report": metrics.get("report"),
+        "model": (metrics.get("model") or {}).get("model"),
         "teardown_deleted": [f"{d['kind']} {d['id']}" for d in teardown.get("deleted", [])],
         "left_tagged_with_run_key": leftover,
     }
