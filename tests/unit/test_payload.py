@@ -55,6 +55,13 @@ def test_only_a_payload_directory_by_its_plain_name_is_shipped(include, name):
         build_archive(name)
 
 
+def test_a_payload_directory_linked_from_elsewhere_is_refused(include, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (include / "payloads" / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PayloadError, match="is outside"):
+        build_archive("linked")
+
+
 def test_a_symbolic_link_in_the_payload_is_refused(include):
     (include / "payloads/hello/secret").symlink_to("/etc/passwd")
     with pytest.raises(PayloadError, match="secret is not a plain file"):

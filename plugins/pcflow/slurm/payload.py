@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from pcflow.paths import include_dir
+from pcflow.paths import include_dir, remote_within, within
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import ABS_PATH
 
@@ -58,7 +58,10 @@ def payload_source(name: str) -> Path:
     if not source.is_dir():
         available = sorted(p.name for p in payloads_dir().iterdir() if p.is_dir() and PAYLOAD_NAME.match(p.name))
         raise PayloadError(f"payload: no directory {name!r} in {payloads_dir()}; available: {', '.join(available)}")
-    return source
+    try:
+        return within(source, payloads_dir())  # a link out of include/payloads/ is refused
+    except ValueError as exc:
+        raise PayloadError(f"payload: {exc}") from None
 
 
 def _members(source: Path) -> list[Path]:
@@ -113,7 +116,7 @@ def payload_root(shared_root: str) -> str:
 def ship(hook: SlurmHook, archive: PayloadArchive, *, shared_root: str, log) -> dict[str, object]:
     """`<shared root>/pcflow/payloads/<digest>/` holding the archive's files; made only when missing."""
     root = payload_root(shared_root)
-    final = posixpath.join(root, archive.digest)
+    final = remote_within(posixpath.join(root, archive.digest), root)
     if hook.is_dir(final):
         log.info("payload %s %s is on the cluster already: %s", archive.name, archive.digest, final)
         return {"name": archive.name, "digest": archive.digest, "dir": final, "reused": True}
