@@ -31,11 +31,13 @@ def validate(conf: dict[str, Any], *, sweep: bool = False, dated: bool = False, 
 
 @pytest.fixture
 def offline(monkeypatch):
-    """`validate` without the checks that ask AWS (instance types, ParallelCluster's EC2 checks: tested
-    against moto in tests/dags), for unit tests that run without the local stack."""
+    """`validate` without the checks that ask AWS (instance types, ParallelCluster's EC2 checks, the
+    account preflight: tested against moto in tests/dags and tests/cluster), for unit tests that run
+    without the local stack."""
     import pcflow.pipeline
 
     monkeypatch.setattr(pcflow.pipeline, "check_against_aws", lambda run: None)
+    monkeypatch.setattr(pcflow.pipeline, "account_preflight", lambda run: None)
     monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")
     return validate
 
