@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagrun import run_dag, tagged_resources
+from dagrun import remove_stack, run_dag, tagged_resources
 
 CONF = {"partition": "shards", "overrides": {"dataset": {"mode": "shard"}}, "hyperparameters": {"epochs": 1}}
 
@@ -27,3 +27,4 @@ def test_pretrain_trains_on_the_shards_the_dataset_stage_wrote(airflow):
     finals = out["metrics"]["metrics"]
     assert finals["probe_accuracy"]["final"] > 0.5 and "fewshot_accuracy_untrained" in finals
     assert tagged_resources("pcflow:run", result.run_key) == []
+    assert remove_stack("local") == []  # what the run keeps on purpose (image, data bucket)
