@@ -1,18 +1,27 @@
-"""The embedded default: AWS (moto, HTTPS), Slurm (munge, MariaDB, slurmdbd, slurmctld, slurmd) and sshd.
+"""The embedded default: AWS (moto, HTTPS), Slurm (munge, MariaDB, slurmdbd, slurmctld, 3 slurmd) and sshd.
+
+The head node (slurmctld, slurmdbd, sshd) is this host at 127.0.0.1. Each compute node is a slurmd of
+its own, with its own node name and loopback address (127.0.0.2, .3, ...), started in its own UTS and
+mount namespaces: `hostname` there says the node's name, and the node's /etc/hosts (a copy of this
+host's, bind-mounted in its namespace only, so the host's file is never edited) resolves every node's
+name to its address, as a cluster's DNS does. Jobs run inside their node's namespaces, so launchers
+rendezvous at node names as they do on ParallelCluster, and gloo binds each node's own address.
 
 Every daemon runs in the foreground, started by this script, its pid and start time written to a file
 under the state directory; `down` stops only those processes, never any found by name. All state
 (keys, certificates, configs, databases, logs) lives under one directory (default `<repo>/.stack`,
 override with PCFLOW_STACK_DIR), so `clean` undoes everything.
 
-Usage: stack.py up | down | status [--json] | clean
+Usage: stack.py up | down | status [--json] | clean | fail-node NODE
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import getpass
+import hashlib
 import json
 import os
 import secrets
@@ -28,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurmconf import CLUSTER_NAME, SlurmdbdSite, SlurmSite, render_slurm_conf, render_slurmdbd_conf
+from slurmconf import CLUSTER_NAME, ComputeNode, SlurmdbdSite, SlurmSite, render_slurm_conf, render_slurmdbd_conf
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")).resolve()
@@ -39,7 +48,16 @@ CLUSTER_BOUNDARY = REPO / "include" / "iam" / "pcflow-cluster-boundary.json"
 PCLUSTER_VERSION = "3.16.1"
 READY_TIMEOUT_S = 90
 STOP_TIMEOUT_S = 20
-PORT_NAMES = ("moto", "sshd", "slurmctld", "slurmd", "slurmdbd", "mariadb")
+PORT_NAMES = ("moto", "sshd", "slurmctld", "slurmdbd", "mariadb")
+#: The compute nodes: nodeN at 127.0.0.(N+1), each with a slurmd port of its own (`slurmd-nodeN`).
+NODE_COUNT = 3
+NODE_NAMES = tuple(f"node{i}" for i in range(1, NODE_COUNT + 1))
+OPEN_MPI_SITE = {
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+}
 SYSTEM_BINARIES = {
     "munged": "munge",
     "slurmctld": "slurmctld",
@@ -48,6 +66,7 @@ SYSTEM_BINARIES = {
     "sshd": "openssh-server",
     "mariadbd": "mariadb-server",
     "ssh-keygen": "openssh-client",
+    "unshare": "util-linux",
 }
 
 
@@ -105,24 +124,40 @@ class Layout:
     def slurm_env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
 
+    @property
+    def hosts_file(self) -> Path:
+        return self.path("slurm", "etc", "hosts")
 
-def free_port() -> int:
+    @property
+    def nodes(self) -> tuple[ComputeNode, ...]:
+        return tuple(ComputeNode(name, node_addr(name), self.ports.get(f"slurmd-{name}")) for name in NODE_NAMES)
+
+
+def node_addr(name: str) -> str:
+    return f"127.0.0.{NODE_NAMES.index(name) + 2}"
+
+
+def port_names() -> dict[str, str]:
+    """Every port the stack listens on, and the address it is free on."""
+    return {**dict.fromkeys(PORT_NAMES, "127.0.0.1"), **{f"slurmd-{n}": node_addr(n) for n in NODE_NAMES}}
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((addr, 0))
         return s.getsockname()[1]
 
 
 def load_layout(create: bool) -> Layout:
-    """Ports are chosen once, when the state is created, and kept so configs stay stable."""
+    """Ports are chosen once, when the state is created, and kept so configs stay stable (a state made
+    by an older stack gains the ports it lacks)."""
     ports_file = STATE / "ports.json"
-    if ports_file.exists():
-        ports = json.loads(ports_file.read_text())
-    elif create:
+    ports = json.loads(ports_file.read_text()) if ports_file.exists() else {}
+    missing = {name: addr for name, addr in port_names().items() if name not in ports}
+    if create and missing:
         STATE.mkdir(parents=True, exist_ok=True)
-        ports = {name: free_port() for name in PORT_NAMES}
+        ports.update({name: free_port(addr) for name, addr in missing.items()})
         ports_file.write_text(json.dumps(ports, indent=2))
-    else:
-        ports = {}
     return Layout(root=STATE, ports=ports, user=getpass.getuser(), host=socket.gethostname().split(".")[0])
 
 
@@ -230,7 +265,10 @@ def ensure_ssh(lay: Layout) -> None:
                 # The state directory may sit in a group-writable checkout; the key file itself is 0600.
                 "StrictModes no",
                 "PrintMotd no",
-                f"SetEnv SLURM_CONF={lay.slurm_conf}",
+                # A login's environment, which sbatch passes to jobs: the site's slurm.conf, and Open MPI told
+                # that this site's nodes talk over the loopback interface (which it skips by default) and
+                # that jobs run as root here (which mpirun refuses unless told).
+                f"SetEnv SLURM_CONF={lay.slurm_conf} {' '.join(f'{k}={v}' for k, v in OPEN_MPI_SITE.items())}",
                 "Subsystem sftp internal-sftp",
                 "MaxStartups 100:30:200",
                 "MaxSessions 100",
@@ -296,6 +334,7 @@ def ensure_slurm(lay: Layout) -> None:
     s = lay.path("slurm")
     for sub in ("etc", "state", "spool", "log", "run"):
         (s / sub).mkdir(parents=True, exist_ok=True)
+    write_if_changed(lay.hosts_file, node_hosts())
     common = {"user": lay.user, "munge_socket": str(lay.munge_socket), "loopback_only": True}
     site = SlurmSite(
         **common,
@@ -303,13 +342,11 @@ def ensure_slurm(lay: Layout) -> None:
         controller=lay.host,
         controller_addr="127.0.0.1",
         ctld_port=lay.ports["slurmctld"],
-        slurmd_port=lay.ports["slurmd"],
-        node=lay.host,
-        node_addr="127.0.0.1",
+        nodes=lay.nodes,
         cpus=slurm_cpus(),
         memory_mb=real_memory_mb(),
         state_dir=str(s / "state"),
-        spool_dir=str(s / "spool"),
+        spool_dir=str(s / "spool" / "%n"),
         pid_dir=str(s / "run"),
         log_dir=str(s / "log"),
         accounting_host="127.0.0.1",
@@ -330,6 +367,13 @@ def ensure_slurm(lay: Layout) -> None:
         header="# Generated by include/local/stack.py; holds the database password, so mode 0600.",
     )
     write_if_changed(s / "etc" / "slurmdbd.conf", render_slurmdbd_conf(dbd), 0o600)
+
+
+def node_hosts() -> str:
+    """The compute nodes' /etc/hosts: this host's, and every node's name at its address."""
+    own = Path("/etc/hosts").read_text()
+    nodes = "".join(f"{node_addr(name)} {name}\n" for name in NODE_NAMES)
+    return f"{own.rstrip()}\n# pcflow local stack: the compute nodes (include/local/stack.py)\n{nodes}"
 
 
 def ssh_connection(lay: Layout) -> dict:
@@ -448,15 +492,18 @@ def slurmctld_ready(lay: Layout) -> bool:
     return "UP" in out
 
 
-def node_state(lay: Layout) -> str:
-    out = run(["sinfo", "-h", "-N", "-o", "%T"], env=lay.slurm_env(), check=False, timeout=15)
-    return out.stdout.strip().lower() if out.returncode == 0 else ""
+def node_states(lay: Layout) -> dict[str, str]:
+    """Each compute node's state as sinfo prints it (`idle`, `allocated`, `down*`, `drained`...)."""
+    out = run(["sinfo", "-h", "-N", "-o", "%N %T"], env=lay.slurm_env(), check=False, timeout=15)
+    pairs = (line.split() for line in out.stdout.lower().splitlines()) if out.returncode == 0 else ()
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
 
 
-def slurmd_ready(lay: Layout) -> bool:
-    state = node_state(lay)
+def slurmd_ready(lay: Layout, name: str) -> bool:
+    """Registered and usable; a node left drained or down (a test, a lost node) is resumed."""
+    state = node_states(lay).get(name, "")
     if "drain" in state or state.startswith("down"):
-        run(["scontrol", "update", f"nodename={lay.host}", "state=resume"], env=lay.slurm_env(), check=False)
+        run(["scontrol", "update", f"nodename={name}", "state=resume"], env=lay.slurm_env(), check=False)
         return False
     return state.rstrip("*") in {"idle", "mixed", "allocated", "completing"}
 
@@ -533,6 +580,8 @@ class Service:
     ready: Callable[[Layout], bool]
     after_start: Callable[[Layout], None] | None = None
     env: Callable[[Layout], dict[str, str]] | None = None
+    node: str | None = None  # the compute node this slurmd is
+    configs: Callable[[Layout], tuple[Path, ...]] = lambda lay: ()  # a change to one restarts the service
 
     def endpoint(self, lay: Layout) -> str:
         port = lay.ports.get(self.name)
@@ -540,7 +589,44 @@ class Service:
             return lay.aws_endpoint
         if self.name == "munge":
             return str(lay.munge_socket)
-        return f"127.0.0.1:{port}" if port else ""
+        return f"{node_addr(self.node) if self.node else '127.0.0.1'}:{port}" if port else ""
+
+
+#: Run in a compute node's own namespaces: its hostname, then its /etc/hosts, then slurmd (exec'd, so the
+#: recorded pid is slurmd's). Values arrive as arguments, never spliced into the script.
+NODE_SHELL = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+
+
+def slurmd_service(name: str) -> Service:
+    """One compute node: slurmd under `unshare` (UTS + mount namespaces; mounts made on the host later
+    still reach it, its own /etc/hosts never leaves it)."""
+    return Service(
+        f"slurmd-{name}",
+        lambda lay: [
+            find_binary("unshare"),
+            "--uts",
+            "--mount",
+            "--propagation",
+            "slave",
+            "--",
+            "sh",
+            "-c",
+            NODE_SHELL,
+            "pcflow-node",
+            name,
+            str(lay.hosts_file),
+            find_binary("slurmd"),
+            "-D",
+            "-N",
+            name,
+            "-f",
+            str(lay.slurm_conf),
+        ],
+        lambda lay: slurmd_ready(lay, name),
+        env=Layout.slurm_env,
+        node=name,
+        configs=lambda lay: (lay.slurm_conf,),
+    )
 
 
 SERVICES: list[Service] = [
@@ -584,23 +670,21 @@ SERVICES: list[Service] = [
         lambda lay: port_open(lay.ports["slurmdbd"]),
         after_start=register_cluster,
         env=Layout.slurm_env,
+        configs=lambda lay: (lay.path("slurm", "etc", "slurmdbd.conf"),),
     ),
     Service(
         "slurmctld",
         lambda lay: [find_binary("slurmctld"), "-D", "-f", str(lay.slurm_conf)],
         slurmctld_ready,
         env=Layout.slurm_env,
+        configs=lambda lay: (lay.slurm_conf,),
     ),
-    Service(
-        "slurmd",
-        lambda lay: [find_binary("slurmd"), "-D", "-f", str(lay.slurm_conf)],
-        slurmd_ready,
-        env=Layout.slurm_env,
-    ),
+    *(slurmd_service(name) for name in NODE_NAMES),
     Service(
         "sshd",
         lambda lay: [find_binary("sshd"), "-D", "-e", "-f", str(lay.path("ssh", "sshd_config"))],
         sshd_ready,
+        configs=lambda lay: (lay.path("ssh", "sshd_config"),),
     ),
     Service(
         "moto",
@@ -650,6 +734,19 @@ def running_pid(lay: Layout, svc: Service) -> int | None:
     return None
 
 
+def config_digest(lay: Layout, svc: Service) -> str:
+    """What the service's config files say now; recorded at start, so a changed config restarts it."""
+    digest = hashlib.sha256()
+    for path in svc.configs(lay):
+        digest.update(path.read_bytes() if path.exists() else b"")
+    return digest.hexdigest() if svc.configs(lay) else ""
+
+
+def started_with_current_config(lay: Layout, svc: Service) -> bool:
+    record = json.loads(pid_file(lay, svc).read_text())
+    return record.get("config", "") == config_digest(lay, svc)
+
+
 def alive(pid: int) -> bool:
     """Alive and not a zombie (a zombie has exited; only its parent's wait is missing)."""
     try:
@@ -666,11 +763,11 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 
 def start(lay: Layout, svc: Service) -> str:
-    if running_pid(lay, svc) and svc.ready(lay):
+    if running_pid(lay, svc) and started_with_current_config(lay, svc) and svc.ready(lay):
         if svc.after_start:  # idempotent set-up steps: re-applied, in case the service lost its state
             svc.after_start(lay)
         return "already up"
-    stop(lay, svc)  # a half-dead previous instance: clear it before starting afresh
+    stop(lay, svc)  # a half-dead previous instance, or one with an older config: start afresh
     argv = svc.argv(lay)
     log = lay.path("logs", f"{svc.name}.log")
     with open(log, "ab") as out:
@@ -683,7 +780,7 @@ def start(lay: Layout, svc: Service) -> str:
             start_new_session=True,
             cwd=lay.root,
         )
-    record = {"pid": proc.pid, "start_time": start_time(proc.pid), "argv": argv}
+    record = {"pid": proc.pid, "start_time": start_time(proc.pid), "argv": argv, "config": config_digest(lay, svc)}
     pid_file(lay, svc).write_text(json.dumps(record))
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -735,11 +832,24 @@ def cancel_jobs(lay: Layout) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+#: What older stacks started and this one no longer has (one slurmd for the whole host): `up` and `down`
+#: stop it, so a state made by an older stack leaves nothing behind.
+RETIRED_SERVICES = ("slurmd",)
+
+
+def stop_retired(lay: Layout) -> None:
+    for name in RETIRED_SERVICES:
+        retired = Service(name, argv=lambda lay: [], ready=lambda lay: False)
+        if pid_file(lay, retired).exists():
+            print(f"{name:13s} {stop(lay, retired)} (no longer part of the stack)", flush=True)
+
+
 def cmd_up() -> int:
     lay = load_layout(create=True)
     prepare(lay)
+    stop_retired(lay)
     for svc in SERVICES:
-        print(f"{svc.name:10s} {start(lay, svc)}", flush=True)
+        print(f"{svc.name:13s} {start(lay, svc)}", flush=True)
     print(f"stack up; environment in {lay.env_file}")
     return 0
 
@@ -751,13 +861,26 @@ def cmd_down() -> int:
         return 0
     cancel_jobs(lay)
     for svc in reversed(SERVICES):
-        print(f"{svc.name:10s} {stop(lay, svc)}", flush=True)
+        print(f"{svc.name:13s} {stop(lay, svc)}", flush=True)
+    stop_retired(lay)
     print("stack down")
     return 0
 
 
+def compute_nodes(lay: Layout | None = None) -> list[dict]:
+    """The compute nodes: name, address, slurmd port and state as Slurm reports it now (`idle`,
+    `allocated`, `down*`...; "" while slurmctld is not answering). For tools that present the local
+    Slurm as a cluster (the rehearsal's stand-in lists them as the cluster's compute instances)."""
+    lay = lay or load_layout(create=False)
+    ctld = next(svc for svc in SERVICES if svc.name == "slurmctld")
+    states = node_states(lay) if lay.ports and running_pid(lay, ctld) else {}
+    return [{"name": n.name, "address": n.addr, "port": n.port, "state": states.get(n.name, "")} for n in lay.nodes]
+
+
 def status(lay: Layout) -> dict[str, dict]:
+    """Every service: running (our pid alive), ready, pid, endpoint; a slurmd's also its node."""
     result = {}
+    nodes = {node["name"]: node for node in compute_nodes(lay)}
     for svc in SERVICES:
         pid = running_pid(lay, svc) if lay.ports else None
         result[svc.name] = {
@@ -765,6 +888,7 @@ def status(lay: Layout) -> dict[str, dict]:
             "ready": bool(pid) and svc.ready(lay),
             "pid": pid,
             "endpoint": svc.endpoint(lay) if lay.ports else "",
+            **({"node": nodes[svc.node]} if svc.node else {}),
         }
     return result
 
@@ -777,9 +901,51 @@ def cmd_status(as_json: bool) -> int:
         return 0
     for name, s in st.items():
         word = "up" if s["ready"] else ("starting/unhealthy" if s["running"] else "down")
-        print(f"{name:10s} {word:20s} {'pid ' + str(s['pid']) if s['pid'] else '':12s} {s['endpoint']}")
+        node = f"{s['node']['name']} {s['node']['state'] or '?'}" if "node" in s else ""
+        print(f"{name:13s} {word:20s} {'pid ' + str(s['pid']) if s['pid'] else '':12s} {s['endpoint']:24s} {node}")
     ups = sum(s["ready"] for s in st.values())
     print(f"{ups}/{len(st)} services up; state in {lay.root}")
+    return 0
+
+
+def fail_node(lay: Layout, name: str) -> list[int]:
+    """Lose a compute node as a spot interruption does: everything on it (its slurmd, its jobs' steps
+    and programs: the processes of its UTS namespace) dies at once, then slurmctld is told the node is
+    DOWN, as ParallelCluster's clustermgtd does when EC2 reports the instance gone. Slurm then requeues
+    the node's jobs. `up` brings the node back. Returns the pids killed."""
+    svc = next((svc for svc in SERVICES if svc.node == name), None)
+    if svc is None:
+        raise StackError(f"no compute node {name!r}; the nodes are {', '.join(NODE_NAMES)}")
+    pid = running_pid(lay, svc)
+    killed = []
+    if pid is not None:
+        namespace = os.readlink(f"/proc/{pid}/ns/uts")
+        if namespace == os.readlink("/proc/self/ns/uts"):
+            raise StackError(f"{svc.name} (pid {pid}) runs in this host's namespace; refusing to kill it")
+        killed = [p for p in _pids() if _uts_namespace(p) == namespace]
+        for victim in killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+    reason = "pcflow stack.py fail-node: node lost"
+    run(["scontrol", "update", f"nodename={name}", "state=down", f"reason={reason}"], env=lay.slurm_env())
+    return killed
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _uts_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+def cmd_fail_node(name: str) -> int:
+    lay = load_layout(create=False)
+    killed = fail_node(lay, name)
+    print(f"{name} lost: {len(killed)} process(es) killed, node DOWN; `stack.py up` brings it back")
     return 0
 
 
@@ -793,7 +959,8 @@ def cmd_clean() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "clean"])
+    parser.add_argument("command", choices=["up", "down", "status", "clean", "fail-node"])
+    parser.add_argument("node", nargs="?", help="fail-node: the compute node to lose (node1, node2, ...)")
     parser.add_argument("--json", action="store_true", help="status as JSON")
     args = parser.parse_args(argv)
     try:
@@ -803,6 +970,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_down()
         if args.command == "status":
             return cmd_status(args.json)
+        if args.command == "fail-node":
+            return cmd_fail_node(args.node or "")
         return cmd_clean()
     except StackError as exc:
         print(f"stack {args.command} failed: {exc}", file=sys.stderr)
