@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One role of the local profile's Slurm cluster per container: init | slurmdbd | slurmctld | slurmd | sshd.
+# A slurmd container is the compute node named as its hostname (compose: node1, node2, node3).
 # Every daemon role starts munged first (same key, from local-init's volume) and runs in the foreground.
 set -euo pipefail
 
@@ -28,7 +29,7 @@ case "$role" in
     exec /usr/sbin/slurmctld -D
     ;;
   slurmd)
-    exec /usr/sbin/slurmd -D -N slurmd
+    exec /usr/sbin/slurmd -D -N "$(hostname)"
     ;;
   sshd)
     # The cluster's login node: Slurm's client commands + the shared root, reached by Airflow over SSH.
@@ -37,7 +38,8 @@ case "$role" in
       -o AuthorizedKeysFile="$root/ssh/authorized_keys" \
       -o PermitRootLogin=prohibit-password -o PasswordAuthentication=no \
       -o KbdInteractiveAuthentication=no -o UsePAM=no -o StrictModes=no \
-      -o MaxStartups=100:30:200 -o MaxSessions=100
+      -o MaxStartups=100:30:200 -o MaxSessions=100 \
+      -o "SetEnv=OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"  # jobs run as root here; mpirun asks
     ;;
   *)
     echo "unknown role: $role (init | slurmdbd | slurmctld | slurmd | sshd)" >&2

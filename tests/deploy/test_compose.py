@@ -31,7 +31,8 @@ AIRFLOW_SERVICES = {
     "airflow-triggerer",
     "airflow-worker",
 }
-LOCAL_SERVICES = {"local-init", "moto", "local-seed", "mariadb", "slurmdbd", "slurmctld", "slurmd", "sshd"}
+COMPUTE_NODES = {"node1", "node2", "node3"}  # one slurmd each; the names slurm.conf gives them (init.sh)
+LOCAL_SERVICES = {"local-init", "moto", "local-seed", "mariadb", "slurmdbd", "slurmctld", "sshd", *COMPUTE_NODES}
 
 
 def compose() -> dict:
@@ -64,6 +65,8 @@ def test_the_services_of_the_official_layout_and_the_local_profile():
     assert LOCAL_SERVICES <= services.keys()
     for name in LOCAL_SERVICES:
         assert services[name].get("profiles") == ["local"], name
+    for name in COMPUTE_NODES:  # `slurmd -N "$(hostname)"`: the hostname is the node's name in slurm.conf
+        assert (services[name]["hostname"], services[name]["command"]) == (name, "slurmd")
     for name in AIRFLOW_SERVICES:
         assert "profiles" not in services[name], name
         env = services[name]["environment"]

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from slurmconf import POLICY, SlurmdbdSite, SlurmSite, main, render_slurm_conf, render_slurmdbd_conf
+from slurmconf import POLICY, ComputeNode, SlurmdbdSite, SlurmSite, main, render_slurm_conf, render_slurmdbd_conf
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,11 +48,19 @@ def test_init_renders_the_same_policy_as_the_host_stack(local_init):
     rendered = settings(text)
     assert {k: rendered[k] for k in POLICY} == POLICY
     assert rendered["SlurmctldHost"] == "slurmctld" and rendered["AccountingStorageHost"] == "slurmdbd"
-    assert "NodeName=slurmd CPUs=6 RealMemory=2048 State=UNKNOWN" in text.splitlines()
+    for node in ("node1", "node2", "node3"):  # the compose services of those names
+        assert f"NodeName={node} CPUs=6 RealMemory=2048 State=UNKNOWN" in text.splitlines()
     # The host stack's file differs only in where things are (ports, paths, the private munge socket).
     host = settings(
         render_slurm_conf(
-            SlurmSite(controller="h", node="h", cpus=4, memory_mb=1024, munge_socket="/s", loopback_only=True)
+            SlurmSite(
+                controller="h",
+                nodes=(ComputeNode("n1", "127.0.0.2", 7001),),
+                cpus=4,
+                memory_mb=1024,
+                munge_socket="/s",
+                loopback_only=True,
+            )
         )
     )
     assert set(rendered) <= set(host)
@@ -74,9 +82,13 @@ def test_renderer_refuses_bad_input(monkeypatch, capsys):
     monkeypatch.delenv("SLURM_DB_PASSWORD", raising=False)
     assert main(["slurmdbd", "--dbd-host", "slurmdbd", "--storage-host", "mariadb"]) == 2
     assert "SLURM_DB_PASSWORD" in capsys.readouterr().err
-    assert main(["slurm", "--controller", "c", "--node", "n p", "--cpus", "4", "--memory-mb", "64"]) == 2
+    assert main(["slurm", "--controller", "c", "--nodes", "n1,n p", "--cpus", "4", "--memory-mb", "64"]) == 2
     assert "node must be a non-empty word" in capsys.readouterr().err
+    assert main(["slurm", "--controller", "c", "--nodes", "n1,n1", "--cpus", "4", "--memory-mb", "64"]) == 2
+    assert "unique" in capsys.readouterr().err
     with pytest.raises(ValueError, match="positive"):
-        SlurmSite(controller="c", node="n", cpus=0, memory_mb=64)
+        SlurmSite(controller="c", nodes=(ComputeNode("n"),), cpus=0, memory_mb=64)
+    with pytest.raises(ValueError, match="at least one compute node"):
+        SlurmSite(controller="c", nodes=(), cpus=1, memory_mb=64)
     dbd = render_slurmdbd_conf(SlurmdbdSite(dbd_host="d", storage_host="m", storage_pass="p", dbd_port=7))
     assert "DbdPort=7" in dbd and "DbdAddr" not in dbd
