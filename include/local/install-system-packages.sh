@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the local stack's system packages (Slurm, munge, MariaDB, sshd; PostgreSQL and Redis for the
-# deployment tests) when any is missing.
+# Installs the local stack's system packages (Slurm, munge, MariaDB, sshd, Open MPI for the `mpirun`
+# launcher and its test's mpicc; PostgreSQL and Redis for the deployment tests) when any is missing.
 # Debian/Ubuntu as root: apt-get. Anywhere else: a message that lists what to install.
 set -euo pipefail
 
-packages=(slurm-wlm slurmdbd munge openssh-server openssh-client mariadb-server mariadb-client chromium fonts-dejavu-core postgresql redis-server)
-programs=(slurmctld slurmd slurmdbd sbatch munged sshd ssh-keygen mariadbd mariadb-install-db chromium pg_ctlcluster redis-server)
+packages=(slurm-wlm slurmdbd munge openssh-server openssh-client mariadb-server mariadb-client chromium fonts-dejavu-core postgresql redis-server
+          openmpi-bin libopenmpi-dev)
+programs=(slurmctld slurmd slurmdbd sbatch munged sshd ssh-keygen mariadbd mariadb-install-db chromium pg_ctlcluster redis-server
+          mpirun mpicc)
 
 missing=()
 for prog in "${programs[@]}"; do
