@@ -46,3 +46,17 @@ def first_event(trigger) -> dict:
         raise AssertionError("trigger ended without an event")
 
     return asyncio.run(_first())
+
+
+def deferred_trigger(op, context: dict):
+    """execute() up to the deferral; the trigger it hands over, after a serialisation round trip."""
+    import importlib
+
+    import pytest
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**kwargs)

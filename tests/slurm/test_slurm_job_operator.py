@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import threading
@@ -11,9 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from stacktools import LocalStack
-from taskcontext import MemoryStateStore, first_event, make_context
+from taskcontext import MemoryStateStore, deferred_trigger, first_event, make_context
 
 from pcflow.slurm.hook import SlurmConnectionError, SlurmHook
 from pcflow.slurm.operators import STATE_KEY, SlurmArrayJobOperator, SlurmJobOperator
@@ -28,13 +27,7 @@ def bash(script: str) -> list[str]:
     return ["bash", "-c", script]
 
 
-def defer(op: SlurmJobOperator, context: dict):
-    """execute() up to the deferral; the trigger it hands over, after a serialisation round trip."""
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute(context)
-    classpath, kwargs = deferred.value.trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    return getattr(importlib.import_module(module), name)(**kwargs)
+defer = deferred_trigger
 
 
 def run_to_completion(op: SlurmJobOperator, context: dict) -> dict:
