@@ -87,6 +87,11 @@ def test_sacct_usage_sums_attempts_and_takes_step_rss():
     usage = parse_sacct_usage(SACCT, "77")
     assert usage.state is JobState.COMPLETED and usage.attempts == 2 and usage.node_seconds == 2 * 100 + 2 * 3600
     assert usage.alloc_gpus == 16 and usage.alloc_cpus == 16 and usage.max_rss_bytes == parse_size("1.5G")
+    assert [(a["attempt"], a["state"], a["node_list"], a["elapsed_s"]) for a in usage.history] == [
+        (1, "NODE_FAIL", "gpu-[1-2]", 100),
+        (2, "COMPLETED", "gpu-[1-2]", 3600),
+    ]
+    assert usage.history[0]["start"] == "2026-01-01T00:00:00" and usage.history[1]["end"] == "2026-01-01T01:02:00"
     assert parse_sacct_usage(SACCT, "78") is None
 
 

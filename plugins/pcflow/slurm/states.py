@@ -8,7 +8,7 @@ finished within MinJobAge), so callers never see which one answered.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 
 
@@ -327,6 +327,8 @@ class JobUsage:
     start: str = ""
     end: str = ""
     source: str = ""
+    #: one entry per attempt, oldest first: the nodes it ran on, how it ended (a lost node: NODE_FAIL), when
+    history: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "state": str(self.state)}
@@ -379,6 +381,7 @@ def parse_sacct_usage(output: str, job_id: str) -> JobUsage | None:
     for attempt in allocations:
         if attempt[3].isdigit() and attempt[4].isdigit():
             node_seconds += int(attempt[3]) * int(attempt[4])
+    history = [_attempt(number, fields) for number, fields in enumerate(allocations, start=1)]
     return JobUsage(
         job_id=job_id,
         state=normalise_state(raw),
@@ -396,7 +399,23 @@ def parse_sacct_usage(output: str, job_id: str) -> JobUsage | None:
         start=_timestamp(start),
         end=_timestamp(end),
         source="sacct",
+        history=history,
     )
+
+
+def _attempt(number: int, fields: list[str]) -> dict:
+    """One allocation line of `parse_sacct_usage`'s input: one attempt of the job."""
+    _, raw, exit_text, elapsed, _, node_list, *_, start, end = fields[: len(SACCT_USAGE_FIELDS)]
+    return {
+        "attempt": number,
+        "state": str(normalise_state(raw)),
+        "raw_state": raw,
+        "exit_code": parse_exit_code(exit_text)[0],
+        "elapsed_s": int(elapsed) if elapsed.isdigit() else None,
+        "node_list": "" if node_list in ("None assigned", "(null)") else node_list,
+        "start": _timestamp(start),
+        "end": _timestamp(end),
+    }
 
 
 def parse_scontrol_usage(output: str) -> JobUsage | None:
