@@ -184,7 +184,7 @@ def test_torchrun_launcher_runs_the_same_payload(slurm: SlurmHook, payload_pytho
     op = SlurmJobOperator(
         task_id="simclr-torchrun",
         launcher="torchrun",
-        program=[str(TRAIN)],
+        program=[str(payload_python), str(TRAIN)],  # as with every launcher
         python=str(payload_python),
         allocation={"tasks_per_node": 2, "time_limit": "10"},
         hyperparameters={"data_dir": str(digits_dir), "epochs": 1},

@@ -42,17 +42,18 @@ STATE_KEY = "slurm_job"
 class SlurmJobOperator(BaseOperator):
     """Submit a training (or any) job to Slurm over SSH and wait for it, deferrably by default.
 
-    :param program: the program and its arguments, one list element each (never shell text).
+    :param program: the program and its arguments, one list element each (never shell text), interpreter
+        included: every launcher's workers run it as given, so changing the launcher never changes it.
     :param launcher: `srun`, `torchrun`, `vissl` or `mpirun` (templates in include/jobs/).
     :param allocation: the Slurm resources (BaseOperator already owns `resources`): nodes,
         tasks_per_node, gpus_per_node, cpus_per_task, partition, time_limit, exclusive, requeue,
         extra_sbatch (allow-listed options).
     :param hyperparameters: written to hparams.json beside the script; the job reads PCFLOW_HPARAMS.
     :param env: environment variables for the job.
-    :param python: interpreter on the cluster for torchrun/vissl (a baked venv's python), and for every
-        launcher when a payload is shipped.
+    :param python: the environment's interpreter on the cluster (a baked venv's python): it runs the
+        shipped payload's script under every launcher, and torchrun's per-node agent.
     :param payload_dir: the run's shipped payload on the cluster (`pcflow.slurm.payload`): `program[0]` is
-        then a script inside it, run with `python`; None runs `program` as it is.
+        then a script inside it, run with `python`; None runs `program` as it is, interpreter included.
     :param ssh_conn_id: SSH connection to the head node (extras: shared_root, slurm_bin).
     :param remote_host: head node address overriding the connection's (a cluster made by this run).
     :param host_key: that head node's pinned host key, `<type> <base64>`.

@@ -78,7 +78,6 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
         launcher=spec.launcher,
         array=spec.array is not None,
         env=spec.env,
-        program=spec.script,
         command=spec.command,
         payload_dir=spec.payload_dir,
         python=spec.python,

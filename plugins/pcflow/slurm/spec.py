@@ -196,7 +196,7 @@ class JobSpec(BaseModel):
 
     @property
     def command(self) -> list[str]:
-        """What a launcher that runs the program itself (srun, mpirun) starts on each task."""
+        """What each worker runs, interpreter included, whatever the launcher (torchrun with --no-python)."""
         return [self.python, *self.script] if self.payload_dir is not None else list(self.program)
 
 
