@@ -57,14 +57,15 @@ def test_static_drained_node_on_a_private_stack(local_stack, tmp_path, monkeypat
         assert proc.returncode == 0, proc.stderr[-2000:]
         env = read_env_file(state / "env")
         monkeypatch.setenv("AIRFLOW_CONN_SLURM_PRIVATE", env["AIRFLOW_CONN_SLURM_DEFAULT"])
-        assert StaticProvider(ssh_conn_id="slurm_private").ensure().partitions[0].usable_nodes == 1
+        assert StaticProvider(ssh_conn_id="slurm_private").ensure().partitions[0].usable_nodes == 3
         slurm_env = {**os.environ, "SLURM_CONF": env["SLURM_CONF"]}
-        node = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env, capture_output=True, text=True,
-                              check=True).stdout.split()[0]  # fmt: skip
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=pcflow-test"],
+        nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env, capture_output=True, text=True,
+                               check=True).stdout.split()  # fmt: skip
+        subprocess.run(["scontrol", "update", f"nodename={nodes[0]}", "state=drain", "reason=pcflow-test"],
                        env=slurm_env, check=True)  # fmt: skip
         with pytest.raises(ClusterUnhealthy, match="usable node") as info:
-            StaticProvider(ssh_conn_id="slurm_private").ensure()
+            StaticProvider(ssh_conn_id="slurm_private", min_nodes=3).ensure()
+        assert StaticProvider(ssh_conn_id="slurm_private", min_nodes=2).ensure().partitions[0].usable_nodes == 2
         assert "drain" in str(info.value) and "state=resume" in str(info.value)
     finally:
         stack_cli("down", state_dir=state)
