@@ -50,7 +50,7 @@ def main() -> int:
         "image": out.get("image"),
         "dataset": {k: (out.get("dataset") or {}).get(k) for k in ("uri", "object_count", "uploaded", "skipped")},
         "payload": {k: (out.get("ship_payload") or {}).get(k) for k in ("dir", "reused")},
-        "slurm_job": {k: (out.get("train") or {}).get(k) for k in ("job_id", "state", "elapsed_s", "run_dir")},
+        "slurm_job": {k: (out.get("train") or {}).get(k) for k in ("job_id", "state", "nodes", "elapsed_s", "run_dir")},
         "objective": metrics.get("objective"),
         "trained_vs_untrained": trained_vs_untrained(metrics),
         "cost_usd_estimate": metrics.get("cost_usd_estimate"),

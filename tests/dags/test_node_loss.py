@@ -105,7 +105,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint(airflow,
         (first, first_nodes), (second, second_nodes) = attempts_in(log)
         assert (first, second) == ("0", "1")
         assert loss.victim in hostnames(first_nodes) and loss.victim not in hostnames(second_nodes)
-        assert len(hostnames(second_nodes)) == 2
+        assert len(hostnames(second_nodes)) == 2 and hostnames(train["nodes"]) == hostnames(second_nodes)
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
         (resumed,) = [m for m in metrics if m["name"] == "resumed_from_epoch"]
         assert 1 <= resumed["value"] < 3 and resumed["step"] > 0  # from a checkpoint, not from scratch

@@ -42,6 +42,7 @@ def test_mpirun_runs_one_program_over_two_nodes(slurm: SlurmHook, local_stack: L
     assert {(size, total) for _, size, _, total in ranks} == {("4", "10")}  # 1+2+3+4, on every rank
     hosts = {host for _, _, host, _ in ranks}
     assert len(hosts) == 2 and hosts <= {"node1", "node2", "node3"}, hosts
+    assert set(slurm.run(["scontrol", "show", "hostnames", result["nodes"]]).stdout.split()) == hosts
     # The hosts file the template wrote (the Caffe source's step before mpirun): two slots on each node.
     (hosts_file,) = Path(result["run_dir"]).glob("hosts.*")
     assert sorted(hosts_file.read_text().splitlines()) == sorted(f"{host} slots=2" for host in hosts)

@@ -355,6 +355,7 @@ class SlurmJobOperator(BaseOperator):
             "exit_code": exit_code,
             "elapsed_s": info.elapsed_s if info else None,
             "restarts": info.restarts if info else 0,
+            "nodes": info.nodes if info else "",  # Slurm's node list of the last attempt, e.g. node[1-2]
             "run_dir": run_dir.root,
             "log": run_dir.log,
             "metrics_file": run_dir.metrics,
