@@ -138,8 +138,9 @@ def node_addr(name: str) -> str:
 
 
 def port_names() -> dict[str, str]:
-    """Every port the stack listens on, and the address it is free on."""
-    return {**dict.fromkeys(PORT_NAMES, "127.0.0.1"), **{f"slurmd-{n}": node_addr(n) for n in NODE_NAMES}}
+    """Every port the stack listens on, and the address it must be free on: slurmd listens on all
+    addresses (slurmconf.SlurmSite.loopback_only says why), so its port is chosen free on all of them."""
+    return {**dict.fromkeys(PORT_NAMES, "127.0.0.1"), **{f"slurmd-{n}": "0.0.0.0" for n in NODE_NAMES}}
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
