@@ -501,12 +501,15 @@ def node_states(lay: Layout) -> dict[str, str]:
 
 
 def slurmd_ready(lay: Layout, name: str) -> bool:
-    """Registered and usable; a node left drained or down (a test, a lost node) is resumed."""
+    """Registered and usable."""
+    return node_states(lay).get(name, "").rstrip("*") in {"idle", "mixed", "allocated", "completing"}
+
+
+def resume_if_held(lay: Layout, name: str) -> None:
+    """A node left drained or down (by a test, or lost with fail-node) is put back in service."""
     state = node_states(lay).get(name, "")
     if "drain" in state or state.startswith("down"):
         run(["scontrol", "update", f"nodename={name}", "state=resume"], env=lay.slurm_env(), check=False)
-        return False
-    return state.rstrip("*") in {"idle", "mixed", "allocated", "completing"}
 
 
 def sshd_ready(lay: Layout) -> bool:
@@ -582,6 +585,7 @@ class Service:
     after_start: Callable[[Layout], None] | None = None
     env: Callable[[Layout], dict[str, str]] | None = None
     node: str | None = None  # the compute node this slurmd is
+    settle: Callable[[Layout], None] | None = None  # what `start` does while it waits for ready
     configs: Callable[[Layout], tuple[Path, ...]] = lambda lay: ()  # a change to one restarts the service
 
     def endpoint(self, lay: Layout) -> str:
@@ -626,6 +630,7 @@ def slurmd_service(name: str) -> Service:
         lambda lay: slurmd_ready(lay, name),
         env=Layout.slurm_env,
         node=name,
+        settle=lambda lay: resume_if_held(lay, name),
         configs=lambda lay: (lay.slurm_conf,),
     )
 
@@ -787,6 +792,8 @@ def start(lay: Layout, svc: Service) -> str:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StackError(f"{svc.name} exited with {proc.returncode}; last log lines ({log}):\n{log_tail(log)}")
+        if svc.settle:
+            svc.settle(lay)
         if svc.ready(lay):
             if svc.after_start:
                 svc.after_start(lay)
