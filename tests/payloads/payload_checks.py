@@ -159,6 +159,21 @@ def check_distenv_from_slurm_torchrun_and_alone():
     assert (env.launcher, env.rank, env.world_size, env.local_rank, env.master_port) == ("torchrun", 3, 8, 1, 29400)
     assert detect({}).launcher == "single" and not detect({}).distributed
 
+    # An Open MPI rank inherits the Slurm variables of mpirun's (or orted's) step: OMPI's win, and the
+    # rendezvous is at the job's first node, not the step's.
+    ompi = {
+        "OMPI_COMM_WORLD_RANK": "2",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        **slurm,
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_NODELIST": "node4",
+    }
+    env = detect(ompi, expand=lambda nodes: ["node3", "node4"] if nodes == "node[3-4]" else [])
+    assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_world_size) == ("mpirun", 2, 4, 0, 2)
+    assert (env.master_addr, env.master_port) == ("node3", rendezvous_port("12345"))
+
 
 def check_lr_schedule_warms_up_then_decays_to_zero():
     from hparams import Hparams

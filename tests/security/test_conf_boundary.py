@@ -88,7 +88,7 @@ def test_what_the_profile_lets_a_trigger_user_change_passes(offline):
         ({"overrides": {"training": {"partition": "gpu; rm -rf /"}}}, f"training.partition: {ADMIN_ONLY}"),
         ({"overrides": {"dataset": {"prefix": "'..''/''..''/home'"}}}, f"dataset.prefix: {ADMIN_ONLY}"),
         # within the profile's bounds
-        ({"nodes": 9}, "training.nodes (form field 'nodes'): 9 is outside what the profile allows (1 to 4)"),
+        ({"nodes": 9}, "training.nodes (form field 'nodes'): 9 is outside what the profile allows (1 to 3)"),
         ({"gpus_per_node": 8}, "training.gpus_per_node (form field 'gpus_per_node'): 8 is outside"),
         ({"instance_type": "p5.48xlarge"}, "instance_type (form field 'instance_type'): 'p5.48xlarge' is not one"),
         ({"launcher": "vissl"}, "training.launcher (form field 'launcher'): 'vissl' is not one the profile allows"),

@@ -6,6 +6,9 @@
   rendezvous host is the allocation's first node (`scontrol show hostnames $SLURM_JOB_NODELIST`)
   and the port is derived from the job id, so two jobs sharing a node do not collide and a requeued
   job meets at the same place. MASTER_ADDR / MASTER_PORT, when set, win.
+- `mpirun` (Open MPI, one rank per Slurm task) sets OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK and
+  _LOCAL_SIZE: the rendezvous is the srun one, at the job's first node (where the hosts file puts
+  rank 0). Checked before Slurm's variables, which a rank inherits from mpirun's or orted's step.
 - Neither: one process, no process group.
 """
 
@@ -83,15 +86,18 @@ def detect(env: Mapping[str, str] | None = None, expand: Callable[[str], list[st
             master_port=int(env.get("MASTER_PORT", 29500)),
             job_id=env.get("SLURM_JOB_ID", ""),
         )
+    if "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
+        world = int(env["OMPI_COMM_WORLD_SIZE"])
+        return DistEnv(
+            launcher="mpirun",
+            rank=int(env["OMPI_COMM_WORLD_RANK"]),
+            world_size=world,
+            local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)),
+            local_world_size=int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1)),
+            **_slurm_rendezvous(env, world, env.get("SLURM_JOB_NODELIST", ""), expand),
+        )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        job_id = env.get("SLURM_JOB_ID", "0")
         world = int(env["SLURM_NTASKS"])
-        if "MASTER_ADDR" in env:
-            addr = env["MASTER_ADDR"]
-        elif world > 1:
-            addr = first_host(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"], expand)
-        else:
-            addr = "127.0.0.1"
         return DistEnv(
             launcher="slurm",
             rank=int(env["SLURM_PROCID"]),
@@ -100,11 +106,24 @@ def detect(env: Mapping[str, str] | None = None, expand: Callable[[str], list[st
             local_world_size=_tasks_on_first_node(
                 env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
             ),
-            master_addr=addr,
-            master_port=int(env["MASTER_PORT"]) if "MASTER_PORT" in env else rendezvous_port(job_id),
-            job_id=job_id,
+            **_slurm_rendezvous(env, world, env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"], expand),
         )
     return DistEnv(launcher="single")
+
+
+def _slurm_rendezvous(
+    env: Mapping[str, str], world: int, nodelist: str, expand: Callable[[str], list[str]] | None
+) -> dict:
+    """Where rank 0 listens: MASTER_ADDR/MASTER_PORT when set, else the first node and the job's port."""
+    job_id = env.get("SLURM_JOB_ID", "0")
+    if "MASTER_ADDR" in env:
+        addr = env["MASTER_ADDR"]
+    elif world > 1 and nodelist:
+        addr = first_host(nodelist, expand)
+    else:
+        addr = "127.0.0.1"
+    port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else rendezvous_port(job_id)
+    return {"master_addr": addr, "master_port": port, "job_id": job_id}
 
 
 def threads_per_task(
