@@ -81,7 +81,7 @@ def test_a_shipped_payload_runs_its_script_with_python_under_every_launcher():
     for launcher, line in [
         ("srun", "srun --kill-on-bad-exit=1 /opt/venv/bin/python /fsx/pcflow/payloads/0123abcd/train.py --x 'a b' &"),
         ("mpirun", "/opt/venv/bin/python /fsx/pcflow/payloads/0123abcd/train.py --x 'a b' &"),
-        ("torchrun", "  /fsx/pcflow/payloads/0123abcd/train.py --x 'a b' &"),
+        ("torchrun", "--no-python /opt/venv/bin/python /fsx/pcflow/payloads/0123abcd/train.py --x 'a b' &"),
     ]:
         script = render_batch_script(JobSpec(launcher=launcher, **common), run_dir, job_name="k1.train", run_key="k1")
         assert line in script.splitlines() or any(ln.endswith(line) for ln in script.splitlines()), launcher
