@@ -66,9 +66,10 @@ stack-status:  ## what is up, with pids and endpoints
 
 stack-clean: stack-down  ## stop the stack and delete its state (keys, databases, logs)
 	@if [ -x $(PY) ]; then $(STACK) clean; fi
+	@if [ -x $(PY) ] && [ -d .stack-lane-b ]; then PCFLOW_STACK_DIR=$(CURDIR)/.stack-lane-b $(STACK) clean; fi
 
-test: setup payload-env iam-simulator lint  ## from nothing to a passing test suite (the tests start the stack they need)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: setup payload-env pcluster iam-simulator lint  ## from nothing to a passing test suite (the tests start the stacks they need)
+	@bash tests/lanes.sh $(PYTEST_ARGS)
 
 demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded default
 	@set -a && . .stack/env && set +a && $(PY) include/local/demo.py

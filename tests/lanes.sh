@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# `make test`: the suite in two lanes at once, each with a local stack of its own (PCFLOW_STACK_DIR:
+# its own ports, moto, Slurm, sshd and Airflow home). Most of a test's time is spent waiting on Slurm
+# jobs, AWS stand-ins and Airflow's services, so the modules that take minutes (the Celery deployment,
+# the rehearsal of aws-gpu) run beside the rest instead of after them. Lane B's output follows lane A's.
+# Arguments go to both pytest runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+LANE_B=(tests/deploy/test_celery_deployment.py tests/dags/test_rehearsal.py)
+LANE_B_STATE="$PWD/.stack-lane-b"
+mkdir -p tests/artifacts
+ignores=()
+for path in "${LANE_B[@]}"; do ignores+=(--ignore "$path"); done
+
+PCFLOW_STACK_DIR="$LANE_B_STATE" AIRFLOW_HOME="$LANE_B_STATE/airflow" \
+    $PY -m pytest "$@" "${LANE_B[@]}" >tests/artifacts/lane-b.log 2>&1 &
+lane_b=$!
+trap 'kill "$lane_b" 2>/dev/null' EXIT INT TERM
+$PY -m pytest "$@" "${ignores[@]}"
+status_a=$?
+wait "$lane_b"
+status_b=$?
+trap - EXIT INT TERM
+echo "================ lane B: ${LANE_B[*]} (own stack in $LANE_B_STATE) ================"
+cat tests/artifacts/lane-b.log
+echo "lanes: A exited $status_a, B exited $status_b"
+exit $(( status_a != 0 ? status_a : status_b ))
