@@ -1,0 +1,441 @@
+"""The local stack's AWS: moto's server, plus STAND-INS for what moto 5.2.5 lacks and the rehearsal of
+`aws-gpu` needs. Each follows the AWS API reference (request and response shapes, errors, lifecycles)
+and lives only in this server, which only the local stack starts: no deployment can reach it.
+
+- FSx for Lustre data repository associations and tasks (moto answers 500 for them), and file systems
+  whose contents are a local directory, `--fsx-dir`: the local stack's nodes see it at /fsx, as a
+  ParallelCluster's nodes see their file system. Linking (an ImportPath, or an association with
+  BatchImportMetaDataOnCreate) and import tasks copy the linked S3 objects there (their current
+  versions, as FSx imports them); export tasks write what changed there back to S3. The stand-in
+  file systems share that one directory; it is emptied when a file system is created while none exists.
+- `AWS::FSx::FileSystem` in CloudFormation templates (moto's CloudFormation does not know it), so a
+  cluster's stack holds its file system and deleting the stack deletes it.
+- EC2 console output: moto prints one sample text for every instance. `POST
+  /moto-api/static/ec2/console-output` with `{"instance_id": ..., "output": ...}` sets what an
+  instance's boot printed (the pcluster stand-in: its head node's SSH host keys, as cloud-init prints
+  them).
+- RegisterImage keeps the request's Architecture, VirtualizationType and RootDeviceName (moto drops
+  them, and ParallelCluster's dry run refuses an image of no architecture for any instance type).
+- `POST /moto-api/static/fsx/task-outcomes` with `{"results": [{"Lifecycle": "FAILED", "Message": ...}]}`:
+  how the next data repository tasks end, one result each (a test's failed export).
+
+Usage: moto_standins.py --fsx-dir DIR <moto_server's own arguments>
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from moto.cloudformation.parsing import get_model_list, get_model_map
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.core.common_models import CloudFormationModel
+from moto.core.exceptions import JsonRESTError
+from moto.ec2.models import ec2_backends
+from moto.ec2.responses import amis as ec2_amis
+from moto.ec2.responses import general as ec2_general
+from moto.ec2.utils import Base64EncodedString
+from moto.fsx.exceptions import FileSystemNotFound
+from moto.fsx.models import FSxBackend, fsx_backends
+from moto.fsx.responses import FSxResponse
+from moto.moto_api._internal import urls as moto_api_urls
+from moto.s3.models import FakeKey, s3_backends
+
+ACTIVE = ("PENDING", "EXECUTING")
+#: How long a data repository task stays PENDING before it runs (waiters see it in progress once).
+TASK_START_DELAY_S = 0.5
+
+
+class Settings:
+    """Where the stand-in file systems keep their files."""
+
+    fsx_dir = Path("fsx")
+
+
+def s3_objects(bucket: str, prefix: str) -> list[Any]:
+    """The current version of each object under the prefix (this server's S3, read in process)."""
+    keys = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_bucket(bucket).keys
+    return [key for name, key in list(keys.items()) if name.startswith(prefix) and isinstance(key, FakeKey)]
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return bucket, prefix.strip("/")
+
+
+def standin(backend: FSxBackend) -> dict[str, Any]:
+    """The stand-in's records in a moto backend (a moto reset drops them with the backend)."""
+    if not hasattr(backend, "pcflow_standin"):
+        backend.pcflow_standin = {"links": {}, "tasks": {}, "tokens": {}, "outcomes": [], "synced": {}}
+    return backend.pcflow_standin
+
+
+# -- the file system's directory -----------------------------------------------------------------
+
+
+def links_of(backend: FSxBackend, fs_id: str) -> list[dict[str, str]]:
+    """(file system path, S3 path, export path) of each link: the legacy ImportPath, or associations."""
+    fs = backend.file_systems[fs_id]
+    repository = (fs.lustre_configuration or {}).get("DataRepositoryConfiguration") or {}
+    if repository.get("ImportPath"):
+        export = repository.get("ExportPath") or repository["ImportPath"]
+        return [{"fs_path": "/", "s3": repository["ImportPath"], "export": export}]
+    return [
+        {"fs_path": a["FileSystemPath"], "s3": a["DataRepositoryPath"], "export": a["DataRepositoryPath"]}
+        for a in standin(backend)["links"].values()
+        if a["FileSystemId"] == fs_id
+    ]
+
+
+def local_path(link: dict[str, str], key: str) -> Path:
+    """Where the object `key` of the link's S3 path lies in the file system's directory."""
+    _, prefix = split_s3(link["s3"])
+    relative = key[len(prefix) :].lstrip("/") if prefix else key
+    target = (Settings.fsx_dir / link["fs_path"].strip("/") / relative).resolve()
+    if Settings.fsx_dir.resolve() not in target.parents:
+        raise ValueError(f"s3 key {key!r} lands outside the file system")
+    return target
+
+
+def import_objects(backend: FSxBackend, fs_id: str, paths: list[str] | None = None) -> int:
+    """Copy each linked object (under `paths`, when given) into the directory; returns the count."""
+    copied = 0
+    synced = standin(backend)["synced"].setdefault(fs_id, {})
+    for link in links_of(backend, fs_id):
+        bucket, prefix = split_s3(link["s3"])
+        wanted = [split_s3(p)[1] for p in paths or [link["s3"]]]
+        for key in s3_objects(bucket, prefix):
+            if key.name.endswith("/") or not any(key.name.startswith(w) for w in wanted):
+                continue
+            target = local_path(link, key.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(key.value)
+            stat = target.stat()
+            synced[str(target)] = (stat.st_size, stat.st_mtime_ns)
+            copied += 1
+    return copied
+
+
+def export_changes(backend: FSxBackend, fs_id: str) -> int:
+    """Write the files that are new or changed since they were imported (or last exported) to S3."""
+    s3, written = s3_backends[DEFAULT_ACCOUNT_ID]["aws"], 0
+    synced = standin(backend)["synced"].setdefault(fs_id, {})
+    for link in links_of(backend, fs_id):
+        root = (Settings.fsx_dir / link["fs_path"].strip("/")).resolve()
+        bucket, prefix = split_s3(link["export"])
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            stat = path.stat()
+            if synced.get(str(path)) == (stat.st_size, stat.st_mtime_ns):
+                continue
+            key = "/".join(filter(None, [prefix, path.relative_to(root).as_posix()]))
+            s3.put_object(bucket, key, path.read_bytes())
+            synced[str(path)] = (stat.st_size, stat.st_mtime_ns)
+            written += 1
+    return written
+
+
+def empty_fsx_dir() -> None:
+    Settings.fsx_dir.mkdir(parents=True, exist_ok=True)
+    for entry in Settings.fsx_dir.iterdir():
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
+# -- file systems: the response shape, the link at creation, CloudFormation ---------------------
+
+_create_file_system = FSxBackend.create_file_system
+_delete_file_system = FSxBackend.delete_file_system
+
+
+def lustre_response_shape(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """CreateFileSystem takes ImportPath & co. at the top of LustreConfiguration; DescribeFileSystems
+    answers them under DataRepositoryConfiguration (moto echoes the request's shape)."""
+    if not config:
+        return config
+    repository_keys = ("ImportPath", "ExportPath", "ImportedFileChunkSize", "AutoImportPolicy")
+    shaped = {k: v for k, v in config.items() if k not in repository_keys}
+    repository = {k: config[k] for k in repository_keys if k in config}
+    if repository:
+        shaped["DataRepositoryConfiguration"] = {"Lifecycle": "AVAILABLE", **repository}
+    shaped.setdefault("MountName", uuid.uuid4().hex[:8])
+    return shaped
+
+
+def create_file_system(self: FSxBackend, **kwargs: Any) -> Any:
+    if not self.file_systems:
+        empty_fsx_dir()  # a new file system starts empty; the stand-ins share one directory
+    kwargs["lustre_configuration"] = lustre_response_shape(kwargs.get("lustre_configuration"))
+    fs = _create_file_system(self, **kwargs)
+    if links_of(self, fs.file_system_id):
+        import_objects(self, fs.file_system_id)  # FSx lists the linked prefix while it creates the file system
+    return fs
+
+
+def delete_file_system(self: FSxBackend, file_system_id: str, **kwargs: Any) -> Any:
+    result = _delete_file_system(self, file_system_id=file_system_id, **kwargs)
+    standin(self)["synced"].pop(file_system_id, None)
+    if not self.file_systems:
+        empty_fsx_dir()  # its data goes with it (what was not exported is lost, as on FSx)
+    return result
+
+
+class FsxFileSystemResource(CloudFormationModel):
+    """AWS::FSx::FileSystem in a CloudFormation stack, made and deleted through the FSx backend."""
+
+    __module__ = "moto.fsx.pcflow_standin"  # moto files its models by service, from the module's name
+
+    @staticmethod
+    def cloudformation_name_type() -> str:
+        return ""
+
+    @staticmethod
+    def cloudformation_type() -> str:
+        return "AWS::FSx::FileSystem"
+
+    @classmethod
+    def has_cfn_attr(cls, attr: str) -> bool:
+        return attr in ("DNSName", "LustreMountName")
+
+    @classmethod
+    def create_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs):
+        props = cloudformation_json.get("Properties", {})
+        backend = fsx_backends[account_id][region_name]
+        fs = backend.create_file_system(
+            client_request_token=None, file_system_type=props.get("FileSystemType", "LUSTRE"),
+            storage_capacity=props.get("StorageCapacity"), storage_type=props.get("StorageType", "SSD"),
+            subnet_ids=props.get("SubnetIds", []), security_group_ids=props.get("SecurityGroupIds", []),
+            tags=props.get("Tags"), kms_key_id=None, windows_configuration=None,
+            lustre_configuration=props.get("LustreConfiguration"), ontap_configuration=None,
+            file_system_type_version=props.get("FileSystemTypeVersion"), open_zfs_configuration=None,
+        )  # fmt: skip
+        return cls(fs.file_system_id, account_id, region_name)
+
+    @classmethod
+    def delete_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name):
+        cls(resource_name, account_id, region_name).delete(account_id, region_name)
+
+    def __init__(self, file_system_id: str, account_id: str, region_name: str):
+        self.file_system_id = file_system_id
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.file_system_id
+
+    def get_cfn_attribute(self, attribute_name: str) -> Any:
+        return self.file_system_id
+
+    def delete(self, account_id: str, region_name: str) -> None:
+        backend = fsx_backends[account_id][region_name]
+        if self.file_system_id in backend.file_systems:
+            backend.delete_file_system(
+                file_system_id=self.file_system_id, client_request_token=None, windows_configuration=None,
+                lustre_configuration=None, open_zfs_configuration=None,
+            )  # fmt: skip
+
+
+# -- data repository associations and tasks (the FSx API reference's shapes) ---------------------
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _file_system(backend: FSxBackend, fs_id: str) -> Any:
+    if fs_id not in backend.file_systems:
+        raise FileSystemNotFound(fs_id)
+    return backend.file_systems[fs_id]
+
+
+def _filtered(items: list[dict], filters: list[dict], names: dict[str, str]) -> list[dict]:
+    for f in filters or []:
+        field = names.get(f["Name"])
+        if field:
+            items = [i for i in items if i.get(field) in f["Values"]]
+    return items
+
+
+def create_data_repository_association(self: FSxResponse) -> str:
+    params = json.loads(self.body)
+    backend = self.fsx_backend
+    fs = _file_system(backend, params["FileSystemId"])
+    links = standin(backend)["links"]
+    association_id = f"dra-{uuid.uuid4().hex[:17]}"
+    links[association_id] = {
+        "AssociationId": association_id,
+        "ResourceARN": f"{fs.resource_arn.rsplit(':', 1)[0]}:association/{fs.file_system_id}/{association_id}",
+        "FileSystemId": fs.file_system_id,
+        "Lifecycle": "AVAILABLE",
+        "FileSystemPath": params.get("FileSystemPath", "/"),
+        "DataRepositoryPath": params["DataRepositoryPath"],
+        "BatchImportMetaDataOnCreate": bool(params.get("BatchImportMetaDataOnCreate", False)),
+        "ImportedFileChunkSize": params.get("ImportedFileChunkSize", 1024),
+        "Tags": params.get("Tags", []),
+        "CreationTime": _now(),
+    }
+    if links[association_id]["BatchImportMetaDataOnCreate"]:
+        import_objects(backend, fs.file_system_id, [params["DataRepositoryPath"]])
+    return json.dumps({"Association": links[association_id]})
+
+
+def describe_data_repository_associations(self: FSxResponse) -> str:
+    params = json.loads(self.body)
+    found = list(standin(self.fsx_backend)["links"].values())
+    if params.get("AssociationIds"):
+        found = [a for a in found if a["AssociationId"] in params["AssociationIds"]]
+    found = _filtered(found, params.get("Filters"), {"file-system-id": "FileSystemId"})
+    return json.dumps({"Associations": found})
+
+
+def create_data_repository_task(self: FSxResponse) -> str:
+    params = json.loads(self.body)
+    backend = self.fsx_backend
+    records = standin(backend)
+    token = params.get("ClientRequestToken")
+    if token and token in records["tokens"]:  # FSx: the same token returns the same task
+        return json.dumps({"DataRepositoryTask": records["tasks"][records["tokens"][token]]})
+    fs = _file_system(backend, params["FileSystemId"])
+    if not links_of(backend, fs.file_system_id):
+        raise JsonRESTError("BadRequest", f"File system {fs.file_system_id} is not linked to a data repository.")
+    if any(t["FileSystemId"] == fs.file_system_id and t["Lifecycle"] in ACTIVE for t in records["tasks"].values()):
+        raise JsonRESTError(
+            "DataRepositoryTaskExecuting",
+            "An existing data repository task is currently executing on the file system. Wait until the "
+            "existing task has completed, then create the new task.",
+        )
+    task_id = f"task-{uuid.uuid4().hex[:17]}"
+    task = {
+        "TaskId": task_id,
+        "Lifecycle": "PENDING",
+        "Type": params["Type"],
+        "CreationTime": _now(),
+        "ResourceARN": f"{fs.resource_arn.rsplit(':', 1)[0]}:task/{task_id}",
+        "Tags": params.get("Tags", []),
+        "FileSystemId": fs.file_system_id,
+        "Paths": params.get("Paths", []),
+        "Report": params.get("Report", {"Enabled": False}),
+    }
+    records["tasks"][task_id] = task
+    if token:
+        records["tokens"][token] = task_id
+    outcome = records["outcomes"].pop(0) if records["outcomes"] else None
+    threading.Thread(target=run_task, args=(backend, task, outcome), daemon=True).start()
+    return json.dumps({"DataRepositoryTask": task})
+
+
+def run_task(backend: FSxBackend, task: dict[str, Any], outcome: dict[str, Any] | None) -> None:
+    """PENDING, then EXECUTING while the files move, then SUCCEEDED or FAILED (with FSx's reason)."""
+    time.sleep(TASK_START_DELAY_S)
+    task.update(Lifecycle="EXECUTING", StartTime=_now())
+    try:
+        if outcome and outcome.get("Lifecycle") == "FAILED":
+            raise RuntimeError(outcome.get("Message") or "the task failed")
+        if task["Type"] == "EXPORT_TO_REPOSITORY":
+            count = export_changes(backend, task["FileSystemId"])
+        else:
+            count = import_objects(backend, task["FileSystemId"], task["Paths"] or None)
+        status = {"TotalCount": count, "SucceededCount": count, "FailedCount": 0}
+        task.update(Lifecycle="SUCCEEDED", Status={**status, "LastUpdatedTime": _now()})
+    except Exception as exc:  # the task's failure, reported as FSx reports it
+        task.update(Lifecycle="FAILED", FailureDetails={"Message": str(exc)[:1000]})
+    task["EndTime"] = _now()
+
+
+def describe_data_repository_tasks(self: FSxResponse) -> str:
+    params = json.loads(self.body)
+    tasks = standin(self.fsx_backend)["tasks"]
+    wanted = params.get("TaskIds")
+    missing = [t for t in wanted or [] if t not in tasks]
+    if missing:
+        raise JsonRESTError("DataRepositoryTaskNotFound", f"Data repository task {missing[0]} does not exist.")
+    found = [tasks[t] for t in wanted] if wanted else list(tasks.values())
+    names = {"file-system-id": "FileSystemId", "task-lifecycle": "Lifecycle"}
+    return json.dumps({"DataRepositoryTasks": _filtered(found, params.get("Filters"), names)})
+
+
+# -- moto-api routes: what the stand-ins are told ------------------------------------------------
+
+
+def _body(request: Any) -> dict[str, Any]:
+    return json.loads(request.get_data() or b"{}")
+
+
+def set_console_output(request: Any, full_url: str, headers: Any) -> tuple[int, dict, str]:
+    body = _body(request)
+    backend = ec2_backends[body.get("account_id", DEFAULT_ACCOUNT_ID)][body.get("region", "us-east-1")]
+    backend.get_instance(body["instance_id"]).pcflow_console_output = body["output"]
+    return 201, {}, ""
+
+
+def set_task_outcomes(request: Any, full_url: str, headers: Any) -> tuple[int, dict, str]:
+    body = _body(request)
+    backend = fsx_backends[body.get("account_id", DEFAULT_ACCOUNT_ID)][body.get("region", "us-east-1")]
+    standin(backend)["outcomes"].extend(body.get("results", []))
+    return 201, {}, ""
+
+
+_get_console_output = ec2_general.General.get_console_output
+
+
+def get_console_output(self: Any) -> Any:
+    result = _get_console_output(self)
+    instance = self.ec2_backend.get_instance(self._get_param("InstanceId"))
+    text = getattr(instance, "pcflow_console_output", None)
+    if text is not None:
+        result.result["Output"] = Base64EncodedString.from_raw_string(text)
+        result.result["Timestamp"] = dt.datetime.now(dt.UTC)
+    return result
+
+
+_register_image = ec2_amis.AmisResponse.register_image
+REGISTERED_ATTRIBUTES = {"Architecture": "architecture", "VirtualizationType": "virtualization_type",
+                         "RootDeviceName": "root_device_name"}  # fmt: skip
+
+
+def register_image(self: Any) -> Any:
+    result = _register_image(self)
+    image = self.ec2_backend.amis[result.result["ImageId"]]
+    for param, attribute in REGISTERED_ATTRIBUTES.items():
+        if self._get_param(param):
+            setattr(image, attribute, self._get_param(param))
+    return result
+
+
+def install() -> None:
+    """Add the stand-ins to moto (before its server builds its routes)."""
+    FSxBackend.create_file_system = create_file_system
+    FSxBackend.delete_file_system = delete_file_system
+    for handler in (
+        create_data_repository_association, describe_data_repository_associations,
+        create_data_repository_task, describe_data_repository_tasks,
+    ):  # fmt: skip
+        setattr(FSxResponse, handler.__name__, handler)
+    ec2_general.General.get_console_output = get_console_output
+    ec2_amis.AmisResponse.register_image = register_image
+    moto_api_urls.url_paths["{0}/moto-api/static/ec2/console-output"] = set_console_output
+    moto_api_urls.url_paths["{0}/moto-api/static/fsx/task-outcomes"] = set_task_outcomes
+    get_model_list.cache_clear()
+    get_model_map.cache_clear()
+    assert FsxFileSystemResource in get_model_list()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fsx-dir", required=True, type=Path)
+    ours, moto_args = parser.parse_known_args(argv)
+    Settings.fsx_dir = ours.fsx_dir.resolve()
+    Settings.fsx_dir.mkdir(parents=True, exist_ok=True)
+    install()
+    from moto.server import main as moto_main
+
+    moto_main(moto_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
