@@ -58,6 +58,11 @@ OPEN_MPI_SITE = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 }
+#: Where the head and compute nodes see the FSx stand-in's files, as a ParallelCluster's nodes see their file
+#: system (the aws-gpu profile's mount dir).
+FSX_MOUNT = "/fsx"
+#: The ParallelCluster CLI the local stack's runs use: the stand-in (dry runs go to the real CLI).
+PCLUSTER_STANDIN = REPO / "include" / "local" / "pcluster-standin"
 SYSTEM_BINARIES = {
     "munged": "munge",
     "slurmctld": "slurmctld",
@@ -116,6 +121,11 @@ class Layout:
     @property
     def env_file(self) -> Path:
         return self.path("env")
+
+    @property
+    def fsx_dir(self) -> Path:
+        """The FSx stand-in's files (moto_standins.py), which the nodes see at FSX_MOUNT."""
+        return self.path("fsx")
 
     @property
     def aws_endpoint(self) -> str:
@@ -394,6 +404,14 @@ def ssh_connection(lay: Layout) -> dict:
     }
 
 
+def pcluster_connection(lay: Layout) -> dict:
+    """`pcluster_default` as the aws-gpu profile expects it: login and key only; the head node's address and
+    host key come from the cluster a run creates (here the pcluster stand-in's: this stack's head node)."""
+    conn = ssh_connection(lay)
+    extra = {k: v for k, v in conn["extra"].items() if k not in ("host_key", "shared_root")}
+    return {**conn, "host": "", "extra": extra}
+
+
 def aws_connection(lay: Layout) -> dict:
     return {
         "conn_type": "aws",
@@ -413,6 +431,8 @@ def stack_env(lay: Layout) -> dict[str, str]:
         "AWS_DEFAULT_REGION": REGION,
         "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_connection(lay), separators=(",", ":")),
         "AIRFLOW_CONN_SLURM_DEFAULT": json.dumps(ssh_connection(lay), separators=(",", ":")),
+        "AIRFLOW_CONN_PCLUSTER_DEFAULT": json.dumps(pcluster_connection(lay), separators=(",", ":")),
+        "PCFLOW_PCLUSTER": str(PCLUSTER_STANDIN),
         "SLURM_CONF": str(lay.slurm_conf),
         "PCFLOW_DEFAULT_PROFILE": "local",  # the DAGs' default profile on this deployment: the emulator's
     }
@@ -431,8 +451,9 @@ def prepare(lay: Layout) -> None:
             "missing system programs: " + ", ".join(missing) + ". Run `make system-deps` as root on "
             "Debian/Ubuntu, install them with your package manager, or use docker-compose (--profile local)."
         )
-    for sub in ("pids", "logs", "shared"):
+    for sub in ("pids", "logs", "shared", "fsx"):
         lay.path(sub).mkdir(parents=True, exist_ok=True)
+    Path(FSX_MOUNT).mkdir(exist_ok=True)  # the mount point; each stack's nodes mount their own directory there
     ensure_tls(lay)
     ensure_ssh(lay)
     ensure_munge(lay)
@@ -440,6 +461,15 @@ def prepare(lay: Layout) -> None:
     ensure_slurm(lay)
     ensure_env_file(lay)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation directory
+
+
+def with_fsx_mount(lay: Layout, argv: list[str]) -> list[str]:
+    """`argv` in a mount namespace of its own where the FSx stand-in's directory is at FSX_MOUNT, as a
+    ParallelCluster node sees its file system (this host's FSX_MOUNT stays an empty directory, so
+    several stacks on one host each see their own). `unshare` and `sh` exec: the pid stays the daemon's."""
+    mount = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    unshare = [find_binary("unshare"), "--mount", "--propagation", "slave", "--"]
+    return [*unshare, "sh", "-c", mount, "pcflow-node", str(lay.fsx_dir), FSX_MOUNT, *argv]
 
 
 def find_binary(name: str) -> str | None:
@@ -607,26 +637,29 @@ def slurmd_service(name: str) -> Service:
     still reach it, its own /etc/hosts never leaves it)."""
     return Service(
         f"slurmd-{name}",
-        lambda lay: [
-            find_binary("unshare"),
-            "--uts",
-            "--mount",
-            "--propagation",
-            "slave",
-            "--",
-            "sh",
-            "-c",
-            NODE_SHELL,
-            "pcflow-node",
-            name,
-            str(lay.hosts_file),
-            find_binary("slurmd"),
-            "-D",
-            "-N",
-            name,
-            "-f",
-            str(lay.slurm_conf),
-        ],
+        lambda lay: with_fsx_mount(
+            lay,
+            [
+                find_binary("unshare"),
+                "--uts",
+                "--mount",
+                "--propagation",
+                "slave",
+                "--",
+                "sh",
+                "-c",
+                NODE_SHELL,
+                "pcflow-node",
+                name,
+                str(lay.hosts_file),
+                find_binary("slurmd"),
+                "-D",
+                "-N",
+                name,
+                "-f",
+                str(lay.slurm_conf),
+            ],
+        ),
         lambda lay: slurmd_ready(lay, name),
         env=Layout.slurm_env,
         node=name,
@@ -688,14 +721,17 @@ SERVICES: list[Service] = [
     *(slurmd_service(name) for name in NODE_NAMES),
     Service(
         "sshd",
-        lambda lay: [find_binary("sshd"), "-D", "-e", "-f", str(lay.path("ssh", "sshd_config"))],
+        lambda lay: with_fsx_mount(lay, [find_binary("sshd"), "-D", "-e", "-f", str(lay.path("ssh", "sshd_config"))]),
         sshd_ready,
         configs=lambda lay: (lay.path("ssh", "sshd_config"),),
     ),
     Service(
         "moto",
         lambda lay: [
-            str(Path(sys.executable).with_name("moto_server")),
+            sys.executable,
+            str(REPO / "include" / "local" / "moto_standins.py"),
+            "--fsx-dir",
+            str(lay.fsx_dir),
             "-H",
             "127.0.0.1",
             "-p",
