@@ -1,39 +1,131 @@
-#!/usr/bin/env python3
-"""STAND-IN for the `pcluster` CLI's create/describe/update/delete-cluster (create: no dry runs).
+"""STAND-IN for the `pcluster` CLI (aws-parallelcluster 3.16) on the local stack, whose cluster is the
+local Slurm: its head node is this stack's (sshd, slurmctld), its compute nodes are the local slurmd.
 
-Why: a real `pcluster create-cluster` synthesises its template with CDK and then moto's CloudFormation
-refuses it ("Missing parameter ConfigVersion", see probes.md), so no real cluster can be made on the
-emulator. This script follows pcluster 3.16's documented JSON output (describeCluster / createCluster /
-deleteCluster response syntax, "Cluster 'X' does not exist ..." message, exit code 1 on errors) and does
-the AWS side for real against the moto server: a CloudFormation stack named after the cluster carrying
-the config's Tags plus `parallelcluster:version`, and a head-node EC2 instance tagged like pcluster's.
+Why: a real `pcluster create-cluster` synthesises its CloudFormation template with CDK, and moto's
+CloudFormation refuses that template ("Missing parameter ConfigVersion", see probes.md), so no real
+cluster can be made on the emulator. So:
+- `create-cluster --dryrun true`, `version` and every command not listed below run the REAL CLI
+  (`.venv-pcluster`): ParallelCluster's own validators judge the config.
+- `create-cluster`, `describe-cluster`, `describe-cluster-instances`, `update-cluster`, `delete-cluster`
+  answer as pcluster 3.16's documented JSON does (response syntax, "Cluster 'X' does not exist ..."
+  messages, exit code 1 on errors), and do the AWS side for real on the moto server: the stack named
+  after the cluster with the config's Tags plus `parallelcluster:version` and pcluster's outputs
+  (HeadNodeInstanceID, HeadNodePrivateIP, HeadNodePrivateDnsName, FSXIds), its FSx for Lustre file
+  system (moto_standins.py: a local directory, seen at /fsx by the nodes), a head-node instance and one
+  compute instance per local Slurm node the queue's MaxCount allows, tagged as pcluster tags them.
+- What moto cannot give, the stand-in supplies from the local stack: the head node's console output
+  carries this stack's SSH host key between cloud-init's markers (pcflow reads it there, as on AWS),
+  and the head node's public address is the local head node's (sshd on loopback).
 update-cluster follows pcluster's controller (DryrunOperationException's message and changeSet;
-UpdateClusterBadRequestException's "Update failure" with updateValidationErrors), with a simplified
+UpdateClusterBadRequestException's "Update failure" with updateValidationErrors) with a simplified
 update policy: queue sizes and tags update in place, anything else is refused as UNSUPPORTED.
 `PCFLOW_STANDIN_FAIL=<failureCode>` at create time makes describe-cluster report CREATE_FAILED with that
 code, as pcluster does after a failed head-node wait condition.
+
+It answers only the local stack's emulator (AWS_ENDPOINT_URL on loopback): pointed at AWS, it refuses.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
+import ssl
 import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
 
 import boto3
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stack as local_stack  # include/local/stack.py: this stack's head node and Slurm
+
 VERSION = "3.16.1"
+REAL_PCLUSTER = local_stack.REPO / ".venv-pcluster" / "bin" / "pcluster"
 FAIL_TAG = "pcflow-standin:fail"
+NODE_TAG = "pcflow-standin:slurm-node"
 #: Settings the stand-in updates in place (pcluster: RESIZE_UPDATE_STRATEGY_ON_REMOVE / SUPPORTED).
 UPDATABLE = ("Scheduling.SlurmQueues.", "Tags")
+EMULATED = ("create-cluster", "describe-cluster", "describe-cluster-instances", "update-cluster", "delete-cluster")
+LIVE = ["pending", "running", "stopping", "stopped"]
+#: The local head node: its sshd listens here (stack.py's sshd_config).
+HEAD_NODE_ADDRESS = "127.0.0.1"
 
 
-def template_for(config: dict) -> str:
-    """The stack remembers the cluster's config (as pcluster keeps it in its S3 bucket), for updates."""
-    resources = {"HeadNodeWaitConditionHandle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}
-    return json.dumps({"Metadata": {"ClusterConfig": config}, "Resources": resources})
+def out(payload: dict, code: int = 0) -> None:
+    print(json.dumps(payload, indent=2, default=str))
+    sys.exit(code)
+
+
+def not_found(name: str, hint: str = "") -> None:
+    message = f"Cluster '{name}' does not exist or belongs to an incompatible ParallelCluster major version."
+    out({"message": message + hint}, 1)
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z") if value else None
+
+
+def on_the_emulator() -> bool:
+    host = urllib.parse.urlsplit(os.environ.get("AWS_ENDPOINT_URL", "")).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def run_real_cli() -> None:
+    if not os.access(REAL_PCLUSTER, os.X_OK):
+        out({"message": f"no real pcluster CLI at {REAL_PCLUSTER}: run `make pcluster`"}, 2)
+    os.execv(REAL_PCLUSTER, [str(REAL_PCLUSTER), *sys.argv[1:]])
+
+
+# -- what the local stack supplies ----------------------------------------------------------------
+
+
+def local_host_key() -> str:
+    layout = local_stack.load_layout(create=False)
+    return " ".join(layout.host_key.with_suffix(".pub").read_text().split()[:2])
+
+
+def local_nodes() -> list[tuple[str, str]]:
+    """(name, address) of each local Slurm compute node, as slurmctld knows them."""
+    layout = local_stack.load_layout(create=False)
+    text = local_stack.run(["scontrol", "-o", "show", "node"], env=layout.slurm_env()).stdout
+    nodes = []
+    for line in text.splitlines():
+        fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+        if fields.get("NodeName"):
+            nodes.append((fields["NodeName"], fields.get("NodeAddr") or fields["NodeName"]))
+    return nodes
+
+
+def console_output(host_key: str) -> str:
+    """What cloud-init prints on the console once the head node's sshd has its keys."""
+    return "\n".join(
+        [
+            "[   12.345678] cloud-init[1234]: Cloud-init v. 24.1 running 'modules:final'",
+            "-----BEGIN SSH HOST KEY KEYS-----",
+            f"{host_key} root@head-node",
+            "-----END SSH HOST KEY KEYS-----",
+            "[   23.456789] cloud-init[1234]: Cloud-init v. 24.1 finished",
+            "",
+        ]
+    )
+
+
+def set_console_output(instance_id: str, text: str) -> None:
+    """moto prints one sample text for every instance: moto_standins.py's route sets this one's."""
+    endpoint = os.environ["AWS_ENDPOINT_URL"].rstrip("/")
+    body = json.dumps({"instance_id": instance_id, "output": text}).encode()
+    url = f"{endpoint}/moto-api/static/ec2/console-output"
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE"))
+    with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+        answer.read()
+
+
+# -- CloudFormation: the stack pcluster would make ------------------------------------------------
 
 
 def flatten(value, path: str = "") -> dict[str, str]:
@@ -53,13 +145,60 @@ def changes(old: dict, new: dict) -> list[dict]:
     ]
 
 
-def out(payload: dict, code: int = 0) -> None:
-    print(json.dumps(payload, indent=2))
-    sys.exit(code)
+def file_system_resource(storage: dict, subnet: str, tags: list[dict]) -> dict:
+    """An FsxLustre shared storage as pcluster's template declares it (SCRATCH_2's import/export paths)."""
+    settings = storage.get("FsxLustreSettings") or {}
+    lustre = {"DeploymentType": settings.get("DeploymentType", "SCRATCH_2")}
+    for key in ("ImportPath", "ExportPath", "AutoImportPolicy", "PerUnitStorageThroughput"):
+        if key in settings:
+            lustre[key] = settings[key]
+    properties = {
+        "FileSystemType": "LUSTRE",
+        "StorageCapacity": settings.get("StorageCapacity", 1200),
+        "SubnetIds": [subnet],
+        "LustreConfiguration": lustre,
+        "Tags": [*tags, {"Key": "Name", "Value": storage["Name"]}],
+    }
+    return {"Type": "AWS::FSx::FileSystem", "Properties": properties}
 
 
-def not_found(name: str) -> None:
-    out({"message": f"Cluster '{name}' does not exist or belongs to an incompatible ParallelCluster major version."}, 1)
+def head_node_resource(config: dict, name: str, tags: list[dict]) -> dict:
+    """The head node, a resource of the stack as in pcluster's template (so it comes and goes with it)."""
+    own = {"parallelcluster:cluster-name": name, "parallelcluster:node-type": "HeadNode", "Name": "HeadNode"}
+    properties = {
+        "ImageId": config["Image"].get("CustomAmi") or "ami-12c6146b",
+        "InstanceType": config["HeadNode"]["InstanceType"],
+        "SubnetId": config["HeadNode"]["Networking"]["SubnetId"],
+        "Tags": [*({"Key": k, "Value": v} for k, v in own.items()), *tags],
+    }
+    return {"Type": "AWS::EC2::Instance", "Properties": properties}
+
+
+def template_for(config: dict, name: str, tags: list[dict]) -> str:
+    """The stack: the cluster's config (as pcluster keeps it, for updates), its head node and file
+    systems, and pcluster's outputs."""
+    resources: dict = {
+        "HeadNodeWaitConditionHandle": {"Type": "AWS::CloudFormation::WaitConditionHandle"},
+        "HeadNode": head_node_resource(config, name, tags),
+    }
+    outputs: dict = {
+        "HeadNodeInstanceID": {"Description": "ID of the head node instance", "Value": {"Ref": "HeadNode"}},
+        "HeadNodePrivateIP": {"Description": "Private IP Address of the head node",
+                              "Value": {"Fn::GetAtt": ["HeadNode", "PrivateIp"]}},
+        "HeadNodePrivateDnsName": {"Description": "Private DNS name of the head node",
+                                   "Value": {"Fn::GetAtt": ["HeadNode", "PrivateDnsName"]}},
+    }  # fmt: skip
+    subnet = config["HeadNode"]["Networking"]["SubnetId"]
+    file_systems = [
+        s for s in config.get("SharedStorage") or [] if s.get("StorageType") == "FsxLustre"
+        and not (s.get("FsxLustreSettings") or {}).get("FileSystemId")
+    ]  # fmt: skip
+    for index, storage in enumerate(file_systems):
+        resources[f"FSx{index}"] = file_system_resource(storage, subnet, tags or [])
+    if file_systems:
+        refs = [{"Ref": f"FSx{i}"} for i in range(len(file_systems))]
+        outputs["FSXIds"] = {"Description": "FSX Filesystem IDs", "Value": {"Fn::Join": [",", refs]}}
+    return json.dumps({"Metadata": {"ClusterConfig": config}, "Resources": resources, "Outputs": outputs})
 
 
 def stack_of(cfn, name: str) -> dict | None:
@@ -69,20 +208,196 @@ def stack_of(cfn, name: str) -> dict | None:
         return None
 
 
-def head_node(ec2, name: str) -> dict | None:
+def cluster_instances(ec2, name: str, node_type: str | None = None) -> list[dict]:
     filters = [
         {"Name": "tag:parallelcluster:cluster-name", "Values": [name]},
-        {"Name": "tag:parallelcluster:node-type", "Values": ["HeadNode"]},
-        {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        {"Name": "instance-state-name", "Values": LIVE},
     ]
-    for reservation in ec2.describe_instances(Filters=filters)["Reservations"]:
-        for instance in reservation["Instances"]:
-            return instance
-    return None
+    if node_type:
+        filters.append({"Name": "tag:parallelcluster:node-type", "Values": [node_type]})
+    found = [i for r in ec2.describe_instances(Filters=filters)["Reservations"] for i in r["Instances"]]
+    return sorted(found, key=lambda i: (tag_of(i, "parallelcluster:node-type") != "HeadNode", i["LaunchTime"]))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def tag_of(resource: dict, key: str) -> str | None:
+    return next((t["Value"] for t in resource.get("Tags", []) if t["Key"] == key), None)
+
+
+def launch(ec2, config: dict, name: str, tags: list[dict], node: tuple[dict, str, str]) -> dict:
+    """One instance of the cluster, tagged as pcluster tags its nodes (plus the config's Tags)."""
+    node_tags, instance_type, subnet = node
+    own = [{"Key": k, "Value": v} for k, v in {"parallelcluster:cluster-name": name, **node_tags}.items()]
+    return ec2.run_instances(
+        ImageId=config["Image"].get("CustomAmi") or "ami-12c6146b",
+        MinCount=1,
+        MaxCount=1,
+        InstanceType=instance_type,
+        SubnetId=subnet,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [*own, *tags]}],
+    )["Instances"][0]
+
+
+def compute_fleet(config: dict) -> list[tuple[dict, str, str]]:
+    """The queues' nodes this stand-in has: the local Slurm's compute nodes, as many as the queues'
+    MaxCount allows (they are always up, so they are there from the start, as static nodes are)."""
+    slots = []
+    for queue in config["Scheduling"]["SlurmQueues"]:
+        subnet = queue["Networking"]["SubnetIds"][0]
+        for resource in queue["ComputeResources"]:
+            tags = {"parallelcluster:node-type": "Compute", "parallelcluster:queue-name": queue["Name"],
+                    "parallelcluster:compute-resource-name": resource["Name"], "Name": "Compute"}  # fmt: skip
+            slots += [(tags, resource["InstanceType"], subnet)] * int(resource.get("MaxCount", 10))
+    pairs = zip(slots, local_nodes(), strict=False)  # the shorter decides
+    return [({**tags, NODE_TAG: node}, kind, subnet) for (tags, kind, subnet), (node, _) in pairs]
+
+
+# -- the commands -----------------------------------------------------------------------------------
+
+
+def create(cfn, ec2, args, region: str) -> None:
+    name = args.cluster_name
+    if stack_of(cfn, name):
+        out({"message": f"Bad Request: Cluster '{name}' already exists."}, 1)
+    config = yaml.safe_load(Path(args.cluster_configuration).read_text())
+    tags = [{"Key": t["Key"], "Value": t["Value"]} for t in config.get("Tags", [])]
+    stack_tags = [*tags, {"Key": "parallelcluster:version", "Value": VERSION}]
+    if os.environ.get("PCFLOW_STANDIN_FAIL"):
+        stack_tags.append({"Key": FAIL_TAG, "Value": os.environ["PCFLOW_STANDIN_FAIL"]})
+    arn = cfn.create_stack(
+        StackName=name,
+        TemplateBody=template_for(config, name, tags),
+        Tags=stack_tags,
+        DisableRollback=args.rollback_on_failure == "false",
+    )["StackId"]
+    for node in compute_fleet(config):  # Slurm's nodes, not the stack's (pcluster launches them at run time)
+        launch(ec2, config, name, tags, node)
+    cluster = {"clusterName": name, "region": region, "version": VERSION, "clusterStatus": "CREATE_IN_PROGRESS",
+               "cloudformationStackStatus": "CREATE_IN_PROGRESS", "cloudformationStackArn": arn,
+               "scheduler": {"type": "slurm"}}  # fmt: skip
+    out({"cluster": cluster, "validationMessages": []})
+
+
+def describe(cfn, ec2, args, region: str) -> None:
+    name = args.cluster_name
+    stack = stack_of(cfn, name)
+    if stack is None:
+        not_found(name)
+    tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
+    status = stack["StackStatus"]
+    described = {
+        "creationTime": iso(stack["CreationTime"]),
+        "version": tags.get("parallelcluster:version", VERSION),
+        "clusterConfiguration": {"url": "NOT_AVAILABLE"},
+        "tags": [{"value": v, "key": k} for k, v in tags.items() if k != FAIL_TAG],
+        "cloudFormationStackStatus": status,
+        "clusterName": name,
+        "computeFleetStatus": "RUNNING" if status in ("CREATE_COMPLETE", "UPDATE_COMPLETE") else "UNKNOWN",
+        "cloudformationStackArn": stack["StackId"],
+        "lastUpdatedTime": iso(stack.get("LastUpdatedTime") or stack["CreationTime"]),
+        "region": region,
+        "clusterStatus": status,
+        "scheduler": {"type": "slurm"},
+    }
+    if FAIL_TAG in tags:
+        described["clusterStatus"] = described["cloudFormationStackStatus"] = "CREATE_FAILED"
+        described["computeFleetStatus"] = "UNKNOWN"
+        failure = {"failureCode": tags[FAIL_TAG], "failureReason": "Failed to run cluster configuration."}
+        described["failures"] = [failure]
+    heads = cluster_instances(ec2, name, "HeadNode")
+    if heads:
+        # The local head node has booted: its console shows its host keys, as cloud-init prints them.
+        set_console_output(heads[0]["InstanceId"], console_output(local_host_key()))
+        described["headNode"] = instance_json(heads[0])
+    out(described)
+
+
+def instance_json(instance: dict) -> dict:
+    """An instance as pcluster's EC2Instance / ClusterInstance prints it, with the local node's address."""
+    node_type = "HeadNode" if tag_of(instance, "parallelcluster:node-type") == "HeadNode" else "ComputeNode"
+    answer = {
+        "launchTime": iso(instance["LaunchTime"]),
+        "instanceId": instance["InstanceId"],
+        "instanceType": instance["InstanceType"],
+        "state": instance["State"]["Name"],
+        "privateIpAddress": instance.get("PrivateIpAddress"),
+    }
+    if node_type == "HeadNode":
+        answer["publicIpAddress"] = HEAD_NODE_ADDRESS  # the local head node, which EC2 here cannot give
+        return answer
+    addresses = dict(local_nodes())
+    answer.update(nodeType=node_type, queueName=tag_of(instance, "parallelcluster:queue-name"))
+    answer["privateIpAddress"] = addresses.get(tag_of(instance, NODE_TAG) or "", answer["privateIpAddress"])
+    return answer
+
+
+def describe_instances(cfn, ec2, args, region: str) -> None:
+    name = args.cluster_name
+    if stack_of(cfn, name) is None:
+        not_found(name)
+    wanted = {"HeadNode": "HeadNode", "ComputeNode": "Compute"}.get(args.node_type or "")
+    instances = []
+    for instance in cluster_instances(ec2, name, wanted):
+        if args.queue_name and tag_of(instance, "parallelcluster:queue-name") != args.queue_name:
+            continue
+        answer = instance_json(instance)
+        answer.setdefault("nodeType", "HeadNode")
+        instances.append(answer)
+    out({"instances": instances})
+
+
+def update(cfn, ec2, args, region: str) -> None:
+    name = args.cluster_name
+    stack = stack_of(cfn, name)
+    if stack is None:
+        not_found(name)
+    body = cfn.get_template(StackName=name)["TemplateBody"]  # boto3 parses JSON bodies, moto may not
+    template = json.loads(body) if isinstance(body, str) else body
+    old = template["Metadata"]["ClusterConfig"]
+    new = yaml.safe_load(Path(args.cluster_configuration).read_text())
+    change_set = changes(old, new)
+    refused = [
+        {**c, "message": "Update actions are not currently supported for this parameter"}
+        for c in change_set
+        if not c["parameter"].startswith(UPDATABLE)
+    ]
+    if refused:
+        out({"message": "Update failure", "updateValidationErrors": refused, "changeSet": change_set}, 1)
+    if args.dryrun == "true":
+        out({"message": "Request would have succeeded, but DryRun flag is set.", "changeSet": change_set}, 1)
+    tags = [{"Key": t["Key"], "Value": t["Value"]} for t in new.get("Tags", [])]
+    template["Metadata"]["ClusterConfig"] = new  # the resources stay: queue sizes and tags only
+    tags.append({"Key": "parallelcluster:version", "Value": VERSION})
+    cfn.update_stack(StackName=name, TemplateBody=json.dumps(template), Tags=tags)
+    out({"cluster": {"clusterName": name, "region": region, "version": VERSION,
+                     "clusterStatus": "UPDATE_IN_PROGRESS", "cloudformationStackStatus": "UPDATE_IN_PROGRESS",
+                     "cloudformationStackArn": stack["StackId"], "scheduler": {"type": "slurm"}},
+         "changeSet": change_set})  # fmt: skip
+
+
+def delete(cfn, ec2, args, region: str) -> None:
+    name = args.cluster_name
+    if stack_of(cfn, name) is None:
+        not_found(name, " In case you have running instances belonging to a deleted cluster please use the "
+                  "DeleteClusterInstances API.")  # fmt: skip
+    instances = cluster_instances(ec2, name)
+    if instances:
+        ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in instances])
+    cfn.delete_stack(StackName=name)
+    out({"cluster": {"clusterName": name, "clusterStatus": "DELETE_IN_PROGRESS",
+                     "cloudformationStackStatus": "DELETE_IN_PROGRESS", "version": VERSION}})  # fmt: skip
+
+
+COMMANDS = {
+    "create-cluster": create,
+    "describe-cluster": describe,
+    "describe-cluster-instances": describe_instances,
+    "update-cluster": update,
+    "delete-cluster": delete,
+}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="pcluster")
     parser.add_argument("command")
     parser.add_argument("--cluster-name", "-n")
     parser.add_argument("--cluster-configuration", "-c")
@@ -91,131 +406,22 @@ def main() -> None:
     parser.add_argument("--rollback-on-failure", default="true")
     parser.add_argument("--validation-failure-level")
     parser.add_argument("--suppress-validators", nargs="*")
-    args = parser.parse_args()
+    parser.add_argument("--node-type")
+    parser.add_argument("--queue-name")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse(sys.argv[1:])
+    if args.command not in EMULATED or (args.command == "create-cluster" and args.dryrun == "true"):
+        run_real_cli()  # ParallelCluster's own validators, version, and all the rest
+    if not on_the_emulator():
+        why = "the pcluster stand-in answers only the local stack's emulator (AWS_ENDPOINT_URL on loopback)"
+        out({"message": f"{why}; against AWS use the real CLI (PCFLOW_PCLUSTER or .venv-pcluster/bin/pcluster)"}, 2)
     region = args.region or os.environ.get("AWS_DEFAULT_REGION")
     cfn = boto3.client("cloudformation", region_name=region)
     ec2 = boto3.client("ec2", region_name=region)
-    name = args.cluster_name
-    if args.command == "version":
-        out({"version": VERSION})
-    if args.command == "create-cluster":
-        if args.dryrun == "true":
-            out({"message": "the stand-in does not dry-run: use the real pcluster"}, 2)
-        if stack_of(cfn, name):
-            out({"message": f"Bad Request: Cluster '{name}' already exists."}, 1)
-        config = yaml.safe_load(open(args.cluster_configuration))
-        tags = [{"Key": t["Key"], "Value": t["Value"]} for t in config.get("Tags", [])]
-        tags.append({"Key": "parallelcluster:version", "Value": VERSION})
-        if os.environ.get("PCFLOW_STANDIN_FAIL"):
-            tags.append({"Key": FAIL_TAG, "Value": os.environ["PCFLOW_STANDIN_FAIL"]})
-        arn = cfn.create_stack(
-            StackName=name,
-            TemplateBody=template_for(config),
-            Tags=tags,
-            DisableRollback=args.rollback_on_failure == "false",
-        )["StackId"]
-        image = config["Image"].get("CustomAmi") or "ami-12c6146b"
-        ec2.run_instances(
-            ImageId=image,
-            MinCount=1,
-            MaxCount=1,
-            InstanceType=config["HeadNode"]["InstanceType"],
-            SubnetId=config["HeadNode"]["Networking"]["SubnetId"],
-            TagSpecifications=[
-                {
-                    "ResourceType": "instance",
-                    "Tags": [
-                        {"Key": "parallelcluster:cluster-name", "Value": name},
-                        {"Key": "parallelcluster:node-type", "Value": "HeadNode"},
-                        *[t for t in tags if t["Key"].startswith("pcflow:")],
-                    ],
-                }
-            ],
-        )
-        out(
-            {
-                "cluster": {
-                    "clusterName": name,
-                    "region": region,
-                    "version": VERSION,
-                    "clusterStatus": "CREATE_IN_PROGRESS",
-                    "cloudformationStackStatus": "CREATE_IN_PROGRESS",
-                    "cloudformationStackArn": arn,
-                    "scheduler": {"type": "slurm"},
-                },
-                "validationMessages": [],
-            }
-        )
-    if args.command == "describe-cluster":
-        stack = stack_of(cfn, name)
-        if stack is None:
-            not_found(name)
-        tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
-        status = stack["StackStatus"]
-        failures = []
-        if FAIL_TAG in tags:
-            status = "CREATE_FAILED"
-            failures = [{"failureCode": tags[FAIL_TAG], "failureReason": "Failed to run cluster configuration."}]
-        head = head_node(ec2, name)
-        described = {
-            "clusterName": name,
-            "region": region,
-            "version": VERSION,
-            "cloudFormationStackStatus": status,
-            "clusterStatus": status,
-            "scheduler": {"type": "slurm"},
-            "cloudformationStackArn": stack["StackId"],
-            "computeFleetStatus": "RUNNING" if status == "CREATE_COMPLETE" else "UNKNOWN",
-            "tags": [{"key": k, "value": v} for k, v in tags.items() if k != FAIL_TAG],
-        }
-        if head:
-            described["headNode"] = {
-                "instanceId": head["InstanceId"],
-                "instanceType": head["InstanceType"],
-                "privateIpAddress": head.get("PrivateIpAddress"),
-                "publicIpAddress": head.get("PublicIpAddress"),
-                "state": head["State"]["Name"],
-            }
-        if failures:
-            described["failures"] = failures
-        out(described)
-    if args.command == "update-cluster":
-        stack = stack_of(cfn, name)
-        if stack is None:
-            not_found(name)
-        body = cfn.get_template(StackName=name)["TemplateBody"]  # boto3 parses JSON bodies, moto may not
-        old = (json.loads(body) if isinstance(body, str) else body)["Metadata"]["ClusterConfig"]
-        new = yaml.safe_load(open(args.cluster_configuration))
-        change_set = changes(old, new)
-        refused = [
-            {**c, "message": "Update actions are not currently supported for this parameter"}
-            for c in change_set
-            if not c["parameter"].startswith(UPDATABLE)
-        ]
-        if refused:
-            out({"message": "Update failure", "updateValidationErrors": refused, "changeSet": change_set}, 1)
-        if args.dryrun == "true":
-            out({"message": "Request would have succeeded, but DryRun flag is set.", "changeSet": change_set}, 1)
-        tags = [{"Key": t["Key"], "Value": t["Value"]} for t in new.get("Tags", [])]
-        tags.append({"Key": "parallelcluster:version", "Value": VERSION})
-        cfn.update_stack(StackName=name, TemplateBody=template_for(new), Tags=tags)
-        out({"cluster": {"clusterName": name, "region": region, "version": VERSION,
-                         "clusterStatus": "UPDATE_IN_PROGRESS", "cloudformationStackStatus": "UPDATE_IN_PROGRESS",
-                         "cloudformationStackArn": stack["StackId"], "scheduler": {"type": "slurm"}},
-             "changeSet": change_set})  # fmt: skip
-    if args.command == "delete-cluster":
-        stack = stack_of(cfn, name)
-        if stack is None:
-            out({"message": f"Cluster '{name}' does not exist or belongs to an incompatible ParallelCluster major "
-                 "version. In case you have running instances belonging to a deleted cluster please use the "
-                 "DeleteClusterInstances API."}, 1)  # fmt: skip
-        head = head_node(ec2, name)
-        if head:
-            ec2.terminate_instances(InstanceIds=[head["InstanceId"]])
-        cfn.delete_stack(StackName=name)
-        out({"cluster": {"clusterName": name, "clusterStatus": "DELETE_IN_PROGRESS",
-                         "cloudformationStackStatus": "DELETE_IN_PROGRESS", "version": VERSION}})  # fmt: skip
-    out({"message": f"the stand-in does not implement {args.command}"}, 2)
+    COMMANDS[args.command](cfn, ec2, args, region)
 
 
 if __name__ == "__main__":
