@@ -254,17 +254,27 @@ def available_profiles() -> list[str]:
     return profile_names()
 
 
-def load_profile(name: str) -> dict[str, Any]:
+def load_profile(name: str, _children: tuple[str, ...] = ()) -> dict[str, Any]:
     """The profile's document as its admin wrote it (`overridable` included), from the first profile
-    directory that has it."""
+    directory that has it; one with `extends: <profile>` is laid over that profile (an overlay)."""
     if not isinstance(name, str) or not PROFILE_NAME.match(name):
         raise RunSpecError(f"profile: {name!r} is not a profile name; available: {', '.join(available_profiles())}")
     for directory in profile_dirs():
         path = directory / f"{name}.yaml"
         if path.is_file():
-            return yaml.safe_load(path.read_text()) or {}
+            return with_parent(yaml.safe_load(path.read_text()) or {}, (*_children, name))
     searched = ", ".join(str(d) for d in profile_dirs())
     raise RunSpecError(f"profile: no profile {name!r} in {searched}; available: {', '.join(available_profiles())}")
+
+
+def with_parent(document: dict[str, Any], chain: tuple[str, ...]) -> dict[str, Any]:
+    """`document` over the profile it `extends` (itself resolved the same way), without the `extends` key."""
+    parent = document.pop("extends", None)
+    if parent is None:
+        return document
+    if parent in chain:
+        raise RunSpecError(f"profile {chain[-1]!r}: `extends` loops ({' -> '.join([*chain, parent])})")
+    return deep_merge(load_profile(parent, chain), document)
 
 
 def profile_rules(name: str) -> dict[str, Rule]:
