@@ -697,6 +697,9 @@ def build_training_pipeline(
         pool=CLUSTER_POOL,
         **cluster_args,
     )
+    # The cluster is made once its data is in S3: a file system linked at creation lists the whole
+    # partition (FSx imports the linked prefix's listing then), and a failed load makes no cluster.
+    dataset >> cluster
     data_dir = stage_in(run, cluster.output, dataset.output)
     payload = ship_payload(run, cluster.output)
     trials = run_value("trials") if sweep else None
