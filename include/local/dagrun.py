@@ -3,12 +3,13 @@ end-to-end tests do, and read back what each task returned and what is left tagg
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,39 @@ def prepare_airflow(airflow_home: Path) -> None:
     stamp.write_text(prepared)
 
 
+@contextlib.contextmanager
+def resume_as_the_triggerer() -> Iterator[None]:
+    """`dag.test` resumes a deferred task with the trigger's event alone, dropping the kwargs it deferred
+    with (`self.defer(kwargs=...)`); Airflow's triggerer adds the event to them instead
+    (`airflow.models.trigger.handle_event_submit`). Within this, runs here resume as in a deployment."""
+    from unittest import mock
+
+    from airflow.sdk.definitions import dag as dag_module
+    from airflow.sdk.execution_time import supervisor
+    from airflow.sdk.serde import serialize
+
+    run_task, run_trigger = supervisor.run_task_in_process, dag_module._run_inline_trigger
+    deferred: dict[str, Any] = {}
+
+    def run_task_in_process(*, ti: Any, task: Any) -> Any:
+        result = run_task(ti=ti, task=task)
+        deferred["msg"] = getattr(result, "msg", None)
+        return result
+
+    def run_inline_trigger(trigger: Any, task_sdk_ti: Any) -> Any:
+        event, msg = run_trigger(trigger, task_sdk_ti), deferred.get("msg")
+        if event is None or msg is None:
+            return event
+        msg.next_kwargs = {**(msg.next_kwargs or {}), "event": serialize(event.payload)}
+        return None  # dag.test then resumes with the deferral's kwargs, now holding the event too
+
+    with (
+        mock.patch.object(supervisor, "run_task_in_process", run_task_in_process),
+        mock.patch.object(dag_module, "_run_inline_trigger", run_inline_trigger),
+    ):
+        yield
+
+
 @dataclass
 class DagRunResult:
     dag_id: str
@@ -90,7 +124,8 @@ def run_dag(
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
     started = time.monotonic()
-    dag_run = dag.test(run_conf=conf or {}, logical_date=logical_date, run_after=run_after)
+    with resume_as_the_triggerer():
+        dag_run = dag.test(run_conf=conf or {}, logical_date=logical_date, run_after=run_after)
     return _result(dag_id, dag_run, time.monotonic() - started)
 
 
@@ -135,6 +170,7 @@ def resume_dag_run(dag_id: str, run_id: str, *, retry: Sequence[str]) -> DagRunR
     with (
         mock.patch("airflow.models.dagrun.get_or_create_dagrun", side_effect=existing),
         mock.patch.object(SerializedDAG, "clear_dags"),
+        resume_as_the_triggerer(),
     ):
         dag_run = dag.test(logical_date=logical_date, run_after=run_after)
     return _result(dag_id, dag_run, time.monotonic() - started)
@@ -162,9 +198,10 @@ def tagged_resources(tag_key: str, tag_value: str) -> list[str]:
     found = set()
     tagging = boto3.client("resourcegroupstaggingapi")
     for page in tagging.get_paginator("get_resources").paginate(TagFilters=[{"Key": tag_key, "Values": [tag_value]}]):
-        # Terminated instances keep their tags for a while: judged by their state below instead.
+        # Terminated instances and deleted NAT gateways keep their tags for a while: judged by their
+        # state below instead.
         arns = (item["ResourceARN"] for item in page["ResourceTagMappingList"])
-        found.update(arn for arn in arns if ":instance/" not in arn)
+        found.update(arn for arn in arns if ":instance/" not in arn and ":natgateway/" not in arn)
     ec2 = boto3.client("ec2")
     tag_filter = [{"Name": f"tag:{tag_key}", "Values": [tag_value]}]
     for call, key, ident in (
@@ -179,6 +216,8 @@ def tagged_resources(tag_key: str, tag_value: str) -> list[str]:
         found.update(
             item[ident] for item in call(Filters=tag_filter)[key] if item.get("State") not in ("deleted", "Deleted")
         )
+    gateways = ec2.describe_nat_gateways(Filter=tag_filter)["NatGateways"]
+    found.update(g["NatGatewayId"] for g in gateways if g["State"] not in ("deleted", "deleting"))
     for reservation in ec2.describe_instances(Filters=tag_filter)["Reservations"]:
         found.update(i["InstanceId"] for i in reservation["Instances"] if i["State"]["Name"] != "terminated")
     return sorted(found)
