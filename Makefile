@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 PAYLOAD_VENV := .venv-payload
 
-.PHONY: help setup system-deps venv payload-env pcluster iam-simulator lock lint test demo stack-up stack-down stack-status stack-clean clean
+.PHONY: help setup system-deps venv payload-env pcluster iam-simulator lock lint test demo rehearsal stack-up stack-down stack-status stack-clean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ test: setup payload-env pcluster iam-simulator lint  ## from nothing to a passin
 
 demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded default
 	@set -a && . .stack/env && set +a && $(PY) include/local/demo.py
+
+rehearsal: stack-up payload-env pcluster  ## run pretrain with the production profile (aws-gpu) on the local stack
+	@set -a && . .stack/env && set +a && $(PY) include/local/rehearsal.py
 
 clean: stack-clean  ## remove the environment and all generated state
 	rm -rf $(VENV) .pytest_cache .ruff_cache tests/artifacts

@@ -2,7 +2,8 @@
 
 Trains the SimCLR payload on the digits through every stage (network, dataset, image, cluster,
 Slurm job, metrics, teardown) against the local stack, and prints a summary. Exits non-zero if the
-run failed or left anything tagged with its run key behind.
+run failed or left anything tagged with its run key behind. `rehearsal.py` runs the same with the
+`aws-gpu` rehearsal profile and adds what that profile does differently.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from dagrun import REPO, airflow_environment, prepare_airflow, run_dag, tagged_resources
+from dagrun import REPO, DagRunResult, airflow_environment, prepare_airflow, run_dag, tagged_resources
 
 CONF = {"partition": "demo", "hyperparameters": {"epochs": 5}}
 UNTRAINED = "_untrained"
@@ -26,24 +28,25 @@ def trained_vs_untrained(metrics: dict) -> dict[str, dict[str, float | None]]:
     return {name: {"trained": final.get(name), "untrained": final[name + UNTRAINED]} for name in pairs}
 
 
-def main() -> int:
+def prepare() -> None:
+    """This process as a worker of the stack's own Airflow home (SQLite), pools included."""
     airflow_home = Path(os.environ.get("PCFLOW_AIRFLOW_HOME", REPO / ".stack" / "airflow"))
     os.environ.update(airflow_environment(airflow_home))
     os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
     sys.path.insert(0, str(REPO / "plugins"))
     prepare_airflow(airflow_home)
 
-    print("pcflow demo: running DAG `pretrain` on the local profile (moto + local Slurm) ...", flush=True)
-    started = time.monotonic()
-    result = run_dag("pretrain", CONF)
+
+def summarize(result: DagRunResult, seconds: float) -> dict[str, Any]:
+    """What the run did, from what its tasks returned, and what is still tagged with its run key."""
     out = result.returned
     metrics = out.get("metrics") or {}
     teardown = out.get("teardown") or {}
     leftover = tagged_resources("pcflow:run", result.run_key) if result.run_key else ["(no run key)"]
-    summary = {
+    return {
         "dag_run": result.run_id,
         "state": result.state,
-        "seconds": round(time.monotonic() - started, 1),
+        "seconds": round(seconds, 1),
         "run_key": result.run_key,
         "failed_tasks": sorted(t for t, s in result.task_states.items() if s not in ("success", "skipped")),
         "network": {k: (out.get("network") or {}).get(k) for k in ("vpc_id", "head_subnet_id")},
@@ -59,17 +62,30 @@ def main() -> int:
         "teardown_deleted": [f"{d['kind']} {d['id']}" for d in teardown.get("deleted", [])],
         "left_tagged_with_run_key": leftover,
     }
+
+
+def report(name: str, summary: dict[str, Any]) -> int:
+    """Print the summary and a one-line verdict; 0 when the run succeeded and left nothing tagged."""
     print(json.dumps(summary, indent=2, default=str))
-    objective = metrics.get("objective") or {}
+    objective = summary.get("objective") or {}
     versus = summary["trained_vs_untrained"].get(objective.get("name"), {})
-    ok = result.state == "success" and not leftover
+    left = summary["left_tagged_with_run_key"]
+    ok = summary["state"] == "success" and not left
     print(
-        f"pcflow demo: {'OK' if ok else 'FAILED'} - run {result.state}, {objective.get('name')} "
+        f"pcflow {name}: {'OK' if ok else 'FAILED'} - run {summary['state']}, {objective.get('name')} "
         f"{versus.get('trained')} trained vs {versus.get('untrained')} untrained, "
-        f"{len(summary['teardown_deleted'])} resources deleted, {len(leftover)} left, {summary['seconds']} s",
+        f"{len(summary['teardown_deleted'])} resources deleted, {len(left)} left, {summary['seconds']} s",
         flush=True,
     )
     return 0 if ok else 1
+
+
+def main() -> int:
+    prepare()
+    print("pcflow demo: running DAG `pretrain` on the local profile (moto + local Slurm) ...", flush=True)
+    started = time.monotonic()
+    result = run_dag("pretrain", CONF)
+    return report("demo", summarize(result, time.monotonic() - started))
 
 
 if __name__ == "__main__":
