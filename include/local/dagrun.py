@@ -129,6 +129,24 @@ def run_dag(
     return _result(dag_id, dag_run, time.monotonic() - started)
 
 
+def unfinished_tasks(dag_id: str, run_id: str) -> list[str]:
+    """The run's tasks a dead worker left in flight (running, deferred, queued, waiting for a retry)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    in_flight = {
+        TaskInstanceState.RUNNING, TaskInstanceState.DEFERRED, TaskInstanceState.QUEUED,
+        TaskInstanceState.SCHEDULED, TaskInstanceState.UP_FOR_RETRY, TaskInstanceState.RESTARTING,
+    }  # fmt: skip
+    with create_session() as session:
+        dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        if dag_run is None:
+            raise ValueError(f"no run {run_id!r} of DAG {dag_id!r}")
+        return sorted(ti.task_id for ti in dag_run.get_task_instances(session=session) if ti.state in in_flight)
+
+
 def resume_dag_run(dag_id: str, run_id: str, *, retry: Sequence[str]) -> DagRunResult:
     """Carry on, in this process, a run whose process died (a worker crash): the tasks in `retry` are
     failed, as the scheduler does with a dead worker's task, and cleared for another try, as a retry or
