@@ -6,6 +6,7 @@ real `pcluster --dryrun`, create (the pcluster stand-in: its cluster is the loca
 
 Prints the demo's summary plus the nodes the job ran on, the launcher, the dataset's mode and shard
 count, the model's S3 URI and what is left; exits non-zero if the run failed or left anything behind.
+Tests (and other DAGs' rehearsals, e.g. the nightly's) take `rehearsal_conf` and `rehearsal_facts`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,18 @@ from demo import prepare, report, summarize
 
 PROFILE = "aws-gpu-rehearsal"
 CONF = {"profile": PROFILE, "partition": "rehearsal"}
+
+
+def rehearsal_conf(*, stack: str | None = None, **conf: Any) -> dict[str, Any]:
+    """A DAG run's conf with the rehearsal profile. With `stack`, all it makes belongs to that stack (its
+    data bucket too: `pcflow-<stack>-data`), so `dagrun.remove_stack(stack)` removes every trace."""
+    from pcflow.merge import deep_merge
+
+    document = {**CONF, **conf}
+    if stack:
+        own = {"dataset": {"bucket": f"pcflow-{stack}-data"}}
+        document |= {"stack": stack, "overrides": deep_merge(own, conf.get("overrides") or {})}
+    return document
 
 
 def node_names(node_list: str | None) -> list[str]:

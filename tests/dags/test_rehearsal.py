@@ -1,0 +1,165 @@
+"""The production profile, rehearsed: `pretrain` with `aws-gpu-rehearsal` (aws-gpu.yaml plus only what the
+emulator needs) end to end on the local stack. The real pcluster dry run, the pcluster stand-in's cluster
+(the local Slurm: head node 127.0.0.1, its host key read from the head node's console output), the FSx
+stand-in's /fsx filled from the dataset's S3 partition, torchrun, the export before delete, teardown.
+
+One run serves the module (CI time): it is killed twice on the way, as workers die, while the cluster
+is being created and while FSx exports, and carried on each time; the resources are counted by tag in
+moto just before the cluster is deleted. About 5 minutes on the 2-core machine."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from dagprocess import kill_when, manual_run, slurm, spawn
+from dagrun import DagRunResult, remove_stack, resume_dag_run, tagged_resources, unfinished_tasks
+from rehearsal import rehearsal_conf, rehearsal_facts
+
+from pcflow.aws.storage import TASK_KEY_TAG
+from pcflow.cluster.operators import DeleteClusterOperator
+from pcflow.dataset.manifest import read_manifest
+from pcflow.naming import run_key
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(1500)]
+PARTITION = "e2e"
+
+
+@dataclass
+class Rehearsed:
+    result: DagRunResult
+    facts: dict[str, Any]
+    in_flight_at_kills: list[list[str]]
+    before_delete: dict[str, Any]  # moto's resources by kind and the FSx mount, as the cluster was deleted
+    stack: str
+
+
+def cluster_stack_exists(name: str) -> bool:
+    stacks = boto3.client("cloudformation").list_stacks()["StackSummaries"]
+    return any(s["StackName"] == name and s["StackStatus"] != "DELETE_COMPLETE" for s in stacks)
+
+
+def export_started(key: str) -> bool:
+    tasks = boto3.client("fsx").describe_data_repository_tasks()["DataRepositoryTasks"]
+    wanted = f"{key}/export-before-delete"
+    return any({t["Key"]: t["Value"] for t in task.get("Tags", [])}.get(TASK_KEY_TAG) == wanted for task in tasks)
+
+
+def census(key: str, stack: str, job_name: str) -> dict[str, int]:
+    """What exists, by kind, counted by pcflow's tags (the run's, or the stack's for what it keeps)."""
+    ec2, fsx = boto3.client("ec2"), boto3.client("fsx")
+    by_run = [{"Name": "tag:pcflow:run", "Values": [key]}]
+    builders = [{"Name": "tag:pcflow:stack", "Values": [stack]}, {"Name": "tag:pcflow:component", "Values": ["ami"]}]
+
+    def instances(filters: list[dict]) -> list[dict]:
+        return [i for r in ec2.describe_instances(Filters=filters)["Reservations"] for i in r["Instances"]]
+
+    def node_type(instance: dict) -> str:
+        return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}.get("parallelcluster:node-type", "other")
+
+    live = Counter(node_type(i) for i in instances(by_run) if i["State"]["Name"] != "terminated")
+    file_systems = [
+        fs for fs in fsx.describe_file_systems()["FileSystems"] if {"Key": "pcflow:run", "Value": key} in fs["Tags"]
+    ]
+    gateways = ec2.describe_nat_gateways(Filter=by_run)["NatGateways"]
+    stacks = [
+        s for s in boto3.client("cloudformation").describe_stacks()["Stacks"] if s["StackName"].endswith("-cluster")
+    ]
+    return {
+        "vpc": len(ec2.describe_vpcs(Filters=by_run)["Vpcs"]),
+        "nat-gateway": sum(g["State"] not in ("deleted", "deleting") for g in gateways),
+        "image": len(ec2.describe_images(Owners=["self"], Filters=builders[:1])["Images"]),
+        "image-builder": len(instances(builders)),  # terminated ones included: ever launched
+        "cluster-stack": sum({"Key": "pcflow:run", "Value": key} in s["Tags"] for s in stacks),
+        "head-node": live["HeadNode"],
+        "compute-node": live["Compute"],
+        "file-system": len(file_systems),
+        "slurm-job": len(slurm("sacct", "-n", "-X", "-S", "now-1hours", "--name", job_name, "-o", "JobID")),
+    }
+
+
+def mount_contents(fsx_dir: Path, partition: str) -> dict[str, str]:
+    """sha256 of each file under the partition in the FSx stand-in's directory (the nodes' /fsx)."""
+    root = fsx_dir / partition
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def rehearsed(airflow, local_stack, pcluster_cli, tmp_path_factory) -> Rehearsed:
+    stack = f"r{uuid.uuid4().hex[:8]}"
+    conf = rehearsal_conf(stack=stack, partition=PARTITION)
+    run_id, when = manual_run("pretrain")
+    key = run_key("pretrain", run_id)
+    log = tmp_path_factory.mktemp("rehearsal") / "killed-runs.log"
+    kills = []
+    started = spawn("start", "pretrain", run_id, when, log=log, conf=conf)
+    kill_when(started, lambda: cluster_stack_exists(f"pcflow-{stack}-cluster"), log, "the cluster's creation")
+    kills.append(unfinished_tasks("pretrain", run_id))
+    resumed = spawn("resume", "pretrain", run_id, when, log=log)
+    kill_when(resumed, lambda: export_started(key), log, "the FSx export before delete")
+    kills.append(unfinished_tasks("pretrain", run_id))
+    seen: dict[str, Any] = {}
+    execute = DeleteClusterOperator.execute
+
+    def look_then_delete(self, context):
+        if not seen:
+            seen["census"] = census(key, stack, f"{key}.train")
+            seen["mount"] = mount_contents(local_stack.state_dir / "fsx", PARTITION)
+        return execute(self, context)
+
+    DeleteClusterOperator.execute = look_then_delete
+    try:
+        result = resume_dag_run("pretrain", run_id, retry=unfinished_tasks("pretrain", run_id))
+    finally:
+        DeleteClusterOperator.execute = execute
+    yield Rehearsed(result, rehearsal_facts(result), kills, seen, stack)
+    assert remove_stack(stack) == []  # what the stack keeps on purpose: its image and data bucket
+
+
+def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
+    result, facts, out = rehearsed.result, rehearsed.facts, rehearsed.result.returned
+    assert result.state == "success", result.task_states
+    run = out["validate"]
+    assert facts["profile"] == "aws-gpu-rehearsal" and facts["launcher"] == "torchrun"
+    assert len(facts["nodes"]) == len(set(facts["nodes"])) == run["training"]["nodes"]
+    # The real dry run judged the config (the stand-in hands dry runs to the real CLI).
+    assert "CustomAmiTagValidator" in {m["type"] for m in out["validate_cluster"]["validation_messages"]}
+    # The cluster's head node is the local one, its host key read from its console output and pinned.
+    host_key = " ".join(local_stack.slurm_connection["extra"]["host_key"].split()[:2])
+    assert out["cluster"]["head_node"] == {"address": "127.0.0.1", "host_key": host_key}
+    # Shards, and the FSx mount held exactly what the manifest lists.
+    dataset = out["dataset"]
+    manifest = read_manifest(boto3.client("s3"), dataset["bucket"], dataset["root"])
+    assert facts["dataset_mode"] == "shard" and facts["shard_count"] == manifest["object_count"] > 0
+    listed = {o["key"]: o["sha256"] for o in manifest["objects"]}
+    mounted = rehearsed.before_delete["mount"]
+    assert {k: mounted.get(k) for k in listed} == listed
+    # The export before delete ran and wrote the run's files (its log among them) to the bucket.
+    assert [e["lifecycle"] for e in facts["fsx_exports"]] == ["SUCCEEDED"]
+    prefix = f"{run['dataset']['prefix']}/pcflow/runs/{result.run_key}/train/"
+    exported = boto3.client("s3").list_objects_v2(Bucket=dataset["bucket"], Prefix=prefix).get("Contents", [])
+    assert {f"{prefix}job.log", f"{prefix}metrics.jsonl"} <= {o["Key"] for o in exported}
+    assert tagged_resources("pcflow:run", result.run_key) == []
+
+
+def test_killed_twice_and_resumed_creates_nothing_twice(rehearsed):
+    """Killed while the cluster was being created, then while FSx exported: each resumed run adopted
+    what the dead one made. Counted by tag in moto just before the cluster's deletion."""
+    first, second = rehearsed.in_flight_at_kills
+    assert first and "delete_cluster" in second, rehearsed.in_flight_at_kills
+    nodes = rehearsed.result.returned["validate"]["training"]["nodes"]
+    expected = {"vpc": 1, "nat-gateway": 1, "image": 1, "image-builder": 1, "cluster-stack": 1, "head-node": 1}
+    expected |= {"compute-node": nodes, "file-system": 1, "slurm-job": 1}
+    assert rehearsed.before_delete["census"] == expected
+    assert rehearsed.result.state == "success"
+    assert tagged_resources("pcflow:run", rehearsed.result.run_key) == []
