@@ -88,6 +88,19 @@ def _boto(stack: LocalStack, service: str, region: str = "us-east-1"):
     )
 
 
+def tell_standin(stack: LocalStack, route: str, body: dict) -> None:
+    """POST to one of the moto stand-ins' routes (include/local/moto_standins.py), e.g. "fsx/task-outcomes"."""
+    import ssl
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(stack.state_dir / "tls" / "ca.pem"))
+    url = f"https://127.0.0.1:{stack.ports['moto']}/moto-api/static/{route}"
+    headers = {"Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
+    with urllib.request.urlopen(request, context=context, timeout=60) as answer:
+        answer.read()
+
+
 def moto_leftovers(stack: LocalStack) -> list[str]:
     """What is on the moto server beyond what the stack seeds: live instances, anything pcflow-tagged
     that still exists (terminated instances and deleted NAT gateways are final states, not leaks),

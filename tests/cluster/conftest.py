@@ -1,31 +1,25 @@
 """Fixtures of the cluster stage: the real pcluster CLI (installed by include/cluster/install-pcluster.sh
-into .venv-pcluster), the stand-in CLI, and a network + stand-in AMI + key pair + bucket on moto."""
+into .venv-pcluster), the local stack's stand-in CLI (include/local/pcluster-standin: its cluster is the
+local Slurm; dry runs go to the real CLI), and a network + stand-in AMI + key pair + bucket on moto."""
 
 from __future__ import annotations
 
 import os
-import stat
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dagrun import delete_bucket
+from dagrun import REPO, delete_bucket
 
 from pcflow.aws.ami import delete_image
 from pcflow.aws.clients import aws_client
 
-STANDIN = Path(__file__).with_name("pcluster_standin.py")
-
 
 @pytest.fixture(scope="session")
-def standin_cli(tmp_path_factory) -> Path:
-    """An executable that runs the stand-in with this interpreter (boto3 + PyYAML are here)."""
-    path = tmp_path_factory.mktemp("standin") / "pcluster"
-    path.write_text(f'#!/bin/sh\nexec {sys.executable} {STANDIN} "$@"\n')
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
+def standin_cli(local_stack, pcluster_cli) -> Path:
+    """The stand-in, as the local stack's environment selects it (PCFLOW_PCLUSTER)."""
+    return REPO / "include" / "local" / "pcluster-standin"
 
 
 @dataclass(frozen=True)

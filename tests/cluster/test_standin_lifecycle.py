@@ -1,18 +1,23 @@
-"""Ensure / adopt / refuse / fail / delete of the ParallelCluster provider with the STAND-IN pcluster CLI
-(tests/cluster/pcluster_standin.py: pcluster's documented describe/create/delete JSON; the stack and head
-node it makes are real moto resources). Emulated because a real create-cluster cannot finish on moto
-(its CDK template is refused by moto's CloudFormation). The deferrable waits run the real trigger
-against moto's CloudFormation."""
+"""Ensure / adopt / refuse / fail / update / delete of the ParallelCluster provider with the local stack's
+STAND-IN pcluster CLI (include/local/pcluster_standin.py: pcluster's documented JSON; the stack, its head
+node and FSx file system are real moto resources, the FSx data repository tasks moto_standins.py's, and
+the cluster is the local Slurm). Emulated because a real create-cluster cannot finish on moto (its CDK
+template is refused by moto's CloudFormation). The deferrable waits run the real triggers' waiters
+against moto's CloudFormation and FSx."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
-from fsx_standin import FsxStandIn
+from stacktools import tell_standin
 from taskcontext import make_context
 
 from pcflow.aws.clients import aws_client as clients
-from pcflow.aws.storage import DataRepositoryTaskFailed
+from pcflow.aws.storage import TASK_KEY_TAG, DataRepositoryTaskFailed
 from pcflow.aws.teardown import Selector, teardown
+from pcflow.aws.waits import FsxHook
 from pcflow.cluster import teardown as cluster_teardown
 from pcflow.cluster.operators import DeleteClusterOperator, EnsureClusterOperator
 from pcflow.cluster.parallelcluster import ClusterCreateFailed, ClusterMismatch, HostKeyUnavailable
@@ -27,13 +32,25 @@ def stacks_named(name: str) -> list[dict]:
     return [s for s in cfn.describe_stacks()["Stacks"] if s["StackName"] == name]
 
 
-def wait_like_trigger(trigger: ClusterStackTrigger) -> dict:
-    """The trigger's own botocore waiter, run synchronously: the triggerer's async path needs aiobotocore,
-    which cannot be installed next to the pinned botocore 1.44.8 (aiobotocore pins botocore <1.43.118)."""
-    clients("cloudformation").get_waiter(trigger.waiter_name).wait(
-        **trigger.waiter_args, WaiterConfig={"Delay": 1, "MaxAttempts": 10}
-    )
+def wait_like_trigger(trigger) -> dict:
+    """The trigger's own botocore waiter (CloudFormation's, or pcflow's FSx one), run synchronously."""
+    if trigger.waiter_name == "DataRepositoryTaskComplete":
+        waiter = FsxHook().get_waiter(trigger.waiter_name, client=clients("fsx"))
+    else:
+        waiter = clients("cloudformation").get_waiter(trigger.waiter_name)
+    waiter.wait(**trigger.waiter_args, WaiterConfig={"Delay": 1, "MaxAttempts": 10})
     return {"status": "success", trigger.return_key: trigger.return_value}
+
+
+def local_host_key(local_stack) -> str:
+    """The local head node's (sshd's) key: the stand-in's head node prints it on its console."""
+    return " ".join(local_stack.slurm_connection["extra"]["host_key"].split()[:2])
+
+
+def export_tasks(fs_id: str) -> list[dict]:
+    filters = [{"Name": "file-system-id", "Values": [fs_id]}]
+    tasks = clients("fsx").describe_data_repository_tasks(Filters=filters)["DataRepositoryTasks"]
+    return [t for t in tasks if t["Type"] == "EXPORT_TO_REPOSITORY"]
 
 
 def ensure_op(cli, site, spec, **kw):
@@ -43,10 +60,9 @@ def ensure_op(cli, site, spec, **kw):
     )  # fmt: skip
 
 
-def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cli, site, monkeypatch):
+def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cli, site, local_stack):
     spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
     op = ensure_op(standin_cli, site, spec)
-    op.cluster_provider.require_host_key = False  # moto's console output carries no cloud-init host keys
     from airflow.sdk.exceptions import TaskDeferred
 
     with pytest.raises(TaskDeferred) as deferred:
@@ -58,14 +74,15 @@ def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cl
     assert event["status"] == "success" and event["stack_name"] == spec["name"]
     info = op.execute_complete(make_context("ensure_cluster"), event, **deferred.value.kwargs)
     assert info["provider"] == "parallelcluster" and info["name"] == spec["name"] and info["scheduler"] == "slurm"
-    assert info["head_node"]["address"] and info["shared_root"] == "/fsx" and info["mounts"] == ["/fsx"]
+    # The local head node, its key read from the head node's console output (as on AWS), pinned.
+    assert info["head_node"] == {"address": "127.0.0.1", "host_key": local_host_key(local_stack)}
+    assert info["shared_root"] == "/fsx" and info["mounts"] == ["/fsx"]
     assert info["partitions"][0]["name"] == "gpu" and info["config_hash"] and not info["adopted"]
     tags = {t["Key"]: t["Value"] for t in stacks_named(spec["name"])[0]["Tags"]}
     assert tags["pcflow:stack"] == site.stack and tags["pcflow:config-hash"] == info["config_hash"]
 
     # Second ensure with the same spec: adopted, no second stack, no defer.
     again = ensure_op(standin_cli, site, spec)
-    again.cluster_provider.require_host_key = False
     assert again.execute(make_context("ensure_cluster"))["adopted"] is True
     assert len(stacks_named(spec["name"])) == 1
 
@@ -95,14 +112,15 @@ def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cl
     assert delete.execute(make_context("delete_cluster"))["deleted"] is False
 
 
-def test_standin_host_key_is_pinned_never_trusted_on_first_use(standin_cli, site):
-    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
-    spec = site.spec()
+def test_head_node_without_host_keys_on_its_console_is_never_trusted(standin_cli, site):
+    """A head node whose console shows no keys yet (moto's sample boot text): pcflow waits, never TOFU."""
+    ec2 = clients("ec2")
+    instance = ec2.run_instances(ImageId=site.ami_id, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
     try:
         with pytest.raises(HostKeyUnavailable, match="never trusts a host key on first use"):
-            ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+            make_provider("parallelcluster", pcluster_path=str(standin_cli)).head_node_host_key(instance)
     finally:
-        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+        ec2.terminate_instances(InstanceIds=[instance])
 
 
 def test_standin_create_failed_is_diagnosed(standin_cli, site, monkeypatch):
@@ -126,7 +144,6 @@ def test_standin_create_failed_is_diagnosed(standin_cli, site, monkeypatch):
 
 def test_standin_teardown_loop_deletes_tagged_cluster_stacks(standin_cli, site):
     provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
-    provider.require_host_key = False
     spec = site.spec()
     ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
     selector = Selector(stack=site.stack)
@@ -144,7 +161,6 @@ def test_standin_updatable_change_is_applied_in_place_and_others_refused(standin
     """allow_updates: a larger queue updates the cluster in place (pcluster's dry run first, then the
     update, then the stack's update wait); a new head node type is refused, the cluster untouched."""
     provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
-    provider.require_host_key = False
     spec = site.spec(allow_updates=True)
     try:
         first = ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
@@ -164,45 +180,38 @@ def test_standin_updatable_change_is_applied_in_place_and_others_refused(standin
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
 
 
-def cluster_with_file_system(provider, site, spec, monkeypatch) -> tuple:
-    """A stand-in cluster plus a real (moto) Lustre file system that the provider counts as the
-    cluster's: moto's CloudFormation cannot hold an AWS::FSx::FileSystem. Returns (fsx client, id)."""
-    ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
-    fsx = provider.clients("fsx")
-    fs_id = fsx.create_file_system(
-        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[site.subnet_id],
-        LustreConfiguration={"DeploymentType": "SCRATCH_2"},
-    )["FileSystem"]["FileSystemId"]  # fmt: skip
-    monkeypatch.setattr(provider, "file_system_ids", lambda name: [fs_id] if name == spec["name"] else [])
-    return fsx, fs_id
-
-
-def test_standin_fsx_export_before_delete_and_a_failed_export_keeps_the_cluster(standin_cli, site, monkeypatch):
-    """teardown.export_fsx: each file system is exported to S3 before delete-cluster. The file system
-    is real (moto); its export tasks come from the FSx STAND-IN (moto lacks them), and since moto's
-    CloudFormation cannot hold an AWS::FSx::FileSystem, the stack's file system list is given."""
+def test_standin_fsx_links_at_creation_exports_before_delete_and_a_failed_export_keeps_the_cluster(
+    standin_cli, site, local_stack
+):
+    """teardown.export_fsx: the file system (in the cluster's stack, linked to the dataset prefix at
+    creation) is exported to S3 before delete-cluster; a failed export keeps the cluster. The FSx
+    stand-in's directory is what the nodes see at /fsx."""
     provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
-    provider.require_host_key = False
     spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
-    fsx, fs_id = cluster_with_file_system(provider, site, spec, monkeypatch)
-    standin = FsxStandIn(links={fs_id: ["s3://bucket/prefix"]}, ends=("FAILED", "S3 access denied")).attach(fsx)
+    s3, mount = clients("s3"), local_stack.state_dir / "fsx"
+    s3.put_object(Bucket=site.bucket, Key="datasets/digits/day1/0.png", Body=b"digit")
+    ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+    [fs_id] = provider.file_system_ids(spec["name"])  # the stack holds its file system
     try:
+        assert (mount / "day1" / "0.png").read_bytes() == b"digit"  # linked: the prefix is listed at creation
+        (mount / "checkpoints").mkdir()
+        (mount / "checkpoints" / "last.pt").write_bytes(b"weights")  # what a job wrote to /fsx
+        failed = {"Lifecycle": "FAILED", "Message": "S3 access denied"}
+        tell_standin(local_stack, "fsx/task-outcomes", {"results": [failed]})  # how the next export ends
         with pytest.raises(DataRepositoryTaskFailed, match="ended FAILED: S3 access denied"):
             delete_cluster(provider, spec["name"], export_fsx=True, waiter_delay=1, waiter_max_attempts=10)
         assert len(stacks_named(spec["name"])) == 1  # the data only the file system holds is not lost
-        standin.ends = ("SUCCEEDED", None)
         result = delete_cluster(provider, spec["name"], export_fsx=True, waiter_delay=1, waiter_max_attempts=10)
         assert result["deleted"] and stacks_named(spec["name"]) == []
-        assert [c["Type"] for c in standin.creates()] == ["EXPORT_TO_REPOSITORY"] * 2
-        assert [e["task_id"] for e in result["exports"]] == [
-            standin.by_token[standin.creates()[1]["ClientRequestToken"]]
-        ]
+        assert [t["Lifecycle"] for t in export_tasks(fs_id)] == ["FAILED", "SUCCEEDED"]
+        assert [e["task_id"] for e in result["exports"]] == [export_tasks(fs_id)[1]["TaskId"]]
+        exported = s3.get_object(Bucket=site.bucket, Key="datasets/digits/checkpoints/last.pt")["Body"].read()
+        assert exported == b"weights" and not any(mount.iterdir())  # the file system and its files are gone
     finally:
-        fsx.delete_file_system(FileSystemId=fs_id)
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
 
 
-def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(standin_cli, site, monkeypatch):
+def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(standin_cli, site):
     """The delete task holds no worker while FSx exports: it defers on the export task, then on the
     stack. Re-entered after each wait, it finds the export again by its key: nothing runs twice."""
     from airflow.sdk.exceptions import TaskDeferred
@@ -215,34 +224,61 @@ def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(stan
         stack=site.stack, pcluster_path=str(standin_cli), waiter_delay=1, waiter_max_attempts=10,
     )  # fmt: skip
     provider = delete.cluster_provider
-    provider.require_host_key = False
-    fsx, fs_id = cluster_with_file_system(provider, site, spec, monkeypatch)
-    standin = FsxStandIn(links={fs_id: ["s3://bucket/prefix"]}).attach(fsx)
+    ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+    [fs_id] = provider.file_system_ids(spec["name"])
     context = make_context("delete_cluster")
     try:
         with pytest.raises(TaskDeferred) as deferred:
             delete.execute(context)
         trigger = deferred.value.trigger
         assert isinstance(trigger, FsxDataRepositoryTaskTrigger) and len(stacks_named(spec["name"])) == 1
-        task_id = trigger.return_value
-        standin.finish(task_id, "SUCCEEDED")  # what the triggerer waited for
+        event = wait_like_trigger(trigger)  # FSx's task: PENDING, EXECUTING, SUCCEEDED
         with pytest.raises(TaskDeferred) as deferred:
-            delete.export_complete(context, {"status": "success", "task_id": task_id})
+            delete.export_complete(context, event)
         assert isinstance(deferred.value.trigger, ClusterStackTrigger)
-        assert len(standin.creates()) == 1  # re-entered, the export was adopted, not started again
+        [task] = export_tasks(fs_id)  # re-entered, the export was adopted, not started again
+        assert {t["Key"]: t["Value"] for t in task["Tags"]}[TASK_KEY_TAG].endswith("/export-before-delete")
         event = wait_like_trigger(deferred.value.trigger)
         assert delete.execute_complete(context, event, **deferred.value.kwargs)["deleted"]
         assert stacks_named(spec["name"]) == []
     finally:
-        fsx.delete_file_system(FileSystemId=fs_id)
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_standin_answers_as_the_real_cli_does(standin_cli, pcluster_cli, site):
+    """The real pcluster CLI reads the stand-in's cluster from moto (stack, tags, head node): the two
+    answer describe-cluster and describe-cluster-instances alike. Where they differ, the stand-in says
+    what the local stack supplies (the head node's address) and the real CLI what moto lacks (the
+    compute fleet's DynamoDB status, the scheduler's stack output)."""
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    spec = site.spec()
+    ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+
+    def both(*argv: str) -> tuple[dict, dict]:
+        answers = [subprocess.run([str(cli), *argv], capture_output=True, text=True, check=True).stdout
+                   for cli in (standin_cli, pcluster_cli)]  # fmt: skip
+        return json.loads(answers[0]), json.loads(answers[1])
+
+    try:
+        ours, real = both("describe-cluster", "--cluster-name", spec["name"])
+        assert set(real) - {"scheduler"} <= set(ours)
+        same = ("clusterName", "clusterStatus", "cloudFormationStackStatus", "version", "cloudformationStackArn")
+        assert {k: ours[k] for k in same} == {k: real[k] for k in same}
+        assert sorted(map(str, ours["tags"])) == sorted(map(str, real["tags"]))
+        assert {k: v for k, v in ours["headNode"].items() if k != "publicIpAddress"} == real["headNode"]
+        assert ours["headNode"]["publicIpAddress"] == "127.0.0.1" and real["computeFleetStatus"] == "UNKNOWN"
+        ours, real = both("describe-cluster-instances", "--cluster-name", spec["name"])
+        pairs = zip(ours["instances"], real["instances"], strict=True)
+        assert all(o["instanceId"] == r["instanceId"] and o["nodeType"] == r["nodeType"] for o, r in pairs)
+        assert [i["nodeType"] for i in real["instances"]] == ["HeadNode", "ComputeNode"]
+    finally:
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
 
 
 def test_standin_dry_run_of_an_existing_cluster_adopts_checks_the_update_or_refuses(standin_cli, site):
     """A nightly's cluster outlives its run: `create-cluster --dryrun` would answer "already exists", so
-    the dry run decides what ensure will do (the stand-in refuses create dry runs: none is made here)."""
+    the dry run decides what ensure will do (the real CLI's dry run is not asked: none is made here)."""
     provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
-    provider.require_host_key = False
     spec = site.spec()
     try:
         ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
