@@ -1,36 +1,37 @@
 """FSx import of a newly loaded prefix into a file system that is already linked to the bucket.
 
 Real as far as the emulator goes: the dataset goes into S3 on the local stack's moto server, and the
-file system is created and described there. moto 5.2.5 (the newest release) implements neither data
-repository associations nor data repository tasks (it answers 500), so those three calls are answered
-by a stand-in that follows the FSx API reference: botocore still validates every request against
-the FSx service model, and the stand-in's responses are validated against it too (as botocore's
-Stubber does). The triggerer's wait runs the real trigger on an aiobotocore client with AioStubber.
-Tests that depend on the stand-in carry `standin` in their names.
+file system is created and described there. moto 5.2.5 implements neither data repository associations
+nor data repository tasks (it answers 500), so the local stack's moto server answers them with its FSx
+STAND-IN (include/local/moto_standins.py, following the FSx API reference): botocore validates every
+request and response against the FSx service model, the tasks go PENDING, EXECUTING, SUCCEEDED (or
+FAILED, when a test tells the stand-in so), and an import copies the objects into the directory the
+local nodes see at /fsx. The triggerer's wait runs the real trigger (aiobotocore) against it. Tests
+that depend on the stand-in carry `standin` in their names.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import datetime as dt
 from types import SimpleNamespace
 
 import boto3
 import pytest
-from aiobotocore.stub import AioStubber
-from fsx_standin import CREATED, FsxStandIn
+from stacktools import tell_standin
 
-from pcflow.aws.waits import FsxDataRepositoryTaskTrigger, FsxHook
+from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
 from pcflow.dataset.manifest import read_manifest
 from pcflow.dataset.operators import DatasetLoadOperator
 
 pytestmark = pytest.mark.stack
 IMPORT = "IMPORT_METADATA_FROM_REPOSITORY"
+LOGICAL_DATE = dt.datetime(2026, 11, 29, tzinfo=dt.UTC)
 
 
 def context():
     ti = SimpleNamespace(dag_id="pretrain_nightly", run_id="scheduled__2026-11-29T00:00:00+00:00", map_index=-1)
-    return {"ti": ti, "dag_run": SimpleNamespace(run_type="scheduled"), "logical_date": CREATED}
+    return {"ti": ti, "dag_run": SimpleNamespace(run_type="scheduled"), "logical_date": LOGICAL_DATE}
 
 
 @pytest.fixture
@@ -63,6 +64,18 @@ def case(s3, bucket, source, stack_name, file_system):
     return SimpleNamespace(s3=s3, bucket=bucket, source=source, stack=stack_name, fs=file_system)
 
 
+def link(case, s3_path: str) -> None:
+    """A data repository association (the stand-in's): the file system's root is `s3_path`."""
+    boto3.client("fsx").create_data_repository_association(
+        FileSystemId=case.fs, FileSystemPath="/", DataRepositoryPath=s3_path
+    )
+
+
+def import_tasks(case) -> list[dict]:
+    filters = [{"Name": "file-system-id", "Values": [case.fs]}]
+    return boto3.client("fsx").describe_data_repository_tasks(Filters=filters)["DataRepositoryTasks"]
+
+
 def loader(case, fs: str | None = None, **kwargs):
     return DatasetLoadOperator(
         task_id="load",
@@ -71,35 +84,10 @@ def loader(case, fs: str | None = None, **kwargs):
         prefix="datasets/pets",
         stack=case.stack,
         fsx_file_system_id=fs or case.fs,
-        waiter_delay=0,
-        waiter_max_attempts=3,
+        waiter_delay=1,
+        waiter_max_attempts=20,
         **kwargs,
     )
-
-
-@contextlib.contextmanager
-def triggerer_sees(monkeypatch, task_id: str, *lifecycles: dict):
-    """The trigger's aiobotocore client answers DescribeDataRepositoryTasks with `lifecycles`, in order."""
-    original = FsxHook.get_async_conn
-
-    async def get_async_conn(hook):
-        @contextlib.asynccontextmanager
-        async def stubbed():
-            async with await original(hook) as client:
-                with AioStubber(client) as stub:
-                    for state in lifecycles:
-                        task = {"TaskId": task_id, "Type": IMPORT, "CreationTime": CREATED, **state}
-                        stub.add_response(
-                            "describe_data_repository_tasks", {"DataRepositoryTasks": [task]}, {"TaskIds": [task_id]}
-                        )
-                    yield client
-                    stub.assert_no_pending_responses()
-
-        return stubbed()
-
-    with monkeypatch.context() as patch:
-        patch.setattr(FsxHook, "get_async_conn", get_async_conn)
-        yield
 
 
 def run_trigger(trigger: FsxDataRepositoryTaskTrigger) -> list:
@@ -116,70 +104,59 @@ def test_unknown_file_system_fails_before_anything_is_uploaded(case):
     assert case.s3.list_objects_v2(Bucket=case.bucket).get("KeyCount", 0) == 0
 
 
-def test_fsx_import_standin_starts_once_defers_and_succeeds(case, monkeypatch):
+def test_fsx_import_standin_starts_once_defers_and_succeeds(case, local_stack):
     from airflow.sdk.exceptions import TaskDeferred
 
+    link(case, f"s3://{case.bucket}/datasets")
     op = loader(case)
-    standin = FsxStandIn(links={case.fs: [f"s3://{case.bucket}/datasets"]}).attach(op.fsx_hook.conn)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context())
     result = deferred.value.kwargs["result"]
     assert read_manifest(case.s3, case.bucket, result["root"])["object_count"] == 6, "committed before the import"
-    [create] = standin.creates()
-    assert create["Type"] == IMPORT and create["FileSystemId"] == case.fs
-    assert create["Paths"] == [f"s3://{case.bucket}/datasets/pets/2026-11-29/"] == [result["uri"]]
+    [task] = import_tasks(case)
+    assert task["Type"] == IMPORT and task["Paths"] == [f"s3://{case.bucket}/datasets/pets/2026-11-29/"]
+    assert task["Paths"] == [result["uri"]] and task["TaskId"] == result["fsx_import_task_id"]
     trigger = deferred.value.trigger
     assert isinstance(trigger, FsxDataRepositoryTaskTrigger)
-    task_id = result["fsx_import_task_id"]
-    assert trigger.serialize()[1]["task_id"] == task_id
+    assert trigger.serialize()[1]["task_id"] == task["TaskId"]
 
-    with triggerer_sees(monkeypatch, task_id, {"Lifecycle": "EXECUTING"}, {"Lifecycle": "SUCCEEDED"}):
-        [event] = run_trigger(trigger)
-    assert event == {"status": "success", "task_id": task_id}
-    standin.finish(task_id, "SUCCEEDED")
-    assert op.execute_complete(context(), event=event, result=result)["fsx_import_task_id"] == task_id
+    [event] = run_trigger(trigger)  # the triggerer's wait, on FSx's answers
+    assert event == {"status": "success", "task_id": task["TaskId"]}
+    assert op.execute_complete(context(), event=event, result=result)["fsx_import_task_id"] == task["TaskId"]
+    mounted = local_stack.state_dir / "fsx" / "pets" / "2026-11-29" / "cat" / "cat1.txt"
+    assert mounted.read_text() == "cat 1\n"  # what the nodes see at /fsx/pets/2026-11-29/cat/cat1.txt
 
     # A retry of the whole task (same run): nothing uploaded again, the same import task adopted.
     with pytest.raises(TaskDeferred) as again:
         op.execute(context())
-    assert again.value.kwargs["result"]["fsx_import_task_id"] == task_id and len(standin.creates()) == 1
+    assert again.value.kwargs["result"]["fsx_import_task_id"] == task["TaskId"] and len(import_tasks(case)) == 1
     assert again.value.kwargs["result"]["uploaded"] == 0
 
 
-def test_fsx_import_standin_failure_message_reaches_the_user(case, monkeypatch):
+def test_fsx_import_standin_failure_message_reaches_the_user(case, local_stack):
     from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
     why = "Amazon FSx does not have permission to read s3://bucket/datasets: check the bucket policy"
+    link(case, f"s3://{case.bucket}/datasets/pets")
+    tell_standin(local_stack, "fsx/task-outcomes", {"results": [{"Lifecycle": "FAILED", "Message": why}] * 2})
     op = loader(case)
-    standin = FsxStandIn(links={case.fs: [f"s3://{case.bucket}/datasets/pets"]}).attach(op.fsx_hook.conn)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context())
     result = deferred.value.kwargs["result"]
-    task_id = result["fsx_import_task_id"]
-    failed = {"Lifecycle": "FAILED", "FailureDetails": {"Message": why}}
-    with triggerer_sees(monkeypatch, task_id, {"Lifecycle": "EXECUTING"}, failed):
-        [event] = run_trigger(deferred.value.trigger)
+    [event] = run_trigger(deferred.value.trigger)
     assert event["status"] == "error" and why in event["message"]
-    standin.finish(task_id, "FAILED", why)
     with pytest.raises(AirflowException, match="permission to read") as err:
         op.execute_complete(context(), event=event, result=result)
     assert "manifest is committed" in str(err.value)
 
     # Cleared after a "fix": the retry starts a new import (the failed one is not adopted), and the
     # worker-side wait (deferrable=False) surfaces FSx's reason the same way.
-    standin.ends = ("FAILED", why)
-    blocking = loader(case, deferrable=False)
-    standin.attach(blocking.fsx_hook.conn)
     with pytest.raises(AirflowException, match="permission to read"):
-        blocking.execute(context())
-    first, second = standin.creates()
-    assert first["ClientRequestToken"] != second["ClientRequestToken"]
-    assert [t["Lifecycle"] for t in standin.tasks.values()] == ["FAILED", "FAILED"]
+        loader(case, deferrable=False).execute(context())
+    assert [t["Lifecycle"] for t in import_tasks(case)] == ["FAILED", "FAILED"]
 
 
 def test_fsx_not_linked_to_the_prefix_standin_leaves_it_to_the_link(case):
-    op = loader(case)
-    standin = FsxStandIn(links={case.fs: [f"s3://{case.bucket}/other"]}).attach(op.fsx_hook.conn)
-    result = op.execute(context())
-    assert result["fsx_import_task_id"] is None and standin.creates() == []
-    assert [op for op, _ in standin.calls] == ["DescribeDataRepositoryAssociations"]
+    link(case, f"s3://{case.bucket}/other")
+    result = loader(case).execute(context())
+    assert result["fsx_import_task_id"] is None and import_tasks(case) == []
