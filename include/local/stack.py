@@ -43,6 +43,9 @@ REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")).resolve()
 REGION = "us-east-1"
 BUILDER_PROFILE = "pcflow-ami-builder"
+#: The EC2 key pair aws-gpu.yaml's cluster names (`cluster.config.key_name`): the admin imports it once.
+KEY_PAIR = "pcflow"
+ALREADY_DONE = ("EntityAlreadyExists", "LimitExceeded", "InvalidKeyPair.Duplicate")
 #: The permissions boundary of the roles ParallelCluster creates (aws-gpu.yaml names it): the admin makes it once.
 CLUSTER_BOUNDARY = REPO / "include" / "iam" / "pcflow-cluster-boundary.json"
 PCLUSTER_VERSION = "3.16.1"
@@ -565,7 +568,8 @@ def seed_emulated_account(lay: Layout) -> None:
     """What an administrator prepares once in a real account, made in the empty emulated one: the AMI
     builder's instance profile (on AWS it also carries AmazonSSMManagedInstanceCore, which the
     emulator does not know), the permissions boundary of the cluster's roles (ParallelCluster's dry run
-    checks that it exists), and a stand-in for the ParallelCluster base image (moto has none)."""
+    checks that it exists), the key pair aws-gpu.yaml names (the stack's client key, as an admin imports the
+    team's), and a stand-in for the ParallelCluster base image (moto has none)."""
     import boto3
     from botocore.exceptions import ClientError
 
@@ -581,12 +585,15 @@ def seed_emulated_account(lay: Layout) -> None:
         lambda: iam.create_instance_profile(InstanceProfileName=BUILDER_PROFILE),
         lambda: iam.add_role_to_instance_profile(InstanceProfileName=BUILDER_PROFILE, RoleName=BUILDER_PROFILE),
         lambda: iam.create_policy(PolicyName="pcflow-cluster-boundary", PolicyDocument=CLUSTER_BOUNDARY.read_text()),
+        lambda: ec2.import_key_pair(
+            KeyName=KEY_PAIR, PublicKeyMaterial=lay.client_key.with_suffix(".pub").read_bytes()
+        ),
     )
     for step in steps:  # each one idempotent on its own, so a half-done seeding completes
         try:
             step()
         except ClientError as exc:
-            if exc.response["Error"]["Code"] not in ("EntityAlreadyExists", "LimitExceeded"):
+            if exc.response["Error"]["Code"] not in ALREADY_DONE:
                 raise
     name = f"aws-parallelcluster-{PCLUSTER_VERSION}-alinux2023-hvm-x86_64-local-standin"
     if not ec2.describe_images(Owners=["self"], Filters=[{"Name": "name", "Values": [name]}])["Images"]:

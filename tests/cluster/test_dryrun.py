@@ -1,7 +1,6 @@
 """The REAL pcluster CLI (3.16.1, own venv) validates rendered configs with `--dryrun true` against the
-moto server over HTTPS. Suppressed, because moto lacks what they call (and only those):
-`MOTO_SUPPRESSED_VALIDATORS` = HeadNodeLaunchTemplateValidator, ComputeResourceLaunchTemplateValidator,
-KeyPairValidator."""
+moto server over HTTPS. Suppressed, because moto lacks what they call (and only those): the validators
+the rehearsal profile suppresses (include/profiles/aws-gpu-rehearsal.yaml says which and why)."""
 
 from __future__ import annotations
 
@@ -11,12 +10,14 @@ from taskcontext import make_context
 
 from pcflow.aws.clients import aws_client as clients
 from pcflow.cluster.operators import ValidateClusterConfigOperator
-from pcflow.cluster.pcluster import MOTO_SUPPRESSED_VALIDATORS, PclusterError
+from pcflow.cluster.pcluster import PclusterError
 from pcflow.cluster.providers import make_provider, validate_cluster
 from pcflow.cluster.spec import ClusterSpecError
+from pcflow.runspec import load_profile
 
 pytestmark = pytest.mark.stack
 BOUNDARY = "arn:aws:iam::123456789012:policy/pcflow-cluster-boundary"
+MOTO_SUPPRESSED_VALIDATORS = tuple(load_profile("aws-gpu-rehearsal")["cluster"]["suppress_validators"])
 
 
 def provider(cli, **kw):

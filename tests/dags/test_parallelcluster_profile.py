@@ -1,8 +1,9 @@
-"""The pipeline with the `aws-gpu` profile (ParallelCluster) against the moto server: validate before
-spend. Bad cluster settings are refused by the first task; a config ParallelCluster's dry run (the
-REAL pcluster CLI, own venv) rejects fails the run right after the network (free), before the image,
-the dataset or the cluster cost anything. Moto lacks the APIs of MOTO_SUPPRESSED_VALIDATORS only.
-A cluster is never created here: that needs real AWS (CloudFormation running ParallelCluster's stack)."""
+"""The pipeline with the `aws-gpu` profile (ParallelCluster), as the rehearsal runs it on the moto server
+(`aws-gpu-rehearsal`: aws-gpu plus only what the emulator needs): validate before spend. Bad cluster
+settings are refused by the first task; a config ParallelCluster's dry run (the REAL pcluster CLI, own
+venv) rejects fails the run right after the network (free), before the image, the dataset or the cluster
+cost anything. Moto lacks the APIs of the validators the rehearsal profile suppresses, only those.
+No cluster is created here; test_rehearsal.py creates one (the pcluster stand-in's: the local Slurm)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 import boto3
 import pytest
 from dagrun import remove_stack, run_dag, tagged_resources
+from rehearsal import PROFILE, own_stack
 
-from pcflow.cluster.pcluster import MOTO_SUPPRESSED_VALIDATORS
 from pcflow.merge import deep_merge
 
 pytestmark = pytest.mark.stack
@@ -21,33 +22,17 @@ NOT_STARTED = ("upstream_failed", "None", "skipped")
 
 
 @pytest.fixture
-def aws_gpu(airflow, pcluster_cli, monkeypatch, admin_profiles):
-    """Conf for `pretrain` with an admin's variant of the aws-gpu profile, pointed at what moto has (the
-    stand-in ParallelCluster base image is alinux2023, owned by this account; a key pair made here); removes
-    the stack after. The settings given are the admin's (written into the profile), not a trigger user's.
-    The account preflight skips the vCPU quota: moto's Service Quotas knows only VPC quotas
-    (tests/cluster/test_preflight.py seeds them instead)."""
-    monkeypatch.setenv("PCFLOW_PCLUSTER", str(pcluster_cli))
+def aws_gpu(airflow, pcluster_cli, admin_profiles):
+    """Conf for `pretrain` with an admin's variant of the rehearsal of aws-gpu, in a stack of its own;
+    removes the stack after. The settings given are the admin's (written into the profile), not a
+    trigger user's."""
     stack = f"pc{uuid.uuid4().hex[:8]}"
-    ec2 = boto3.client("ec2")
-    ec2.create_key_pair(KeyName=f"pcflow-{stack}")
 
     def conf(**settings: Any) -> dict[str, Any]:
-        base = {
-            "stack": stack,
-            "dataset": {"source": "builtin:digits", "bucket": f"pcflow-{stack}-data", "mode": "sync"},
-            "ami": {"os": "alinux2023", "base_image_owners": ["self"], "wait_for_ssm_agent": False},
-            "cluster": {
-                "suppress_validators": list(MOTO_SUPPRESSED_VALIDATORS),
-                "config": {"os": "alinux2023", "key_name": f"pcflow-{stack}"},
-            },
-            "preflight": {"skip": ["vcpu_quota"]},
-        }
-        return {"profile": admin_profiles.make("aws-gpu", deep_merge(base, settings)), "partition": "dryrun"}
+        return {"profile": admin_profiles.make(PROFILE, deep_merge(own_stack(stack), settings)), "partition": "dryrun"}
 
     conf.stack = stack
     yield conf
-    ec2.delete_key_pair(KeyName=f"pcflow-{stack}")
     # The data bucket is shared by stacks (not tagged with one): this stack is its only user.
     buckets = [b["Name"] for b in boto3.client("s3").list_buckets()["Buckets"]]
     if f"pcflow-{stack}-data" in buckets or tagged_resources("pcflow:stack", stack):
@@ -72,7 +57,7 @@ def test_dry_run_rejection_stops_the_run_before_any_spend(aws_gpu):
 @pytest.mark.parametrize(
     ("settings", "complaint"),
     [
-        ({"instance_type": "c5.xlarge"}, "has no GPUs"),
+        ({"instance_type": "c5.xlarge", "training": {"gpus_per_node": 4}}, "has no GPUs"),
         ({"cluster": {"config": {"name": "c" * 61}}}, "name"),
         ({"cluster": {"config": {"name": "my_cluster!"}}}, "name"),
         ({"cluster": {"config": {"max_count": 1}}, "training": {"nodes": 2}}, "max_count 1 is below"),

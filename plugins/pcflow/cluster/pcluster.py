@@ -25,14 +25,6 @@ from airflow.sdk import BaseHook
 
 from pcflow.paths import include_dir
 
-#: Validators `--dryrun true` must skip on the local stack only because moto lacks what they call:
-#: the launch-template dry runs (moto: "must contain the parameter ebs") and KeyPairValidator (moto's
-#: DescribeKeyPairs has no `KeyType`). On AWS nothing is suppressed: pass `suppress_validators=()`.
-MOTO_SUPPRESSED_VALIDATORS = (
-    "HeadNodeLaunchTemplateValidator",
-    "ComputeResourceLaunchTemplateValidator",
-    "KeyPairValidator",
-)
 NOT_FOUND_MARKER = "does not exist"
 #: How ParallelCluster starts the message of a configuration its schema or config loader refuses.
 CONFIG_REJECTED = "Invalid cluster configuration"
