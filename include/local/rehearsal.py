@@ -6,7 +6,8 @@ real `pcluster --dryrun`, create (the pcluster stand-in: its cluster is the loca
 
 Prints the demo's summary plus the nodes the job ran on, the launcher, the dataset's mode and shard
 count, the model's S3 URI and what is left; exits non-zero if the run failed or left anything behind.
-Tests (and other DAGs' rehearsals, e.g. the nightly's) take `rehearsal_conf` and `rehearsal_facts`.
+Tests (and other DAGs' rehearsals, e.g. the nightly's) write an admin profile over PROFILE with
+`own_stack` (dagrun.write_profile) and read the run with `rehearsal_facts`.
 """
 
 from __future__ import annotations
@@ -23,16 +24,10 @@ PROFILE = "aws-gpu-rehearsal"
 CONF = {"profile": PROFILE, "partition": "rehearsal"}
 
 
-def rehearsal_conf(*, stack: str | None = None, **conf: Any) -> dict[str, Any]:
-    """A DAG run's conf with the rehearsal profile. With `stack`, all it makes belongs to that stack (its
-    data bucket too: `pcflow-<stack>-data`), so `dagrun.remove_stack(stack)` removes every trace."""
-    from pcflow.merge import deep_merge
-
-    document = {**CONF, **conf}
-    if stack:
-        own = {"dataset": {"bucket": f"pcflow-{stack}-data"}}
-        document |= {"stack": stack, "overrides": deep_merge(own, conf.get("overrides") or {})}
-    return document
+def own_stack(stack: str) -> dict[str, Any]:
+    """Settings (an admin's: the stack is the profile's) that give a rehearsal a stack of its own, its data
+    bucket included (`pcflow-<stack>-data`), so `dagrun.remove_stack(stack)` removes every trace."""
+    return {"stack": stack, "dataset": {"bucket": f"pcflow-{stack}-data"}}
 
 
 def node_names(node_list: str | None) -> list[str]:

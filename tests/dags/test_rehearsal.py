@@ -10,6 +10,7 @@ moto just before the cluster is deleted. About 5 minutes on the 2-core machine."
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from typing import Any
 import boto3
 import pytest
 from dagprocess import kill_when, manual_run, slurm, spawn
-from dagrun import DagRunResult, remove_stack, resume_dag_run, tagged_resources, unfinished_tasks
-from rehearsal import rehearsal_conf, rehearsal_facts
+from dagrun import DagRunResult, remove_stack, resume_dag_run, tagged_resources, unfinished_tasks, write_profile
+from rehearsal import PROFILE, own_stack, rehearsal_facts
 
 from pcflow.aws.storage import TASK_KEY_TAG
 from pcflow.cluster.operators import DeleteClusterOperator
@@ -97,7 +98,9 @@ def mount_contents(fsx_dir: Path, partition: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def rehearsed(airflow, local_stack, pcluster_cli, tmp_path_factory) -> Rehearsed:
     stack = f"r{uuid.uuid4().hex[:8]}"
-    conf = rehearsal_conf(stack=stack, partition=PARTITION)
+    profiles = tmp_path_factory.mktemp("profiles")  # the admin's: the rehearsal in a stack of its own
+    os.environ["PCFLOW_PROFILES_DIR"] = str(profiles)  # the module's Airflow is its own (restored after)
+    conf = {"profile": write_profile(profiles, f"rehearsal-{stack}", PROFILE, own_stack(stack)), "partition": PARTITION}
     run_id, when = manual_run("pretrain")
     key = run_key("pretrain", run_id)
     log = tmp_path_factory.mktemp("rehearsal") / "killed-runs.log"

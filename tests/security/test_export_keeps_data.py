@@ -1,15 +1,16 @@
 """Keep data on a failed export: when the FSx export before delete fails, the cluster's delete task
 fails with FSx's reason and the run's teardown deletes nothing the cluster needs (cluster stack, file
 system, network), counted by the run's tag; after the cause is fixed, the same two tasks run again and
-leave nothing. The run's network is pcflow's, the cluster comes from the ParallelCluster STAND-IN CLI,
-the Lustre file system is moto's; its export tasks come from the FSx STAND-IN (moto lacks them)."""
+leave nothing. The run's network is pcflow's, the cluster (with its Lustre file system) comes from the
+local stack's ParallelCluster STAND-IN CLI, the export tasks from moto's FSx STAND-IN, told how the
+first export ends (moto lacks data repository tasks)."""
 
 from __future__ import annotations
 
 import pytest
 from cluster.conftest import site, standin_cli  # noqa: F401 - the stand-in CLI and its moto site
 from dagrun import tagged_resources
-from fsx_standin import FsxStandIn
+from stacktools import tell_standin
 from taskcontext import make_context
 
 from pcflow.aws.clients import aws_client
@@ -18,7 +19,7 @@ from pcflow.aws.storage import DataRepositoryTaskFailed
 from pcflow.aws.teardown import Selector, TeardownIncomplete, TeardownOperator, teardown
 from pcflow.cluster.operators import DeleteClusterOperator
 from pcflow.cluster.providers import ensure_cluster
-from pcflow.naming import aws_tags, run_key, standard_tags
+from pcflow.naming import run_key
 
 pytestmark = pytest.mark.stack
 WAIT = {"waiter_delay": 1, "waiter_max_attempts": 10}
@@ -33,7 +34,7 @@ def live_file_systems(fsx, run: str) -> list[str]:
     ]
 
 
-def test_failed_export_keeps_cluster_file_system_and_network(standin_cli, site, monkeypatch):  # noqa: F811
+def test_failed_export_keeps_cluster_file_system_and_network(standin_cli, site, local_stack):  # noqa: F811
     context = make_context("delete_cluster")
     run = run_key(context["ti"].dag_id, context["run_id"])
     ec2 = aws_client("ec2")
@@ -43,20 +44,14 @@ def test_failed_export_keeps_cluster_file_system_and_network(standin_cli, site, 
         run_scoped=True, export_fsx=True, pcluster_path=str(standin_cli), deferrable=False, **WAIT,
     )  # fmt: skip
     provider = delete.cluster_provider
-    provider.require_host_key = False
     spec = site.spec(head_subnet_id=network.head_subnet_id, fsx={"deployment_type": "SCRATCH_2"})
     ensure_cluster(provider, spec, stack=site.stack, run=run, **WAIT)
     fsx = provider.clients("fsx")
-    fs_id = fsx.create_file_system(  # the cluster's file system, tagged as ParallelCluster tags it
-        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[network.head_subnet_id],
-        LustreConfiguration={"DeploymentType": "SCRATCH_2"},
-        Tags=aws_tags(standard_tags(stack=site.stack, component="cluster", run=run)),
-    )["FileSystem"]["FileSystemId"]  # fmt: skip
-    monkeypatch.setattr(provider, "file_system_ids", lambda name: [fs_id] if name == spec["name"] else [])
-    standin = FsxStandIn(links={fs_id: [f"s3://{site.bucket}/datasets"]}, ends=("FAILED", "S3 access denied"))
-    standin.attach(fsx)
+    [fs_id] = provider.file_system_ids(spec["name"])  # in the cluster's stack, tagged with its run
+    tell_standin(
+        local_stack, "fsx/task-outcomes", {"results": [{"Lifecycle": "FAILED", "Message": "S3 access denied"}]}
+    )
     cleanup = TeardownOperator(task_id="teardown", stack=site.stack, run=run, handler_sets=HANDLERS, pass_delay=0)
-    monkeypatch.setattr(cleanup, "client", lambda service: fsx if service == "fsx" else aws_client(service))
     before = tagged_resources("pcflow:run", run)
     try:
         assert any(spec["name"] in arn for arn in before) and network.vpc_id in before
@@ -69,12 +64,14 @@ def test_failed_export_keeps_cluster_file_system_and_network(standin_cli, site, 
         assert live_file_systems(fsx, run) == [fs_id]
 
         # The retry the README describes: the cause fixed, the delete task, then the teardown, again.
-        standin.ends = ("SUCCEEDED", None)
         assert delete.execute(context)["deleted"] is True
         report = cleanup.execute(make_context("teardown"))
         assert report["held"] == [] and report["remaining"] == []
         assert tagged_resources("pcflow:run", run) == [] and live_file_systems(fsx, run) == []
-        assert [c["Type"] for c in standin.creates()] == ["EXPORT_TO_REPOSITORY"] * 2
+        tasks = fsx.describe_data_repository_tasks(Filters=[{"Name": "file-system-id", "Values": [fs_id]}])
+        assert [(t["Type"], t["Lifecycle"]) for t in tasks["DataRepositoryTasks"]] == [
+            ("EXPORT_TO_REPOSITORY", "FAILED"), ("EXPORT_TO_REPOSITORY", "SUCCEEDED"),
+        ]  # fmt: skip
     finally:
         if live_file_systems(fsx, run):
             fsx.delete_file_system(FileSystemId=fs_id)

@@ -48,9 +48,7 @@ def owned_by(stack: str) -> list[str]:
 
 @pytest.fixture
 def provider(standin_cli):  # noqa: F811 - the fixture imported above
-    made = make_provider("parallelcluster", pcluster_path=str(standin_cli))
-    made.require_host_key = False  # moto's console output carries no cloud-init host keys
-    return made
+    return make_provider("parallelcluster", pcluster_path=str(standin_cli))
 
 
 def test_another_stacks_cluster_is_never_adopted_updated_or_deleted(provider, site, standin_cli):  # noqa: F811
@@ -63,7 +61,7 @@ def test_another_stacks_cluster_is_never_adopted_updated_or_deleted(provider, si
     ensure_cluster(provider, spec, stack=other, **WAIT)
     before = owned_by(other)
     try:
-        assert len(before) == 2  # its cluster stack and head node
+        assert len(before) == 3  # its cluster stack, head node and compute node (one local Slurm node)
         with pytest.raises(ClusterNotOwned, match=f"belongs to stack {other} .*not to stack {site.stack}"):
             validate_cluster(provider, spec, stack=site.stack)
         with pytest.raises(ClusterNotOwned):
