@@ -52,7 +52,7 @@ def rehearsal_facts(result: DagRunResult) -> dict[str, Any]:
         "dataset_mode": dataset.get("mode"),
         "shard_count": dataset.get("object_count") if dataset.get("mode") == "shard" else None,
         "fsx_exports": deleted.get("exports"),
-        "model_uri": metrics.get("model_uri") or train.get("model_uri"),
+        "model_uri": (metrics.get("model") or {}).get("model"),  # s3://<bucket>/runs/<run key>/model/...
     }
 
 

@@ -57,7 +57,7 @@ def test_dry_run_rejection_stops_the_run_before_any_spend(aws_gpu):
 @pytest.mark.parametrize(
     ("settings", "complaint"),
     [
-        ({"instance_type": "c5.xlarge", "training": {"gpus_per_node": 4}}, "has no GPUs"),
+        ({"instance_type": "c5.xlarge", "training": {"gpus_per_node": 4, "tasks_per_node": 4}}, "has no GPUs"),
         ({"cluster": {"config": {"name": "c" * 61}}}, "name"),
         ({"cluster": {"config": {"name": "my_cluster!"}}}, "name"),
         ({"cluster": {"config": {"max_count": 1}}, "training": {"nodes": 2}}, "max_count 1 is below"),
