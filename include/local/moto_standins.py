@@ -16,8 +16,10 @@ and lives only in this server, which only the local stack starts: no deployment 
   them).
 - RegisterImage keeps the request's Architecture, VirtualizationType and RootDeviceName (moto drops
   them, and ParallelCluster's dry run refuses an image of no architecture for any instance type).
-- `POST /moto-api/static/fsx/task-outcomes` with `{"results": [{"Lifecycle": "FAILED", "Message": ...}]}`:
-  how the next data repository tasks end, one result each (a test's failed export).
+- `POST /moto-api/static/fsx/task-outcomes` with `{"results": [{"Lifecycle": "FAILED", "Message": ...,
+  "Seconds": 2}]}`: how the next data repository tasks end, one result each, and how long each stays
+  EXECUTING first (a test's failed export, or one still running when its task looks; by default a task
+  takes as long as its files do).
 
 Usage: moto_standins.py --fsx-dir DIR <moto_server's own arguments>
 """
@@ -50,8 +52,6 @@ from moto.moto_api._internal import urls as moto_api_urls
 from moto.s3.models import FakeKey, s3_backends
 
 ACTIVE = ("PENDING", "EXECUTING")
-#: How long a data repository task stays PENDING before it runs (waiters see it in progress once).
-TASK_START_DELAY_S = 0.5
 
 
 class Settings:
@@ -325,14 +325,15 @@ def create_data_repository_task(self: FSxResponse) -> str:
     if token:
         records["tokens"][token] = task_id
     outcome = records["outcomes"].pop(0) if records["outcomes"] else None
+    answer = json.dumps({"DataRepositoryTask": task})  # as created: PENDING
     threading.Thread(target=run_task, args=(backend, task, outcome), daemon=True).start()
-    return json.dumps({"DataRepositoryTask": task})
+    return answer
 
 
 def run_task(backend: FSxBackend, task: dict[str, Any], outcome: dict[str, Any] | None) -> None:
     """PENDING, then EXECUTING while the files move, then SUCCEEDED or FAILED (with FSx's reason)."""
-    time.sleep(TASK_START_DELAY_S)
     task.update(Lifecycle="EXECUTING", StartTime=_now())
+    time.sleep(float((outcome or {}).get("Seconds", 0)))
     try:
         if outcome and outcome.get("Lifecycle") == "FAILED":
             raise RuntimeError(outcome.get("Message") or "the task failed")

@@ -211,7 +211,7 @@ def test_standin_fsx_links_at_creation_exports_before_delete_and_a_failed_export
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
 
 
-def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(standin_cli, site):
+def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(standin_cli, site, local_stack):
     """The delete task holds no worker while FSx exports: it defers on the export task, then on the
     stack. Re-entered after each wait, it finds the export again by its key: nothing runs twice."""
     from airflow.sdk.exceptions import TaskDeferred
@@ -227,9 +227,10 @@ def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(stan
     ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
     [fs_id] = provider.file_system_ids(spec["name"])
     context = make_context("delete_cluster")
+    tell_standin(local_stack, "fsx/task-outcomes", {"results": [{"Lifecycle": "SUCCEEDED", "Seconds": 3}]})
     try:
         with pytest.raises(TaskDeferred) as deferred:
-            delete.execute(context)
+            delete.execute(context)  # the export is still running when the task looks
         trigger = deferred.value.trigger
         assert isinstance(trigger, FsxDataRepositoryTaskTrigger) and len(stacks_named(spec["name"])) == 1
         event = wait_like_trigger(trigger)  # FSx's task: PENDING, EXECUTING, SUCCEEDED

@@ -133,7 +133,7 @@ def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
     result, facts, out = rehearsed.result, rehearsed.facts, rehearsed.result.returned
     assert result.state == "success", result.task_states
     run = out["validate"]
-    assert facts["profile"] == "aws-gpu-rehearsal" and facts["launcher"] == "torchrun"
+    assert run["cluster"]["provider"] == "parallelcluster" and facts["launcher"] == "torchrun"
     assert len(facts["nodes"]) == len(set(facts["nodes"])) == run["training"]["nodes"]
     # The real dry run judged the config (the stand-in hands dry runs to the real CLI).
     assert "CustomAmiTagValidator" in {m["type"] for m in out["validate_cluster"]["validation_messages"]}
