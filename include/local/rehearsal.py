@@ -47,7 +47,7 @@ def rehearsal_facts(result: DagRunResult) -> dict[str, Any]:
     return {
         "profile": run.get("profile"),
         "cluster": {k: cluster.get(k) for k in ("provider", "name", "head_node", "mounts")},
-        "nodes": node_names(train.get("node_list")),
+        "nodes": node_names(train.get("nodes")),
         "launcher": (run.get("training") or {}).get("launcher"),
         "dataset_mode": dataset.get("mode"),
         "shard_count": dataset.get("object_count") if dataset.get("mode") == "shard" else None,
