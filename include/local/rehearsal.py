@@ -51,7 +51,10 @@ def rehearsal_facts(result: DagRunResult) -> dict[str, Any]:
         "launcher": (run.get("training") or {}).get("launcher"),
         "dataset_mode": dataset.get("mode"),
         "shard_count": dataset.get("object_count") if dataset.get("mode") == "shard" else None,
-        "fsx_exports": deleted.get("exports"),
+        "fsx_exports": [
+            {"task_id": e["task_id"], "lifecycle": e["lifecycle"], "files": (e.get("status") or {}).get("TotalCount")}
+            for e in deleted.get("exports") or ()
+        ],
         "model_uri": (metrics.get("model") or {}).get("model"),  # s3://<bucket>/runs/<run key>/model/...
     }
 
