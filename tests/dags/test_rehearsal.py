@@ -9,6 +9,7 @@ moto just before the cluster is deleted. About 5 minutes on the 2-core machine."
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import uuid
@@ -20,7 +21,15 @@ from typing import Any
 import boto3
 import pytest
 from dagprocess import kill_when, manual_run, slurm, spawn
-from dagrun import DagRunResult, remove_stack, resume_dag_run, tagged_resources, unfinished_tasks, write_profile
+from dagrun import (
+    DagRunResult,
+    remove_stack,
+    resume_dag_run,
+    run_dag,
+    tagged_resources,
+    unfinished_tasks,
+    write_profile,
+)
 from rehearsal import PROFILE, own_stack, rehearsal_facts
 from stacktools import tell_standin
 
@@ -169,3 +178,46 @@ def test_killed_twice_and_resumed_creates_nothing_twice(rehearsed):
     assert rehearsed.before_delete["census"] == expected
     assert rehearsed.result.state == "success"
     assert tagged_resources("pcflow:run", rehearsed.result.run_key) == []
+
+
+@dataclass
+class Nights:
+    runs: list[DagRunResult]
+    cluster_after_night_2: bool
+    stack: str
+
+
+@pytest.fixture(scope="module")
+def two_nights(rehearsed) -> Nights:
+    """`pretrain_nightly` on the rehearsal of aws-gpu for two nights, in a stack of its own (one epoch a
+    night: what is kept matters here, not the model). Runs after `rehearsed` (its profiles directory)."""
+    stack = f"n{uuid.uuid4().hex[:8]}"
+    changes = {**own_stack(stack), "training": {"hyperparameters": {"epochs": 1}}}
+    profile = write_profile(Path(os.environ["PCFLOW_PROFILES_DIR"]), f"nightly-{stack}", PROFILE, changes)
+    nights = [dt.datetime(2026, 11, 20, 2, tzinfo=dt.UTC), dt.datetime(2026, 11, 21, 2, tzinfo=dt.UTC)]
+    runs = [run_dag("pretrain_nightly", {"profile": profile}, logical_date=night) for night in nights]
+    nights_result = Nights(runs, cluster_stack_exists(f"pcflow-{stack}-cluster"), stack)
+    yield nights_result
+    remove_stack(stack)  # the test removes it and checks; this is for a test that failed before
+
+
+def test_nightly_keeps_its_cluster_and_night_2_adopts_it(two_nights):
+    """aws-gpu's nightly keeps network, image and ParallelCluster cluster between nights: night 2 adopts
+    the cluster without creating one, each night's model is in S3, and the cluster is still there after
+    night 2 until the stack is torn down."""
+    first, second = two_nights.runs
+    assert [first.state, second.state] == ["success", "success"], [first.task_states, second.task_states]
+    assert "delete_cluster" not in first.task_states and "delete_cluster" not in second.task_states
+    assert not first.returned["cluster"].get("adopted") and second.returned["cluster"]["adopted"]
+    assert first.returned["cluster"]["name"] == second.returned["cluster"]["name"]
+    assert second.returned["image"]["reused"]
+    assert first.returned["network"]["vpc_id"] == second.returned["network"]["vpc_id"]
+    s3 = boto3.client("s3")
+    models = [run.returned["metrics"]["model"]["model"] for run in two_nights.runs]
+    assert len(set(models)) == 2
+    for run, model in zip(two_nights.runs, models, strict=True):
+        bucket, key = model.removeprefix("s3://").split("/", 1)
+        assert key.startswith(f"runs/{run.run_key}/model/") and s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    assert two_nights.cluster_after_night_2
+    assert remove_stack(two_nights.stack) == []
+    assert not cluster_stack_exists(f"pcflow-{two_nights.stack}-cluster")
