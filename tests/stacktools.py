@@ -151,7 +151,8 @@ def moto_leftovers(stack: LocalStack) -> list[str]:
     own = [{"Name": "owner-id", "Values": [account]}]  # moto ignores OwnerIds; its catalogue is not ours
     found += [f"snapshot {s['SnapshotId']}" for s in ec2.describe_snapshots(Filters=own)["Snapshots"]
               if s["SnapshotId"] not in seeded_snapshots]  # fmt: skip
-    found += [f"key-pair {k['KeyName']}" for k in ec2.describe_key_pairs()["KeyPairs"]]
+    found += [f"key-pair {k['KeyName']}" for k in ec2.describe_key_pairs()["KeyPairs"]
+              if k["KeyName"] != stack_script.KEY_PAIR]  # fmt: skip
     found += [f"bucket {b['Name']}" for b in s3.list_buckets().get("Buckets", [])]
     found += [f"instance-profile {p['InstanceProfileName']}" for p in iam.list_instance_profiles()["InstanceProfiles"]
               if p["InstanceProfileName"] != stack_script.BUILDER_PROFILE]  # fmt: skip

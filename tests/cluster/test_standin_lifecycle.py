@@ -289,6 +289,10 @@ def test_standin_dry_run_of_an_existing_cluster_adopts_checks_the_update_or_refu
             validate_cluster(provider, {**spec, "max_count": 4}, stack=site.stack)
         grown = validate_cluster(provider, {**spec, "max_count": 4, "allow_updates": True}, stack=site.stack)
         assert grown["existing"]["update"] is True and grown["config_hash"] != same["config_hash"]
+        # Before the bake, the dry run renders the image the bake starts from: a cluster that differs only
+        # by its image passes, and ensure compares the image once baked.
+        unbaked = validate_cluster(provider, {**spec, "custom_ami": "ami-0123456789abcdef0"}, stack=site.stack)
+        assert unbaked["existing"]["image_checked_after_bake"] is True and "update" not in unbaked["existing"]
     finally:
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
 

@@ -106,10 +106,16 @@ def mount_contents(fsx_dir: Path, partition: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def rehearsed(airflow, local_stack, pcluster_cli, tmp_path_factory) -> Rehearsed:
+def profiles(airflow, tmp_path_factory) -> Path:
+    """The admin's profiles directory: each run of the module in a stack of its own."""
+    directory = tmp_path_factory.mktemp("profiles")
+    os.environ["PCFLOW_PROFILES_DIR"] = str(directory)  # the module's Airflow is its own (restored after)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def rehearsed(profiles, local_stack, pcluster_cli, tmp_path_factory) -> Rehearsed:
     stack = f"r{uuid.uuid4().hex[:8]}"
-    profiles = tmp_path_factory.mktemp("profiles")  # the admin's: the rehearsal in a stack of its own
-    os.environ["PCFLOW_PROFILES_DIR"] = str(profiles)  # the module's Airflow is its own (restored after)
     conf = {"profile": write_profile(profiles, f"rehearsal-{stack}", PROFILE, own_stack(stack)), "partition": PARTITION}
     run_id, when = manual_run("pretrain")
     key = run_key("pretrain", run_id)
@@ -188,12 +194,12 @@ class Nights:
 
 
 @pytest.fixture(scope="module")
-def two_nights(rehearsed) -> Nights:
+def two_nights(profiles, local_stack, pcluster_cli) -> Nights:
     """`pretrain_nightly` on the rehearsal of aws-gpu for two nights, in a stack of its own (one epoch a
-    night: what is kept matters here, not the model). Runs after `rehearsed` (its profiles directory)."""
+    night: what is kept matters here, not the model)."""
     stack = f"n{uuid.uuid4().hex[:8]}"
     changes = {**own_stack(stack), "training": {"hyperparameters": {"epochs": 1}}}
-    profile = write_profile(Path(os.environ["PCFLOW_PROFILES_DIR"]), f"nightly-{stack}", PROFILE, changes)
+    profile = write_profile(profiles, f"nightly-{stack}", PROFILE, changes)
     nights = [dt.datetime(2026, 11, 20, 2, tzinfo=dt.UTC), dt.datetime(2026, 11, 21, 2, tzinfo=dt.UTC)]
     runs = [run_dag("pretrain_nightly", {"profile": profile}, logical_date=night) for night in nights]
     nights_result = Nights(runs, cluster_stack_exists(f"pcflow-{stack}-cluster"), stack)

@@ -22,6 +22,9 @@ from pcflow.paths import include_dir
 
 DEFAULT_TEMPLATE = "gpu-training.yaml.j2"
 TAG_CONFIG_HASH = "pcflow:config-hash"
+#: The hash of the config but its image: a dry run, made before the bake with the image the bake starts
+#: from, can tell a kept cluster that differs only by its image (the ensure step compares the image after it).
+TAG_SHAPE_HASH = "pcflow:shape-hash"
 CONFIG_HASH_LEN = 16
 
 
@@ -46,6 +49,7 @@ class RenderedConfig:
     text: str
     document: dict[str, Any]
     config_hash: str
+    shape_hash: str
 
     @property
     def owner(self) -> tuple[str | None, str | None]:
@@ -57,6 +61,12 @@ class RenderedConfig:
 def config_hash(document: Mapping[str, Any]) -> str:
     """Identity of a cluster config: tags are excluded (their expiry label changes on every render)."""
     return digest({k: v for k, v in document.items() if k != "Tags"}, length=CONFIG_HASH_LEN)
+
+
+def shape_hash(document: Mapping[str, Any]) -> str:
+    """The config hash of the document without its image (`Image.CustomAmi`)."""
+    image = {k: v for k, v in (document.get("Image") or {}).items() if k != "CustomAmi"}
+    return config_hash({**document, "Image": image})
 
 
 def render_config(
@@ -87,8 +97,8 @@ def render_config(
             f"extra_config: Iam.PermissionsBoundary {boundary!r} replaces the profile's permissions_boundary "
             f"{spec.permissions_boundary!r}; only the deployment admin sets it, in the profile"
         )
-    digest_value = config_hash(document)
-    all_tags = {**spec.tags, **dict(tags or {}), TAG_CONFIG_HASH: digest_value}
+    digest_value, shape = config_hash(document), shape_hash(document)
+    all_tags = {**spec.tags, **dict(tags or {}), TAG_CONFIG_HASH: digest_value, TAG_SHAPE_HASH: shape}
     document["Tags"] = [{"Key": k, "Value": v} for k, v in all_tags.items()]
     text = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
-    return RenderedConfig(text=text, document=document, config_hash=digest_value)
+    return RenderedConfig(text=text, document=document, config_hash=digest_value, shape_hash=shape)

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcflow.cluster.config import TAG_CONFIG_HASH, RenderedConfig, render_config
+from pcflow.cluster.config import TAG_CONFIG_HASH, TAG_SHAPE_HASH, RenderedConfig, render_config
 from pcflow.cluster.info import ClusterInfo, Partition
 from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError
 from pcflow.cluster.spec import ClusterSpec, check_instance_type
@@ -165,7 +165,9 @@ class ParallelClusterProvider:
         """ParallelCluster's own validators, nothing created: `create-cluster --dryrun true`, or for a
         cluster that already exists (a nightly's, kept between runs) what the ensure step will do with
         it: adopt (same config: validated when it was made), update (`update-cluster --dryrun true`),
-        or refuse, now rather than after the bake and the data load."""
+        or refuse, now rather than after the bake and the data load. A config that differs only by its
+        image passes here: the dry run's image is the one the bake starts from, so the image is compared
+        by the ensure step, after the bake (a kept stack's bake reuses the image its cluster runs)."""
         described = self.hook.describe_cluster(spec.name)
         messages: list[dict[str, Any]] = []
         existing = None
@@ -176,9 +178,12 @@ class ParallelClusterProvider:
             messages = answer.get("validationMessages", [])
         else:
             check_owner(spec.name, described, rendered.owner)
-            found_hash = describe_tags(described).get(TAG_CONFIG_HASH)
+            tags = describe_tags(described)
+            found_hash = tags.get(TAG_CONFIG_HASH)
             existing = {"status": described.get("clusterStatus"), "config_hash": found_hash}
-            if found_hash != rendered.config_hash:
+            if found_hash != rendered.config_hash and tags.get(TAG_SHAPE_HASH) == rendered.shape_hash:
+                existing["image_checked_after_bake"] = True
+            elif found_hash != rendered.config_hash:
                 self.check_update(spec, rendered, described, found_hash)
                 existing["update"] = True
             existing["file_system_ids"] = self.file_system_ids(spec.name)
