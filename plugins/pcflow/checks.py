@@ -92,3 +92,24 @@ def check_dataset_source(run: dict[str, Any], aws_conn_id: str = "aws_default") 
         raise AirflowFailException(f"dataset.source: {exc}") from None
     if empty:
         raise AirflowFailException(f"dataset.source: {source!r} holds no files to load")
+
+
+def check_cost(run: dict[str, Any], aws_conn_id: str = "aws_default") -> dict[str, Any]:
+    """The run's price per hour and maximum (`pcflow.budget`), logged in one line; refused when its
+    budget cannot cap it. Returns the `cost` section the later stages read (approval, the train task's cap)."""
+    import logging
+
+    from pcflow.budget import BudgetRefused, plan_cost, refuse_over_budget
+
+    ec2 = None
+    if run["capacity_type"] == "spot":  # spot is priced from EC2's price history of the run's region
+        from pcflow.aws.clients import aws_client
+
+        ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
+    cost = plan_cost(run, ec2=ec2)
+    logging.getLogger("airflow.task").info("%s", cost["summary"])
+    try:
+        refuse_over_budget(cost, run)
+    except BudgetRefused as exc:
+        raise AirflowFailException(str(exc)) from None
+    return cost

@@ -7,6 +7,7 @@ up front, with the field's path and the values it may take — before anything c
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -196,6 +197,49 @@ class PreflightSettings(_Section):
         return value
 
 
+class BudgetSettings(_Section):
+    """What a run may cost (pcflow.budget): its budget (the profile's default; a trigger user may set it
+    where `overridable` lists `budget.usd`), the hard maximum no budget may exceed, when a person must
+    approve, and how long a kept cluster may sit idle before its compute fleet is stopped."""
+
+    usd: float | None = Field(None, description="the most a run may cost, in USD; empty: no cap")
+    max_usd: float | None = Field(None, description="no run's budget may exceed this, whoever sets it")
+    approval_above_usd: float | None = Field(None, description="a run whose maximum is above this waits for approval")
+    approval_timeout_hours: float = Field(24, gt=0, le=24 * 14)
+    if_maximum_exceeds: Literal["refuse", "cap"] = Field(
+        "refuse", description="refuse: the first task refuses the run; cap: it starts, and its train task "
+        "cancels the job when the cost so far reaches the budget"
+    )  # fmt: skip
+    create_minutes: float = Field(40, ge=0, le=24 * 60, description="ParallelCluster's create time, priced")
+    delete_minutes: float = Field(20, ge=0, le=24 * 60, description="its delete time (with the FSx export)")
+    idle_minutes: float | None = Field(None, gt=0, le=7 * 24 * 60, description="kept cluster: stop its fleet after")
+    report_every_s: float = Field(300, ge=5, le=3600, description="the train task logs the cost so far this often")
+
+    @field_validator("usd", "max_usd", "approval_above_usd", mode="before")
+    @classmethod
+    def _amount(cls, value: Any) -> Any:
+        from pcflow.budget import ABSURD_USD
+
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"must be an amount of US dollars (a number above 0), got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{value!r} is not an amount a run can spend: it must be a number above 0")
+        if value > ABSURD_USD:
+            raise ValueError(f"{value:g} USD is more than any run costs ({ABSURD_USD:g} at most): check the number")
+        return float(value)
+
+    @model_validator(mode="after")
+    def _within_maximum(self) -> BudgetSettings:
+        if self.usd is not None and self.max_usd is not None and self.usd > self.max_usd:
+            raise ValueError(
+                f"budget.usd: {self.usd:g} USD is above the profile's hard maximum of {self.max_usd:g} USD "
+                "(budget.max_usd, the deployment admin's)"
+            )
+        return self
+
+
 class RunSpec(_Section):
     profile: str
     stack: str
@@ -211,6 +255,7 @@ class RunSpec(_Section):
     teardown: TeardownSettings = Field(default_factory=TeardownSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     preflight: PreflightSettings = Field(default_factory=PreflightSettings)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
 
     @field_validator("stack")
     @classmethod

@@ -1,7 +1,8 @@
 """Refused before spend, end to end: `pretrain` runs (dag.test, the local stack's moto) with hostile
 confs and admin settings the train or dataset stage used to refuse only after the network, image,
-data and cluster existed. The first task fails, no other task starts, and nothing is tagged with the
-run's stack in moto (each case has its own stack, from an admin profile). Four DAG runs: about 40 s."""
+data and cluster existed, and a run over its budget. The first task fails, no other task starts, and
+nothing is tagged with the run's stack in moto (each case has its own stack, from an admin profile).
+Five DAG runs: about 50 s."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def no_conf(data):
             ["training.env: Value error, environment variable name 'A;id'"],
         ),
         ({}, lambda data: {"dataset_source": str(data / "empty")}, ["dataset.source: '", "holds no files to load"]),
+        (
+            {"budget": {"usd": 0.5}},
+            lambda data: {"instance_type": "g5.12xlarge", "nodes": 4},
+            ["budget.usd: this run may cost up to $11.34, more than its budget of $0.50: $22.69/h"],
+        ),
         (
             {},
             lambda data: {"dataset_source": STACK_SSH, "overrides": {"ami": {"bootstrap_script": "/etc/hostname"}}},

@@ -64,6 +64,24 @@ ABS_PATH = re.compile(r"^/[A-Za-z0-9_.@+/\-]{0,1023}$")
 TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,4}(:\d{2}){0,2}$|^UNLIMITED$|^INFINITE$")
 RESERVED_ENV_PREFIXES = ("SLURM_", "PCFLOW_")
 
+
+def time_limit_seconds(text: str | None) -> int | None:
+    """A time limit as sbatch reads `--time` (`minutes`, `minutes:seconds`, `hours:minutes:seconds`,
+    `days-hours`, `days-hours:minutes`, `days-hours:minutes:seconds`) in seconds; None when it is unset
+    or unlimited (the partition's limit then applies, which pcflow does not know)."""
+    if text is None or not TIME_LIMIT.match(text) or text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:  # hours:minutes:seconds
+        hours, minutes, seconds = parts
+    else:  # minutes[:seconds]
+        hours, minutes, seconds = 0, parts[0], ([*parts, 0])[1]
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 SbatchValue = Annotated[str, Field(pattern=SBATCH_VALUE.pattern)]
 
 

@@ -1,0 +1,239 @@
+"""What a run may cost, known before anything is created: its price per hour and its maximum, against its
+budget.
+
+The first task prices the run from its region's dated price table (include/metrics/prices.json) and,
+for spot capacity, EC2's spot price history: the compute nodes (nodes x type), and for ParallelCluster
+the head node and FSx for Lustre. The maximum is that price per hour over the job's time limit, once
+per trial of a sweep, plus the head node and FSx while the cluster is created and deleted. A run whose
+maximum is above its budget is refused (unless the profile lets it start capped); above the profile's
+approval threshold it waits for a person's approval. What this does not see (the image bake, the data
+load, time pending, spot requeues) is what the train task's cap catches: it counts the cost so far
+from the same prices (`cost_so_far`) and cancels the job when it reaches the budget.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pcflow.metrics.cost import NoPrices, cluster_infrastructure, fsx_per_hour, price_table, spot_prices
+
+#: No training run pcflow makes costs this much: a budget above it is a typo, not a budget.
+ABSURD_USD = 1_000_000.0
+#: How far back the spot price history is read: the highest price of the last day, in any zone.
+SPOT_HISTORY = dt.timedelta(days=1)
+
+
+class BudgetRefused(ValueError):
+    """The run may cost more than its budget, or cannot be priced while it has one."""
+
+
+@dataclass(frozen=True)
+class Price:
+    usd_per_hour: float
+    source: str
+    item: str
+
+
+def usd(amount: float | None) -> str:
+    """Money as a person reads it: cents, or two significant digits below a cent."""
+    if amount is None:
+        return "unknown"
+    return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.2g}"
+
+
+def compute_price(run: Mapping[str, Any], table: Mapping[str, Any], ec2: Any, now: dt.datetime) -> Price | None:
+    """One compute node's price per hour: on-demand from the table; spot at the highest price of the
+    last day in the region's zones (EC2's history), else at on-demand (what spot never exceeds by default)."""
+    instance_type = run["instance_type"]
+    on_demand = table.get("on_demand_per_hour", {}).get(instance_type)
+    table_source = f"{run['region']} price table as of {table.get('as_of')}"
+    if run["capacity_type"] == "spot":
+        history = spot_prices(ec2, instance_type, now - SPOT_HISTORY, now) if ec2 is not None else []
+        if history:
+            return Price(max(history), "highest spot price of the last day (EC2 spot price history)", instance_type)
+        if on_demand is not None:
+            return Price(float(on_demand), f"on-demand, no spot price history ({table_source})", instance_type)
+        return None
+    return Price(float(on_demand), table_source, instance_type) if on_demand is not None else None
+
+
+def infrastructure_prices(run: Mapping[str, Any], table: Mapping[str, Any]) -> tuple[list[Price], list[str]]:
+    """The head node and FSx, priced while the cluster exists; and what the table cannot price."""
+    infra = cluster_infrastructure(run["cluster"]["provider"], run["cluster"]["config"])
+    prices, unknown = [], []
+    table_source = f"{run['region']} price table as of {table.get('as_of')}"
+    if infra.head_instance_type:
+        head = table.get("on_demand_per_hour", {}).get(infra.head_instance_type)
+        if head is None:
+            unknown.append(f"head node {infra.head_instance_type}")
+        else:
+            prices.append(Price(float(head), table_source, f"head node {infra.head_instance_type}"))
+    if infra.fsx_storage_gib:
+        fsx = fsx_per_hour(table, infra.fsx_storage_gib, infra.fsx_deployment_type)
+        item = f"FSx {infra.fsx_storage_gib:g} GiB {infra.fsx_deployment_type}"
+        if fsx is None:
+            unknown.append(item)
+        else:
+            prices.append(Price(fsx, table_source, item))
+    return prices, unknown
+
+
+def plan_cost(run: Mapping[str, Any], *, ec2: Any = None, now: dt.datetime | None = None) -> dict[str, Any]:
+    """The run's `cost` section: price per hour, maximum, budget, approval, and one line that says it all."""
+    from pcflow.slurm.spec import time_limit_seconds
+
+    budget = run["budget"]
+    training = run["training"]
+    try:
+        table = price_table(region=run["region"])
+    except NoPrices as exc:
+        table, unknown, compute, infra = {}, [str(exc)], None, []
+    else:
+        compute = compute_price(run, table, ec2, now or dt.datetime.now(dt.UTC))
+        infra, unknown = infrastructure_prices(run, table)
+        if compute is None:
+            unknown.insert(0, f"{run['instance_type']} (not in the {run['region']} price table)")
+    limit_s = time_limit_seconds(training["allocation"].get("time_limit"))
+    cluster_h = (budget["create_minutes"] + budget["delete_minutes"]) / 60 if infra else 0.0
+    cost = {
+        "region": run["region"],
+        "currency": "USD",
+        "price_table_as_of": table.get("as_of"),
+        "capacity_type": run["capacity_type"],
+        "nodes": training["nodes"],
+        "compute_per_node_hour": compute.usd_per_hour if compute else None,
+        "infrastructure_per_hour": round(sum(p.usd_per_hour for p in infra), 6),
+        "prices": [vars(p) for p in ([compute] if compute else []) + infra],
+        "time_limit_hours": limit_s / 3600 if limit_s is not None else None,
+        "trials": len(run.get("trials") or []) or 1,
+        "cluster_hours": cluster_h,
+        "unknown": unknown,
+        "budget_usd": budget["usd"],
+        "if_maximum_exceeds": budget["if_maximum_exceeds"],
+    }
+    cost["per_hour"] = per_hour(cost)
+    cost["maximum_usd"] = maximum(cost)
+    above = budget["approval_above_usd"]
+    needed = above is not None and (cost["maximum_usd"] is None or cost["maximum_usd"] > above)
+    cost["approval"] = {"above_usd": above, "needed": needed, "timeout_hours": budget["approval_timeout_hours"]}
+    cost["summary"] = summary(cost)
+    return cost
+
+
+def per_hour(cost: Mapping[str, Any]) -> float | None:
+    """What the whole run costs per hour while its job runs: compute nodes, head node, FSx."""
+    if cost["compute_per_node_hour"] is None or cost["unknown"]:
+        return None
+    return round(cost["compute_per_node_hour"] * cost["nodes"] + cost["infrastructure_per_hour"], 6)
+
+
+def maximum(cost: Mapping[str, Any]) -> float | None:
+    """Price per hour x time limit x trials, plus the head node and FSx while the cluster is created and
+    deleted; None when a price or the time limit is unknown (nothing then bounds the run)."""
+    if cost["per_hour"] is None or cost["time_limit_hours"] is None:
+        return None
+    running = cost["per_hour"] * cost["time_limit_hours"] * cost["trials"]
+    return round(running + cost["infrastructure_per_hour"] * cost["cluster_hours"], 4)
+
+
+def summary(cost: Mapping[str, Any]) -> str:
+    """One line a person reads: the maximum, the budget, and how the maximum was reached."""
+    budget = f"budget {usd(cost['budget_usd'])}" if cost["budget_usd"] is not None else "no budget"
+    if cost["unknown"]:
+        return f"Cost of this run: unknown ({budget}): no price for {'; '.join(cost['unknown'])}"
+    if cost["maximum_usd"] is None:
+        return f"Cost of this run: no maximum ({budget}): {breakdown(cost)}"
+    return f"Cost of this run: up to {usd(cost['maximum_usd'])} ({budget}): {breakdown(cost)}"
+
+
+def breakdown(cost: Mapping[str, Any]) -> str:
+    """How the maximum is reached: price per hour and what makes it, hours, trials, the cluster's life."""
+    compute, *infra = cost["prices"]
+    capacity = "spot" if cost["capacity_type"] == "spot" else "on-demand"
+    parts = [f"{cost['nodes']} x {compute['item']} {capacity} at {usd(compute['usd_per_hour'])}/h"]
+    parts += [f"{p['item']} {usd(p['usd_per_hour'])}/h" for p in infra]
+    text = f"{usd(cost['per_hour'])}/h ({', '.join(parts)})"
+    if cost["time_limit_hours"] is None:
+        text += " with no time limit"
+    else:
+        text += f" x {cost['time_limit_hours']:g} h time limit"
+        text += f" x {cost['trials']} trials" if cost["trials"] > 1 else ""
+    if cost["cluster_hours"]:
+        text += (f" + {usd(cost['infrastructure_per_hour'])}/h x {cost['cluster_hours']:g} h while the cluster is "
+                 "created and deleted")  # fmt: skip
+    sources = dict.fromkeys(p["source"] for p in cost["prices"])
+    return f"{text}; prices: {', '.join(sources)}"
+
+
+def refuse_over_budget(cost: Mapping[str, Any], run: Mapping[str, Any]) -> None:
+    """Raise BudgetRefused when the run has a budget it may exceed, or that cannot cap it (an unknown
+    price, no time limit); a profile with `if_maximum_exceeds: cap` lets it start, capped by its train task."""
+    budget = cost["budget_usd"]
+    if budget is None:
+        return
+    if cost["unknown"]:
+        raise BudgetRefused(
+            f"budget.usd: this run has a budget of {usd(budget)}, but it cannot be priced: no price for "
+            f"{'; '.join(cost['unknown'])}. An unknown price cannot be capped: choose a priced instance type or "
+            "region, or add the price to include/metrics/prices.json (the deployment admin)"
+        )
+    if cost["maximum_usd"] is None:
+        raise BudgetRefused(
+            f"training.time_limit: not set, so nothing bounds what this run may cost, and its budget of "
+            f"{usd(budget)} cannot be checked before it starts; the deployment admin sets a time limit in the profile"
+        )
+    if cost["maximum_usd"] > budget and cost["if_maximum_exceeds"] == "refuse":
+        raise BudgetRefused(
+            f"budget.usd: this run may cost up to {usd(cost['maximum_usd'])}, more than its budget of "
+            f"{usd(budget)}: {breakdown(cost)}. {what_to_change(cost, run)}"
+        )
+
+
+def what_to_change(cost: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    """The levers of the maximum, with their values now."""
+    training = run["training"]
+    levers = [f"fewer nodes (now {training['nodes']})"]
+    if cost["trials"] > 1:
+        levers.append(f"fewer trials (now {cost['trials']})")
+    if run["capacity_type"] == "ondemand":
+        levers.append("spot capacity")
+    levers.append(f"a cheaper instance type than {run['instance_type']}")
+    levers.append(f"a shorter training.time_limit (now {training['allocation'].get('time_limit')}; the admin's)")
+    ceiling = run["budget"]["max_usd"]
+    raise_to = f"up to {usd(ceiling)}, the profile's budget.max_usd" if ceiling is not None else "within the profile"
+    return f"To run it: {', '.join(levers)}; or raise the budget (form field 'Budget (USD)', {raise_to})."
+
+
+def cost_so_far(cost: Mapping[str, Any], *, node_seconds: float, run_seconds: float) -> float:
+    """What the run has cost until now, from the prices it was checked with: the compute nodes' time in
+    jobs, and the head node and FSx since the run began."""
+    compute = (cost["compute_per_node_hour"] or 0.0) * node_seconds / 3600
+    return compute + cost["infrastructure_per_hour"] * run_seconds / 3600
+
+
+def checkpoint_costs(
+    cost: Mapping[str, Any],
+    points: list[list[Any]],
+    *,
+    job_start: dt.datetime | None,
+    run_start: dt.datetime | None,
+) -> list[dict[str, Any]]:
+    """The cost so far at each evaluation of the objective (the payload checkpoints with each): its
+    nodes' time since the job's (latest attempt's) start and the head node and FSx since the run began.
+    `points` are the objective's `[step, epoch, time, value]`; empty when the times are unknown."""
+    if not points or job_start is None or cost.get("compute_per_node_hour") is None:
+        return []
+    run_start = run_start or job_start
+    rows = []
+    for step, epoch, when, value in points:
+        if when is None:
+            continue
+        moment = dt.datetime.fromtimestamp(when, dt.UTC)
+        node_seconds = max(0.0, (moment - job_start).total_seconds()) * cost["nodes"]
+        run_seconds = max(0.0, (moment - run_start).total_seconds())
+        so_far = cost_so_far(cost, node_seconds=node_seconds, run_seconds=run_seconds)
+        rows.append({"step": step, "epoch": epoch, "time": when, "value": value, "usd": round(so_far, 6)})
+    return rows
