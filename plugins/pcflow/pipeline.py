@@ -95,6 +95,7 @@ FORM_FIELDS = {
     "hyperparameters": "training.hyperparameters",
     "teardown_policy": "teardown.policy",
     "early_stopping_patience": "metrics.early_stopping.patience",
+    "budget_usd": "budget.usd",
 }
 #: The form's other fields: which profile, the sweep's trials and grid, and the advanced overrides.
 OTHER_FIELDS = ("profile", "trials", "grid", "overrides")
@@ -196,6 +197,14 @@ def training_params(*, partition: str | None = None, extra: dict[str, Param] | N
             section="Training",
         ),
         **(extra or {}),
+        "budget_usd": Param(
+            None,
+            **optional("number", exclusiveMinimum=0, maximum=1_000_000),
+            title="Budget (USD)",
+            description="The most this run may cost (compute nodes, head node, FSx). The first task refuses a run "
+            "whose maximum (price per hour x time limit x trials) is above it; empty: the profile's budget.",
+            section="Cost",
+        ),
         "teardown_policy": Param(
             None,
             **optional_choice("always", "never"),
@@ -445,7 +454,7 @@ def validate_run(
 ) -> dict[str, Any]:
     """Refuse bad settings before anything costs money; the resolved document is kept with the run.
     The checks run in order, those that ask nothing of AWS first; each names the field it refuses."""
-    from pcflow.checks import check_dataset_source, check_job, check_network, check_static_cluster
+    from pcflow.checks import check_cost, check_dataset_source, check_job, check_network, check_static_cluster
 
     document = resolve_for_run(params or {}, context, dated_partitions=dated_partitions)
     check_job(document, env=run_env(params or {}))  # env values stay out of the document (XCom)
@@ -459,6 +468,7 @@ def validate_run(
     )
     for check in checks:
         check(document)
+    document["cost"] = check_cost(document)  # the price and maximum; refused above the budget
     return document
 
 
@@ -616,13 +626,15 @@ def build_training_pipeline(
 ) -> dict[str, Any]:
     """Declare the stages in the DAG being defined; returns its tasks by name.
 
-    validate -> (network, bucket -> dataset) -> image -> cluster -> (stage_in, ship_payload) -> train,
-    with the cluster and (for run-scoped infrastructure) the network as setups whose teardowns run even
-    when training fails. `run_scoped=False` (nightly) keeps the network and cluster for the next run
-    instead: no teardown, and every run stamps their `pcflow:expires` again (`teardown.keep_hours`
-    ahead), so the next night adopts them and the janitor reaps them once the nights stop. The image is
-    the stack's in both cases: reused by recipe, its expiry stamped again by every run that uses it.
+    validate -> approve_cost (skipped below the profile's cost threshold) -> (network, bucket -> dataset)
+    -> image -> cluster -> (stage_in, ship_payload) -> train, with the cluster and (for run-scoped
+    infrastructure) the network as setups whose teardowns run even when training fails. `run_scoped=False`
+    (nightly) keeps the network and cluster for the next run instead: no teardown, and every run stamps
+    their `pcflow:expires` again (`teardown.keep_hours` ahead), so the next night adopts them and the
+    janitor reaps them once the nights stop. The image is the stack's in both cases: reused by recipe, its
+    expiry stamped again by every run that uses it.
     """
+    from pcflow.approval import AFTER_APPROVAL, CostApprovalOperator
     from pcflow.aws.ami import BakeImageOperator
     from pcflow.aws.network import EnsureNetworkOperator
     from pcflow.aws.teardown import TeardownOperator
@@ -634,17 +646,22 @@ def build_training_pipeline(
     keep_hours = run_value("teardown.keep_hours")
     ttl_hours = run_value("ttl_hours") if run_scoped else keep_hours
     run = validate_run(dated_partitions)
+    # Above the profile's threshold a person approves the cost first; below it, this task is skipped.
+    approval = CostApprovalOperator(task_id="approve_cost", cost=run_value("cost"))
     network = EnsureNetworkOperator(
         task_id="network",
         stack=run_value("stack"),
         network=run_value("network"),
         run_scoped=run_scoped,
         ttl_hours=ttl_hours,
+        trigger_rule=AFTER_APPROVAL,
     )
-    bucket = ensure_dataset_bucket(run)
+    bucket = ensure_dataset_bucket.override(trigger_rule=AFTER_APPROVAL)(run)
+    source = dataset_source.override(trigger_rule=AFTER_APPROVAL)(run)
+    approval >> [network, bucket, source]
     dataset = DatasetLoadOperator(
         task_id="dataset",
-        source=dataset_source(run),
+        source=source,
         bucket=run_value("dataset.bucket"),
         prefix=run_value("dataset.prefix"),
         stack=run_value("stack"),
@@ -741,6 +758,8 @@ def build_training_pipeline(
         metric_definitions=run_value("metrics.metric_definitions"),
         cluster_provider=run_value("cluster.provider"),
         cluster=settings,  # ParallelCluster's head node and FSx are priced from these
+        cost_before=run_value("cost"),
+        region_name=run_value("region"),  # priced with the run's region's prices
         cloudwatch=run_value("metrics.publish_cloudwatch"),
         ssh_conn_id=inputs["ssh_conn_id"],
         remote_host=inputs["remote_host"],
@@ -748,8 +767,8 @@ def build_training_pipeline(
         outlets=[PRETRAINED_ENCODER],
     )
 
-    tasks = {"validate": run, "network": network, "validate_cluster": dry_run, "dataset": dataset, "image": image}
-    tasks |= {"cluster": cluster, "train": train, "metrics": metrics}
+    tasks = {"validate": run, "approve_cost": approval, "network": network, "validate_cluster": dry_run}
+    tasks |= {"dataset": dataset, "image": image, "cluster": cluster, "train": train, "metrics": metrics}
     if run_scoped:
         delete_cluster = DeleteClusterOperator(
             task_id="delete_cluster",
