@@ -110,6 +110,29 @@ def statistic(cloudwatch, name: str, dims: list[dict], stat: str = "Maximum") ->
     return [d[stat] for d in data]
 
 
+#: What the first task said of this run (pcflow.budget's `cost` section), as the harvest receives it.
+COST_BEFORE = {
+    "summary": "Cost of this run: up to $100.00 (budget $200.00): ...",
+    "maximum_usd": 100.0,
+    "budget_usd": 200.0,
+    "per_hour": 32.7726 + 0.17 + 1200 * 0.14 / 730,
+    "compute_per_node_hour": 32.7726,
+    "infrastructure_per_hour": 0.17 + 1200 * 0.14 / 730,
+    "nodes": 1,
+    "if_maximum_exceeds": "refuse",
+}
+
+
+def run_cost_points(cloudwatch, stack: str) -> list[tuple[float, float]]:
+    """(SampleCount, Sum) of the stack's RunCostUSD over the last three hours."""
+    now = dt.datetime.now(dt.UTC)
+    data = cloudwatch.get_metric_statistics(
+        Namespace=NAMESPACE, MetricName="RunCostUSD", Dimensions=[{"Name": "stack", "Value": stack}],
+        StartTime=now - dt.timedelta(hours=3), EndTime=now, Period=3 * 3600, Statistics=["SampleCount", "Sum"],
+    )["Datapoints"]  # fmt: skip
+    return [(d["SampleCount"], d["Sum"]) for d in data]
+
+
 def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket, stack_name, artifacts_dir):  # noqa: PLR0917 - fixtures
     context = make_context("train")
     train = SlurmJobOperator(
@@ -135,6 +158,7 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
         capacity_type="ondemand",
         head_instance_type="c5.xlarge",
         fsx_storage_gib=1200,
+        cost_before=COST_BEFORE,
         outlets=[model],
     )
     metrics_context = make_context("metrics", run_id=context["run_id"])
@@ -190,14 +214,25 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     assert lines["head node"]["usd"] == pytest.approx(2 * 0.17, abs=0.01)
     assert lines["FSx for Lustre"]["quantity"] == pytest.approx(2, abs=0.05)
     assert lines["FSx for Lustre"]["price_per_hour"] == pytest.approx(1200 * 0.14 / 730, rel=1e-3)
+    # Before the run, and so far at each evaluation: the head node and FSx since the run began (2 h ago),
+    # the node since the job started, at the prices the first task checked.
+    assert document["cost_before"]["maximum_usd"] == 100.0 and document["cost_before"]["budget_usd"] == 200.0
+    checkpoints = [c["usd"] for c in document["cost_checkpoints"]]
+    assert len(checkpoints) == 6 and checkpoints == sorted(checkpoints)
+    assert checkpoints[0] == pytest.approx(2 * COST_BEFORE["infrastructure_per_hour"], abs=0.02)
+    times = [point[2] for point in document["series"]["probe_accuracy"]]
+    per_second = COST_BEFORE["per_hour"] / 3600  # within a second: sacct's job start has whole seconds
+    assert checkpoints[-1] - checkpoints[0] == pytest.approx(per_second * (times[-1] - times[0]), abs=per_second)
 
     # The report, as Chromium lays it out: every curve drawn with all its points, utilisation too.
     html = s3.get_object(Bucket=bucket, Key=prefix + "report.html")["Body"].read().decode()
-    charts, (estimate_label, model_link) = render(
+    charts, (estimate_label, model_link, before, rows) = render(
         html, artifacts_dir, "report", "document.querySelector('.estimate').textContent",
-        "document.querySelector('#model a').textContent",
+        "document.querySelector('#model a').textContent", "document.querySelector('#cost-before').textContent",
+        "document.querySelectorAll('#cost-checkpoints tr').length",
     )  # fmt: skip
-    assert estimate_label == "estimate" and model_link == summary["model"]["model"]
+    assert estimate_label == "estimate" and model_link == summary["model"]["model"] and rows == 1 + 6
+    assert before.startswith("Before the run: Cost of this run: up to $100.00 (budget $200.00)")
     for name in ("loss", "probe_accuracy", "top1"):
         line = drawn(charts[name])
         assert charts[name]["section"] == "metric-charts" and line["points"] == 6 and line["height"] > 10
@@ -222,7 +257,10 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     assert dashboards_of(cloudwatch, stack_name) == [dashboard_name(stack_name)]
     body = json.loads(cloudwatch.get_dashboard(DashboardName=dashboard_name(stack_name))["DashboardBody"])
     titles = [w["properties"]["title"] for w in body["widgets"]]
-    assert "pcflow probe_accuracy_best" in titles
+    assert "pcflow probe_accuracy_best" in titles and "pcflow RunCostUSD per day" in titles
+    # The run's cost for the stack's spend: dimension stack only, stamped with the run's start.
+    spend = run_cost_points(cloudwatch, stack_name)
+    assert spend == [(1, pytest.approx(bill["total_usd"], rel=1e-3))]
 
     # Links, pushed for the UI.
     xcoms = metrics_context["ti"].xcoms
@@ -233,9 +271,10 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     again = harvest.execute(make_context("metrics", run_id=context["run_id"]))
     assert again["run_key"] == summary["run_key"]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
-    outputs = ("model/model.pt", "model/checkpoints/epoch-0006.pt")
+    outputs = ("model/model.pt", "model/checkpoints/epoch-0006.pt", "cloudwatch-run-cost.json")
     assert sorted(keys) == sorted(prefix + k for k in ("metrics.json", "report.html", "cloudwatch.json", *outputs))
     assert sum(statistic(cloudwatch, "probe_accuracy", full_dims, "SampleCount")) == count
+    assert run_cost_points(cloudwatch, stack_name) == spend  # once per run
     body2 = json.loads(cloudwatch.get_dashboard(DashboardName=dashboard_name(stack_name))["DashboardBody"])
     assert [w["properties"]["title"] for w in body2["widgets"]] == titles
     assert dashboards_of(cloudwatch, stack_name) == [dashboard_name(stack_name)]

@@ -10,11 +10,13 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from pcflow.metrics.cost import CostInputs, estimate, price_table
+from pcflow.budget import checkpoint_costs
+from pcflow.metrics.cost import CostInputs, NoPrices, estimate, price_table
 from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
 from pcflow.metrics.early_stop import decide
 from pcflow.metrics.jsonlines import read_metric_lines
 from pcflow.metrics.leaderboard import leaderboard_csv, rank_trials
+from pcflow.metrics.publish import dashboard_body, run_cost, run_cost_datum
 from pcflow.metrics.report import fmt, render_report
 from pcflow.metrics.series import Objective, group
 from pcflow.metrics.utilisation import read_samples
@@ -193,3 +195,38 @@ def test_early_stop_decision():
     assert decide([0.1, 0.5, 0.4, 0.45], obj, patience=2).reason == "no_improvement"
     assert decide([0.1, math.nan], obj, patience=5).reason == "diverged"
     assert not decide([1.0, 0.9, 0.95], Objective("loss", "min"), patience=2).stop
+
+
+def test_prices_are_per_region_and_a_region_the_table_lacks_is_unpriced():
+    assert price_table(region="us-east-1")["on_demand_per_hour"]["g5.12xlarge"] == 5.672
+    with pytest.raises(NoPrices, match=r"has no prices for region eu-west-1 \(it has us-east-1\)"):
+        price_table(region="eu-west-1")
+    assert price_table({"on_demand_per_hour": {"c5.xlarge": 0.2}}, region="eu-west-1")["region"] == "eu-west-1"
+
+
+def test_cost_so_far_at_each_evaluation_from_the_prices_checked_before_the_run():
+    before = {"compute_per_node_hour": 3.6, "infrastructure_per_hour": 0.36, "nodes": 2}
+    start = dt.datetime(2026, 11, 1, 10, 0, tzinfo=dt.UTC)
+    points = [[10, 0, (start + dt.timedelta(minutes=30)).timestamp(), 0.5], [20, 1, None, 0.6]]
+    (row,) = checkpoint_costs(before, points, job_start=start + dt.timedelta(minutes=10), run_start=start)
+    # nodes: 2 x 20 min at $3.60/h = $2.40; head node and FSx: 30 min at $0.36/h = $0.18
+    assert row == {"step": 10, "epoch": 0, "time": points[0][2], "value": 0.5, "usd": pytest.approx(2.58)}
+    assert checkpoint_costs(before, points, job_start=None, run_start=start) == []
+
+
+def test_a_runs_cost_counts_every_trials_nodes_and_the_cluster_once():
+    def trial(compute: float) -> dict:
+        lines = [{"what": "compute (spot)", "usd": compute}, {"what": "head node", "usd": 1.0},
+                 {"what": "FSx for Lustre", "usd": 0.5}]  # fmt: skip
+        return {"cost": {"lines": lines}}
+
+    assert run_cost([trial(2.0), trial(3.0), trial(4.0)]) == 10.5
+    assert run_cost([{"cost": {"lines": []}}]) is None
+    datum = run_cost_datum(
+        "research", 10.5, dt.datetime(2026, 11, 1, tzinfo=dt.UTC), dt.datetime(2026, 11, 2, tzinfo=dt.UTC)
+    )
+    assert datum["MetricName"] == "RunCostUSD" and datum["Dimensions"] == [{"Name": "stack", "Value": "research"}]
+    body = dashboard_body("research", "us-east-1", ["loss"], None)
+    spend = body["widgets"][-1]["properties"]
+    assert spend["title"] == "pcflow RunCostUSD per day" and spend["stat"] == "Sum" and spend["period"] == 86400
+    assert dashboard_body("research", "us-east-1", ["loss"], body) == body  # merged, never duplicated

@@ -50,6 +50,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param cluster_provider, cluster: the cluster stage's provider and settings; for `parallelcluster`
         the head node type and FSx size are taken from them (unless given above).
     :param prices: overrides of include/metrics/prices.json (e.g. `{"on_demand_per_hour": {...}}`).
+    :param cost_before: the first task's `cost` section (pcflow.budget: maximum, budget, prices): the
+        report shows it beside the final estimate, with the cost so far at each evaluation.
     :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).
     :param ssh_conn_id, remote_host, host_key: the head node, as for SlurmJobOperator.
 
@@ -77,6 +79,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         "remote_host",
         "host_key",
         "prices",
+        "cost_before",
         "cloudwatch",
     )
     template_fields_renderers = {"job": "json", "metric_definitions": "json", "prices": "json"}  # noqa: RUF012
@@ -101,6 +104,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         cluster_provider: str | None = None,
         cluster: Mapping[str, Any] | str | None = None,
         prices: Mapping[str, Any] | None = None,
+        cost_before: Mapping[str, Any] | None = None,
         cloudwatch: bool = True,
         ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         remote_host: str | None = None,
@@ -123,6 +127,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         self.cluster_provider = cluster_provider
         self.cluster = cluster
         self.prices = prices
+        self.cost_before = cost_before
         self.cloudwatch = cloudwatch
         self.ssh_conn_id = ssh_conn_id
         self.remote_host = remote_host
@@ -181,31 +186,43 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             start=start,
             end=end,
         )
+        try:
+            table = cost.price_table(self.prices, region=self.hook.region_name)
+        except cost.NoPrices as exc:  # never another region's prices
+            self.log.warning("Not priced: %s", exc)
+            return cost.unpriced(inputs, str(exc))
         ec2 = self.client("ec2") if self.capacity_type == "spot" else None
-        return cost.estimate(inputs, cost.price_table(self.prices), ec2=ec2)
+        return cost.estimate(inputs, table, ec2=ec2)
+
+    def cost_over_time(self, document: Mapping[str, Any], context: Context) -> dict[str, Any]:
+        """What the first task said the run may cost, and the cost so far at each evaluation."""
+        before = self.cost_before
+        if not before:
+            return {}
+        from pcflow.budget import checkpoint_costs
+
+        keys = ("maximum_usd", "budget_usd", "per_hour", "summary", "if_maximum_exceeds")
+        objective = (document.get("objective") or {}).get("name")
+        dag_run = context.get("dag_run")
+        checkpoints = checkpoint_costs(
+            before,
+            document.get("series", {}).get(objective) or [],
+            job_start=_parse_time((document.get("accounting") or {}).get("start")),
+            run_start=getattr(dag_run, "start_date", None),
+        )
+        return {"cost_before": {k: before.get(k) for k in keys}, "cost_checkpoints": checkpoints}
 
     def priced_infrastructure(self) -> tuple[str | None, float | None, str]:
         """(head node type, FSx GiB, FSx deployment type): as given, else from the ParallelCluster settings."""
         head, gib, kind = self.head_instance_type, self.fsx_storage_gib, self.fsx_deployment_type
-        if self.cluster_provider == "parallelcluster" and self.cluster:
-            from pcflow.cluster.spec import ClusterSpec, FsxSpec  # pydantic: not at DAG parse
-
-            try:
-                settings = json.loads(self.cluster) if isinstance(self.cluster, str) else dict(self.cluster)
-                head = (
-                    head
-                    or settings.get("head_node_instance_type")
-                    or ClusterSpec.model_fields["head_node_instance_type"].default
-                )
-                fsx = FsxSpec.model_validate(settings["fsx"]) if settings.get("fsx") else None
-            except (ValueError, TypeError) as exc:  # the cost is an estimate: never fail the harvest for it
-                self.log.warning("Cluster settings not priced (%s); the cost leaves the head node and FSx out", exc)
-                fsx = None
-            if fsx is not None:  # the price table names PERSISTENT_2 by its throughput per TiB
-                table_kind = fsx.deployment_type
-                if table_kind == "PERSISTENT_2":
-                    table_kind = f"PERSISTENT_2_{fsx.per_unit_storage_throughput}"
-                gib, kind = gib or fsx.storage_capacity_gib, kind or table_kind
+        try:
+            settings = json.loads(self.cluster) if isinstance(self.cluster, str) else self.cluster
+            found = cost.cluster_infrastructure(self.cluster_provider, settings)
+        except (ValueError, TypeError) as exc:  # the cost is an estimate: never fail the harvest for it
+            self.log.warning("Cluster settings not priced (%s); the cost leaves the head node and FSx out", exc)
+            found = cost.Infrastructure()
+        head, gib = head or found.head_instance_type, gib or found.fsx_storage_gib
+        kind = kind or (found.fsx_deployment_type if found.fsx_storage_gib else None)
         return head or None, float(gib) if gib else None, kind or "SCRATCH_2"
 
     def harvest_one(self, context: Context, ref: JobRef, key: str, objective, definitions) -> dict[str, Any]:
@@ -219,6 +236,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             raise AirflowFailException(str(exc)) from exc
         document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id)
         document["cost"] = self.cost_of(document, context)
+        document |= self.cost_over_time(document, context)
         s3 = self.client("s3")
         document["model"] = self.save_model(s3, document, key)
         prefix = publish.run_prefix(key)
@@ -266,6 +284,23 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             self.client("cloudwatch"), self.stack, self.hook.region_name, dict.fromkeys(names)
         )
 
+    def publish_run(self, context: Context, key: str, documents: Sequence[Mapping[str, Any]]) -> str | None:
+        """The dashboard, and what the run cost as RunCostUSD (dimension: the stack), sent once per run."""
+        dashboard = self.publish_dashboard(documents)
+        usd = publish.run_cost(documents)
+        if not self.cloudwatch or usd is None:
+            return dashboard
+        s3, marker = self.client("s3"), publish.run_prefix(key) + "cloudwatch-run-cost.json"
+        if publish.read_json(s3, self.bucket, marker):  # once per run: a re-harvest must not count it twice
+            self.log.info("%s of this run was sent before", publish.RUN_COST_METRIC)
+            return dashboard
+        now = dt.datetime.now(dt.UTC)
+        started = getattr(context.get("dag_run"), "start_date", None) or now
+        datum = publish.run_cost_datum(self.stack, usd, started, now)
+        publish.publish_metric_data(self.client("cloudwatch"), s3, self.bucket, marker, [datum])
+        self.log.info("%s of stack %s: %.4f USD", publish.RUN_COST_METRIC, self.stack, usd)
+        return dashboard
+
     def link(self, context: Context, report_key: str, dashboard: str | None) -> None:
         region = self.hook.region_name
         MetricsReportLink.persist(context, publish.s3_console_url(self.bucket, report_key, region))
@@ -305,7 +340,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
                 report_key = publish.run_prefix(key) + "report.html"
             else:
                 documents, result, report_key = self.harvest_trials(context, refs, key, objective, definitions)
-            dashboard = self.publish_dashboard(documents)
+            dashboard = self.publish_run(context, key, documents)
         finally:
             self.slurm.close()
         self.link(context, report_key, dashboard)
@@ -342,7 +377,7 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
         key = run_key_from_context(context)
         try:
             documents, _, _ = self.harvest_trials(context, refs, key, objective, definitions)
-            dashboard = self.publish_dashboard(documents)
+            dashboard = self.publish_run(context, key, documents)
         finally:
             self.slurm.close()
         rows = rank_trials(documents, objective)

@@ -95,6 +95,42 @@ def metric_data(document: Mapping[str, Any], dims: list[dict[str, str]], now: dt
     return data
 
 
+#: What each run cost (its final estimate), one datapoint per run with the stack as its only dimension:
+#: summed by day, it is the stack's spend.
+RUN_COST_METRIC = "RunCostUSD"
+
+
+def run_cost(documents: Iterable[Mapping[str, Any]]) -> float | None:
+    """A run's cost from its harvested documents (one, or one per trial of a sweep): every trial's compute
+    nodes, and the head node and FSx once (each trial's estimate prices them over the same run window)."""
+    compute, infrastructure, priced = 0.0, 0.0, False
+    for document in documents:
+        lines = (document.get("cost") or {}).get("lines") or []
+        nodes = sum(line["usd"] for line in lines if line["what"].startswith("compute"))
+        compute += nodes
+        infrastructure = max(infrastructure, sum(line["usd"] for line in lines) - nodes)
+        priced = priced or bool(lines)
+    return round(compute + infrastructure, 4) if priced else None
+
+
+def run_cost_datum(stack: str, usd: float, when: dt.datetime, now: dt.datetime) -> dict[str, Any]:
+    """RunCostUSD of one run, stamped with its start (stable across re-harvests, so sent once)."""
+    oldest = now - CLOUDWATCH_MAX_AGE + dt.timedelta(hours=1)
+    return _datum(RUN_COST_METRIC, usd, max(min(when, now), oldest), [{"Name": "stack", "Value": stack}])
+
+
+def spend_widget(stack: str, region: str, index: int) -> dict[str, Any]:
+    """The stack's spend per day: the sum of its runs' RunCostUSD."""
+    search = f"SEARCH('{{{NAMESPACE},stack}} MetricName=\"{RUN_COST_METRIC}\" stack=\"{stack}\"', 'Sum', 86400)"
+    return {
+        "type": "metric", "x": (index % 2) * 12, "y": (index // 2) * 6, "width": 12, "height": 6,
+        "properties": {
+            "title": f"pcflow {RUN_COST_METRIC} per day", "region": region, "view": "timeSeries", "stat": "Sum",
+            "period": 86400, "metrics": [[{"expression": search, "id": f"e{index}", "label": ""}]],
+        },
+    }  # fmt: skip
+
+
 def _run_end(document: Mapping[str, Any]) -> dt.datetime | None:
     end = (document.get("accounting") or {}).get("end")
     try:
@@ -162,6 +198,8 @@ def dashboard_body(stack: str, region: str, metric_names: Iterable[str], existin
             }
         )
         have.add(title)
+    if f"pcflow {RUN_COST_METRIC} per day" not in have:
+        widgets.append(spend_widget(stack, region, len(widgets)))
     return {"widgets": widgets}
 
 
