@@ -1,10 +1,13 @@
 """Hourly: delete pcflow resources whose `pcflow:expires` has passed (a killed run's network and cluster;
-a stack's image, network and cluster once no run has stamped them for `teardown.keep_hours`). Triggered by
-hand it only reports what it would delete, unless the trigger form's `dry_run` is turned off."""
+a stack's image, network and cluster once no run has stamped them for `teardown.keep_hours`), list what
+is kept with its cost per day, and stop the compute fleet of a kept cluster whose queue has been idle
+longer than its profile's `budget.idle_minutes` (the next run starts it). Triggered by hand it only
+reports what it would delete or stop, unless the trigger form's `dry_run` is turned off."""
 
 from airflow.sdk import DAG, Param
 
 from pcflow.aws.janitor import JanitorOperator
+from pcflow.cluster.idle import StopIdleFleetsOperator
 from pcflow.pipeline import STAGE_TIMEOUTS
 
 with DAG(
@@ -24,9 +27,12 @@ with DAG(
     tags=["pcflow", "cleanup"],
     doc_md=__doc__,
 ):
-    JanitorOperator(
+    StopIdleFleetsOperator(
+        task_id="stop_idle_fleets", dry_run="{{ params.dry_run }}", execution_timeout=STAGE_TIMEOUTS["janitor"]
+    ) >> JanitorOperator(
         task_id="reap",
         dry_run="{{ params.dry_run }}",
         handler_sets=("pcluster", "ec2", "fsx", "images"),
         execution_timeout=STAGE_TIMEOUTS["janitor"],
+        trigger_rule="all_done",  # the reaping does not wait on a head node that did not answer
     )

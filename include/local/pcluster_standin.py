@@ -20,7 +20,11 @@ update-cluster follows pcluster's controller (DryrunOperationException's message
 UpdateClusterBadRequestException's "Update failure" with updateValidationErrors) with a simplified
 update policy: queue sizes and tags update in place, anything else is refused as UNSUPPORTED.
 `PCFLOW_STANDIN_FAIL=<failureCode>` at create time makes describe-cluster report CREATE_FAILED with that
-code, as pcluster does after a failed head-node wait condition.
+code, as pcluster does after a failed head-node wait condition. describe/update-compute-fleet keep the
+fleet's status where pcluster 3.2+ does, item COMPUTE_FLEET of the stack's DynamoDB table
+`parallelcluster-<name>` (moto's DynamoDB, deleted with the stack); the head node's clustermgtd, which
+moves a STOP_REQUESTED fleet to STOPPED (and START_REQUESTED to RUNNING), acts at the next look instead
+of within a minute (the local Slurm's nodes themselves stay up).
 
 It answers only the local stack's emulator (AWS_ENDPOINT_URL on loopback): pointed at AWS, it refuses.
 """
@@ -49,7 +53,10 @@ FAIL_TAG = "pcflow-standin:fail"
 NODE_TAG = "pcflow-standin:slurm-node"
 #: Settings the stand-in updates in place (pcluster: RESIZE_UPDATE_STRATEGY_ON_REMOVE / SUPPORTED).
 UPDATABLE = ("Scheduling.SlurmQueues.", "Tags")
-EMULATED = ("create-cluster", "describe-cluster", "describe-cluster-instances", "update-cluster", "delete-cluster")
+EMULATED = (
+    "create-cluster", "describe-cluster", "describe-cluster-instances", "update-cluster", "delete-cluster",
+    "describe-compute-fleet", "update-compute-fleet",
+)  # fmt: skip
 LIVE = ["pending", "running", "stopping", "stopped"]
 #: The local head node: its sshd listens here (stack.py's sshd_config).
 HEAD_NODE_ADDRESS = "127.0.0.1"
@@ -180,6 +187,15 @@ def template_for(config: dict, name: str, tags: list[dict]) -> str:
     resources: dict = {
         "HeadNodeWaitConditionHandle": {"Type": "AWS::CloudFormation::WaitConditionHandle"},
         "HeadNode": head_node_resource(config, name, tags),
+        "DynamoDBTable": {  # pcluster's table: the compute fleet's status lives there
+            "Type": "AWS::DynamoDB::Table",
+            "Properties": {
+                "TableName": f"parallelcluster-{name}",
+                "KeySchema": [{"AttributeName": "Id", "KeyType": "HASH"}],
+                "AttributeDefinitions": [{"AttributeName": "Id", "AttributeType": "S"}],
+                "BillingMode": "PAY_PER_REQUEST",
+            },
+        },
     }
     outputs: dict = {
         "HeadNodeInstanceID": {"Description": "ID of the head node instance", "Value": {"Ref": "HeadNode"}},
@@ -251,6 +267,60 @@ def compute_fleet(config: dict) -> list[tuple[dict, str, str]]:
     return [({**tags, NODE_TAG: node}, kind, subnet) for (tags, kind, subnet), (node, _) in pairs]
 
 
+# -- the compute fleet: its status in pcluster's table (item COMPUTE_FLEET, as pcluster 3.2+ stores it) --
+
+FLEET_KEY = {"Id": {"S": "COMPUTE_FLEET"}}
+#: What clustermgtd on the head node makes of a request (within a minute on AWS; here at the next look).
+SETTLES_TO = {"STOP_REQUESTED": "STOPPED", "STOPPING": "STOPPED", "START_REQUESTED": "RUNNING", "STARTING": "RUNNING"}
+
+
+def put_fleet(ddb, name: str, status: str) -> dict:
+    now = dt.datetime.now(dt.UTC).isoformat(sep=" ")  # str(datetime.now(tz=timezone.utc)), as pcluster writes it
+    data = {"status": {"S": status}, "lastStatusUpdatedTime": {"S": now}}
+    ddb.put_item(TableName=f"parallelcluster-{name}", Item={**FLEET_KEY, "Data": {"M": data}})
+    return {"status": status, "lastStatusUpdatedTime": now}
+
+
+def fleet(ddb, name: str) -> dict:
+    """The fleet's status, after clustermgtd has acted on a pending request."""
+    item = ddb.get_item(TableName=f"parallelcluster-{name}", Key=FLEET_KEY).get("Item")
+    if item is None:
+        return {"status": "UNKNOWN", "lastStatusUpdatedTime": None}
+    data = {k: v["S"] for k, v in item["Data"]["M"].items()}
+    if data["status"] in SETTLES_TO:
+        return put_fleet(ddb, name, SETTLES_TO[data["status"]])
+    return data
+
+
+def fleet_answer(data: dict) -> dict:
+    """describe/update-compute-fleet's JSON: the time in UTC ISO 8601 with milliseconds."""
+    when = data["lastStatusUpdatedTime"]
+    if when:
+        when = dt.datetime.fromisoformat(when).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"status": data["status"], "lastStatusUpdatedTime": when}
+
+
+def update_fleet(ddb, name: str, requested: str) -> dict:
+    """pcluster's Cluster.start()/stop(): a request unless the fleet is already there or on its way."""
+    if requested not in ("START_REQUESTED", "STOP_REQUESTED"):
+        out({"message": "Bad Request: the update compute fleet status can only be set to `START_REQUESTED` or "
+                        "`STOP_REQUESTED` for Slurm scheduler clusters."}, 1)  # fmt: skip
+    current = fleet(ddb, name)
+    stop = requested == "STOP_REQUESTED"
+    going = {"STOP_REQUESTED", "STOPPING", "STOPPED"} if stop else {"START_REQUESTED", "STARTING", "RUNNING"}
+    return current if current["status"] in going else put_fleet(ddb, name, requested)
+
+
+def compute_fleet_command(cfn, ec2, args, region: str) -> None:
+    """describe-compute-fleet, update-compute-fleet --status."""
+    if stack_of(cfn, args.cluster_name) is None:
+        not_found(args.cluster_name)
+    ddb = boto3.client("dynamodb", region_name=region)
+    if args.command == "describe-compute-fleet":
+        out(fleet_answer(fleet(ddb, args.cluster_name)))
+    out(fleet_answer(update_fleet(ddb, args.cluster_name, args.status)))
+
+
 # -- the commands -----------------------------------------------------------------------------------
 
 
@@ -271,6 +341,7 @@ def create(cfn, ec2, args, region: str) -> None:
     )["StackId"]
     for node in compute_fleet(config):  # Slurm's nodes, not the stack's (pcluster launches them at run time)
         launch(ec2, config, name, tags, node)
+    put_fleet(boto3.client("dynamodb", region_name=region), name, "RUNNING")  # what the head node writes once up
     cluster = {"clusterName": name, "region": region, "version": VERSION, "clusterStatus": "CREATE_IN_PROGRESS",
                "cloudformationStackStatus": "CREATE_IN_PROGRESS", "cloudformationStackArn": arn,
                "scheduler": {"type": "slurm"}}  # fmt: skip
@@ -291,7 +362,7 @@ def describe(cfn, ec2, args, region: str) -> None:
         "tags": [{"value": v, "key": k} for k, v in tags.items() if k != FAIL_TAG],
         "cloudFormationStackStatus": status,
         "clusterName": name,
-        "computeFleetStatus": "RUNNING" if status in ("CREATE_COMPLETE", "UPDATE_COMPLETE") else "UNKNOWN",
+        "computeFleetStatus": fleet(boto3.client("dynamodb", region_name=region), name)["status"],
         "cloudformationStackArn": stack["StackId"],
         "lastUpdatedTime": iso(stack.get("LastUpdatedTime") or stack["CreationTime"]),
         "region": region,
@@ -393,6 +464,8 @@ COMMANDS = {
     "describe-cluster-instances": describe_instances,
     "update-cluster": update,
     "delete-cluster": delete,
+    "describe-compute-fleet": compute_fleet_command,
+    "update-compute-fleet": compute_fleet_command,
 }
 
 
@@ -408,6 +481,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--suppress-validators", nargs="*")
     parser.add_argument("--node-type")
     parser.add_argument("--queue-name")
+    parser.add_argument("--status")
     return parser.parse_args(argv)
 
 

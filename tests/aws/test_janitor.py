@@ -73,3 +73,33 @@ def test_operator_is_dry_run_when_triggered_by_hand(aws, stack, counts):
     scheduled = JanitorOperator(task_id="janitor", stack=stack, pass_delay=0)
     out = scheduled.execute({"dag_run": _DagRun("scheduled")})
     assert out["dry_run"] is False and out["remaining"] == [] and set(counts().values()) == {0}
+
+
+def test_the_report_lists_what_it_keeps_with_its_cost_per_day(aws, stack):
+    """A live run (kept: not expired, run alive) with a NAT gateway, an instance and a Lustre file system:
+    the janitor leaves them and its report prices each per day from the us-east-1 table (as of
+    2026-11-01); the VPC and its parts are free."""
+    spec = NetworkSpec(stack=stack, region="us-east-1", private_subnet_cidrs=["10.42.128.0/18"], nat_gateway=True)
+    ids = ensure_network(aws.ec2, spec, run="run-live", ttl=dt.timedelta(days=1), waiter_delay=0)
+    tags = standard_tags(stack=stack, component="cluster", run="run-live", ttl=dt.timedelta(days=1))
+    aws.ec2.run_instances(
+        ImageId=aws.amazon_image_id(), MinCount=1, MaxCount=1, InstanceType="t3.micro", SubnetId=ids.head_subnet_id,
+        TagSpecifications=tag_specifications("instance", tags),
+    )  # fmt: skip
+    fs_id = aws.fsx.create_file_system(
+        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[ids.head_subnet_id],
+        LustreConfiguration={"DeploymentType": "SCRATCH_2"}, Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+    )["FileSystem"]["FileSystemId"]  # fmt: skip
+    try:
+        out = JanitorOperator(task_id="janitor", stack=stack, pass_delay=0).execute({"dag_run": _DagRun("manual")})
+        assert out["would_delete"] == []  # all of it is kept: the run is alive and has not expired
+        per_day = {line["kind"]: line["usd_per_day"] for line in out["kept"]}
+        assert per_day["instance"] == pytest.approx(0.0104 * 24)  # t3.micro
+        assert per_day["fsx-file-system"] == pytest.approx(1200 * 0.14 / 730 * 24, abs=1e-4)  # $5.52
+        assert per_day["nat-gateway"] == pytest.approx(0.045 * 24)
+        assert per_day["elastic-ip"] == pytest.approx(0.005 * 24)
+        assert per_day["vpc"] == per_day["subnet"] == 0
+        assert out["kept_usd_per_day"] == pytest.approx(sum(per_day.values()), abs=0.01)
+        assert out["kept_unpriced"] == 0 and out["prices"] == "prices: us-east-1 price table as of 2026-11-01"
+    finally:
+        aws.fsx.delete_file_system(FileSystemId=fs_id)

@@ -1,6 +1,7 @@
 """The janitor: finds pcflow resources whose run is over or whose `pcflow:expires` has passed, and
 deletes them with the same convergence loop as every teardown (a second cleanup path, for runs that
-were killed before their teardown task ran).
+were killed before their teardown task ran). Its report also lists every resource it keeps, with what
+each costs per day (pcflow.aws.kept), so nothing bills unseen.
 
 "Run is over" needs to know which runs are alive; the caller passes the run keys of active DAG runs
 (`active_run_keys`). Without it, only expiry decides. Shared resources (no `pcflow:run` tag and
@@ -15,7 +16,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pcflow.aws.base import PcflowAwsOperator
-from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, ClientSource, Selector, TeardownReport, teardown
+from pcflow.aws.teardown import (
+    DEFAULT_HANDLER_SETS,
+    ClientSource,
+    Resource,
+    Selector,
+    TeardownReport,
+    build_handlers,
+    teardown,
+)
 from pcflow.naming import TAG_EXPIRES, TAG_RUN, parse_expires
 
 log = logging.getLogger(__name__)
@@ -39,6 +48,38 @@ def reapable(now: dt.datetime, active_run_keys: Collection[str] | None = None) -
     return rule
 
 
+def kept_resources(
+    clients: ClientSource,
+    *,
+    now: dt.datetime,
+    active_run_keys: Collection[str] | None = None,
+    stack: str | None = None,
+    handler_sets: Sequence[str] = DEFAULT_HANDLER_SETS,
+) -> list[Resource]:
+    """Every pcflow resource the janitor leaves (not reapable), images included: what keeps billing."""
+    rule = reapable(now, active_run_keys)
+    selector = Selector(stack=stack, predicate=lambda tags: not rule(tags))
+    handlers = build_handlers(clients, dict.fromkeys([*handler_sets, "images"]))
+    return [resource for handler in handlers for resource in handler.list(selector)]
+
+
+def kept_report(resources: Sequence[Resource], region: str | None) -> dict[str, Any]:
+    """The kept resources with their cost per day (pcflow.aws.kept), and the total of those priced."""
+    from pcflow.aws.kept import daily_costs
+    from pcflow.metrics.cost import NoPrices, price_table
+
+    try:
+        table = price_table(region=region or "us-east-1")
+    except NoPrices as exc:
+        table, log_note = {}, str(exc)
+    else:
+        log_note = f"prices: {table['region']} price table as of {table['as_of']}"
+    lines = daily_costs(resources, table)
+    priced = [line["usd_per_day"] for line in lines if line["usd_per_day"] is not None]
+    unpriced = len(lines) - len(priced)
+    return {"kept": lines, "kept_usd_per_day": round(sum(priced), 2), "kept_unpriced": unpriced, "prices": log_note}
+
+
 def run_janitor(
     clients: ClientSource,
     *,
@@ -53,6 +94,14 @@ def run_janitor(
     now = now or dt.datetime.now(dt.UTC)
     selector = Selector(stack=stack, predicate=reapable(now, active_run_keys))
     return teardown(clients, selector, handler_sets=handler_sets, dry_run=dry_run, **loop_options)
+
+
+def resolve_dry_run(dry_run: bool | None, context: Any) -> bool:
+    """The janitor's `dry_run=None`: report only when triggered by hand, act when scheduled."""
+    if dry_run is not None:
+        return bool(dry_run)
+    dag_run = context.get("dag_run")
+    return str(getattr(dag_run, "run_type", "manual")) in ("manual", "DagRunType.MANUAL")
 
 
 class JanitorOperator(PcflowAwsOperator):
@@ -83,13 +132,12 @@ class JanitorOperator(PcflowAwsOperator):
         self.pass_delay = pass_delay
 
     def execute(self, context: Any) -> dict[str, Any]:
-        dry_run = self.dry_run
-        if dry_run is None:
-            dag_run = context.get("dag_run")
-            dry_run = str(getattr(dag_run, "run_type", "manual")) in ("manual", "DagRunType.MANUAL")
+        dry_run = resolve_dry_run(self.dry_run, context)
         self.log.info("janitor: stack %s, dry run %s", self.stack or "<all>", dry_run)
+        now = dt.datetime.now(dt.UTC)
         report = run_janitor(
             self.client,
+            now=now,
             active_run_keys=self.active_run_keys,
             stack=self.stack or None,
             dry_run=bool(dry_run),
@@ -97,4 +145,21 @@ class JanitorOperator(PcflowAwsOperator):
             pass_delay=self.pass_delay,
             logger=self.log,
         )
-        return report.to_xcom()
+        kept = kept_resources(
+            self.client, now=now, active_run_keys=self.active_run_keys, stack=self.stack or None,
+            handler_sets=self.handler_sets,
+        )  # fmt: skip
+        costs = kept_report(kept, self.hook.region_name)
+        self.log_kept(costs)
+        return {**report.to_xcom(), **costs}
+
+    def log_kept(self, costs: dict[str, Any]) -> None:
+        """One line per kept resource and the total, as a person reads the janitor's log."""
+        for line in costs["kept"]:
+            usd = f"${line['usd_per_day']:,.2f}/day" if line["usd_per_day"] is not None else "not priced"
+            self.log.info("kept: %s %s (stack %s): %s, %s", line["kind"], line["id"], line["stack"], usd, line["basis"])
+        unpriced = f", {costs['kept_unpriced']} not priced" if costs["kept_unpriced"] else ""
+        self.log.info(
+            "kept: %d resource(s), $%.2f per day%s (%s)", len(costs["kept"]), costs["kept_usd_per_day"], unpriced,
+            costs["prices"],
+        )  # fmt: skip

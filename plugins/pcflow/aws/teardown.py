@@ -362,7 +362,7 @@ class InstanceHandler(_Ec2Handler):
             for inst in reservation["Instances"]:
                 tags = tag_dict(inst.get("Tags"))
                 if selector.matches(tags):
-                    out.append(Resource(self.kind, inst["InstanceId"], tags, inst["State"]["Name"]))
+                    out.append(Resource(self.kind, inst["InstanceId"], tags, inst["State"]["Name"], inst))
         return out
 
     def delete(self, resource: Resource) -> None:
@@ -384,7 +384,7 @@ class FsxFileSystemHandler(Handler):
             tags = tag_dict(fs.get("Tags"))
             state = fs.get("Lifecycle", "")
             if selector.matches(tags) and state != "DELETED":
-                out.append(Resource(self.kind, fs["FileSystemId"], tags, state))
+                out.append(Resource(self.kind, fs["FileSystemId"], tags, state, fs))
         return out
 
     def delete(self, resource: Resource) -> None:
@@ -447,7 +447,7 @@ class NatGatewayHandler(_Ec2Handler):
         for nat in _paginate(self.ec2, "describe_nat_gateways", "NatGateways", Filter=selector.ec2_filters()):
             tags = tag_dict(nat.get("Tags"))
             if selector.matches(tags) and nat.get("State") not in ("deleted", "failed"):
-                out.append(Resource(self.kind, nat["NatGatewayId"], tags, nat.get("State", "")))
+                out.append(Resource(self.kind, nat["NatGatewayId"], tags, nat.get("State", ""), nat))
         return out
 
     def delete(self, resource: Resource) -> None:
@@ -652,7 +652,7 @@ class SnapshotHandler(_Ec2Handler):
             self.ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"], Filters=selector.ec2_filters()
         )
         return [
-            Resource(self.kind, s["SnapshotId"], tags, s.get("State", ""))
+            Resource(self.kind, s["SnapshotId"], tags, s.get("State", ""), s)
             for s in snaps
             if selector.matches(tags := tag_dict(s.get("Tags")))
         ]

@@ -30,6 +30,8 @@ HOST_KEYS_END = "-----END SSH HOST KEY KEYS-----"
 HOST_KEY_PREFERENCE = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")
 READY = frozenset({"CREATE_COMPLETE", "UPDATE_COMPLETE"})
 IN_PROGRESS = frozenset({"CREATE_IN_PROGRESS", "UPDATE_IN_PROGRESS"})
+#: Compute fleet states `update-compute-fleet --status START_REQUESTED` brings back to RUNNING.
+FLEET_STOPPED = frozenset({"STOP_REQUESTED", "STOPPING", "STOPPED"})
 FAILED = frozenset({"CREATE_FAILED", "UPDATE_FAILED", "DELETE_FAILED", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED"})
 BOOTSTRAP_LOG_RE = re.compile(r"error|fail|cfn-init|cloud-init.*(warn|error)|chef|bootstrap", re.IGNORECASE)
 MAX_DIAGNOSTIC_LINES = 40
@@ -286,6 +288,7 @@ class ParallelClusterProvider:
         head = described.get("headNode") or {}
         address = head.get("publicIpAddress") or head.get("privateIpAddress")
         host_key = self.head_node_host_key(head.get("instanceId"))
+        self.start_fleet_if_stopped(name)
         return ClusterInfo(
             provider=self.name,
             name=name,
@@ -299,6 +302,14 @@ class ParallelClusterProvider:
             status=status,
             adopted=step_action in ("adopted", "refreshed"),
         )
+
+    def start_fleet_if_stopped(self, name: str) -> None:
+        """A kept cluster whose compute fleet the janitor stopped (idle queue) is started again before this
+        run submits its job: the job then waits, pending, while ParallelCluster brings the queue back up."""
+        fleet = self.hook.describe_compute_fleet(name)
+        if fleet.get("status") in FLEET_STOPPED:
+            answer = self.hook.update_compute_fleet(name, "START_REQUESTED")
+            log.info("cluster %s: compute fleet was %s, now %s", name, fleet.get("status"), answer.get("status"))
 
     def head_node_host_key(self, instance_id: str | None) -> str | None:
         key = host_key_from_console(console_text(self.clients("ec2"), instance_id)) if instance_id else None

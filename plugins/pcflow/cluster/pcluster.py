@@ -30,6 +30,8 @@ NOT_FOUND_MARKER = "does not exist"
 CONFIG_REJECTED = "Invalid cluster configuration"
 #: How `create-cluster --dryrun true` reports a config that passed (exit code 1 all the same).
 DRYRUN_PASSED = "Request would have succeeded, but DryRun flag is set."
+#: What `update-compute-fleet --status` accepts for a Slurm cluster.
+FLEET_REQUESTS = ("START_REQUESTED", "STOP_REQUESTED")
 
 
 def default_pcluster_path() -> Path:
@@ -232,6 +234,17 @@ class ParallelClusterHook(BaseHook):
             if error.not_found:
                 return None
             raise
+
+    def describe_compute_fleet(self, name: str) -> dict[str, Any]:
+        """`describe-compute-fleet`: `{"status": "RUNNING"|"STOPPED"|..., "lastStatusUpdatedTime": ...}`."""
+        return self.run("describe-compute-fleet", "--cluster-name", name)
+
+    def update_compute_fleet(self, name: str, status: str) -> dict[str, Any]:
+        """`update-compute-fleet --status START_REQUESTED|STOP_REQUESTED` (Slurm clusters); ParallelCluster's
+        head node then starts or stops the compute nodes and sets the Slurm partitions UP or INACTIVE."""
+        if status not in FLEET_REQUESTS:
+            raise ValueError(f"compute fleet status must be one of {', '.join(FLEET_REQUESTS)}, not {status!r}")
+        return self.run("update-compute-fleet", "--cluster-name", name, "--status", status)
 
     def _with_config_file(self, command: str, config_text: str, args: list[str]) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="pcflow-pcluster-") as tmp:
