@@ -14,11 +14,12 @@ from the same prices (`cost_so_far`) and cancels the job when it reaches the bud
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pcflow.metrics.cost import NoPrices, cluster_infrastructure, fsx_per_hour, price_table, spot_prices
+from pcflow.slurm.states import JobInfo, JobState
 
 #: No training run pcflow makes costs this much: a budget above it is a typo, not a budget.
 ABSURD_USD = 1_000_000.0
@@ -113,6 +114,7 @@ def plan_cost(run: Mapping[str, Any], *, ec2: Any = None, now: dt.datetime | Non
         "unknown": unknown,
         "budget_usd": budget["usd"],
         "if_maximum_exceeds": budget["if_maximum_exceeds"],
+        "report_every_s": budget["report_every_s"],
     }
     cost["per_hour"] = per_hour(cost)
     cost["maximum_usd"] = maximum(cost)
@@ -237,3 +239,102 @@ def checkpoint_costs(
         so_far = cost_so_far(cost, node_seconds=node_seconds, run_seconds=run_seconds)
         rows.append({"step": step, "epoch": epoch, "time": when, "value": value, "usd": round(so_far, 6)})
     return rows
+
+
+# -- during the run: the train task's wait meters the cost so far and stops the job at the budget --------
+
+#: What the train task's wait writes into the run directory before it cancels the job at its budget: the
+#: batch wrapper reads it on SIGTERM (a decision, not a failure), and so does the harvest.
+BUDGET_FILE = "budget_exhausted.json"
+
+
+@dataclass
+class _Attempt:
+    restarts: int
+    node_seconds: float  # as of the answer
+    seen: float  # wall clock of the answer
+    running: bool
+
+
+@dataclass
+class CostMeter:
+    """The cost so far of a run's job (or job array), from the prices the first task checked: its nodes'
+    time in the job as Slurm reports it (requeued attempts included), extrapolated between answers, and
+    the head node and FSx since the run began. I/O free: the wait feeds it Slurm's answers and the clock.
+
+    `cost` is the first task's cost section; `run_started` the run's start (epoch seconds); `jobs` how
+    many jobs may run at once (an array's elements)."""
+
+    cost: Mapping[str, Any]
+    run_started: float
+    jobs: int = 1
+    report_every_s: float = 300.0
+    banked: float = 0.0  # node-seconds of attempts and jobs that are over
+    attempts: dict[str, _Attempt] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)
+    next_report: float | None = None
+    answered: bool = False  # Slurm has answered once: before, a job may have run since its submission
+
+    @property
+    def budget(self) -> float | None:
+        return self.cost.get("budget_usd")
+
+    def observe(self, infos: Iterable[JobInfo], wall: float) -> None:
+        """Slurm's answer about the jobs (each job or array element once) at `wall`."""
+        nodes = self.cost["nodes"]
+        self.answered = True
+        for info in infos:
+            if info.job_id in self.ended:
+                continue
+            seen = self.attempts.get(info.job_id)
+            if seen is not None and info.restarts > seen.restarts:
+                self.banked += seen.node_seconds  # a requeued attempt was paid for too
+            node_seconds = (info.elapsed_s or 0) * nodes
+            if info.state.is_terminal:
+                self.banked += node_seconds
+                self.attempts.pop(info.job_id, None)
+                self.ended.add(info.job_id)
+            else:
+                running = info.state is JobState.RUNNING
+                self.attempts[info.job_id] = _Attempt(info.restarts, node_seconds, wall, running)
+
+    def node_seconds(self, wall: float) -> float:
+        running = sum(a.node_seconds + (wall - a.seen) * self.cost["nodes"] * a.running for a in self.attempts.values())
+        return self.banked + running
+
+    def so_far(self, wall: float) -> float:
+        return cost_so_far(self.cost, node_seconds=self.node_seconds(wall), run_seconds=wall - self.run_started)
+
+    def exhausted(self, wall: float) -> bool:
+        return self.budget is not None and self.so_far(wall) >= self.budget
+
+    def ask_within(self, wall: float) -> float | None:
+        """Seconds before Slurm must be asked again: the soonest the budget could be reached if every job
+        not known to run started now (None: the running ones' extrapolation tells the moment alone)."""
+        waiting = self.jobs - len(self.ended) - sum(a.running for a in self.attempts.values())
+        if self.budget is None or waiting <= 0:
+            return None
+        if not self.answered:
+            return 0.0
+        per_second = (self.cost["compute_per_node_hour"] or 0.0) * self.cost["nodes"] * self.jobs
+        per_second = (per_second + self.cost["infrastructure_per_hour"]) / 3600
+        return max(0.0, (self.budget - self.so_far(wall)) / per_second) if per_second > 0 else None
+
+    def report(self, wall: float) -> str | None:
+        """A line for the task log, once every `report_every_s`."""
+        if self.next_report is not None and wall < self.next_report:
+            return None
+        self.next_report = wall + self.report_every_s
+        so_far, budget = self.so_far(wall), self.budget
+        share = f" of the {usd(budget)} budget ({100 * so_far / budget:.0f}%)" if budget else " (no budget)"
+        line = (f"Cost so far: {usd(so_far)}{share}: {self.node_seconds(wall) / 3600:.3f} node-hours at "
+                f"{usd(self.cost['compute_per_node_hour'])}/h")  # fmt: skip
+        if self.cost["infrastructure_per_hour"]:
+            line += (f", {(wall - self.run_started) / 3600:.2f} h of head node and FSx at "
+                     f"{usd(self.cost['infrastructure_per_hour'])}/h")  # fmt: skip
+        return line
+
+    def record(self, job_id: str, wall: float) -> dict[str, Any]:
+        """What BUDGET_FILE says: which job, the budget, the cost so far and when."""
+        return {"job_id": job_id, "budget_usd": self.budget, "cost_usd": round(self.so_far(wall), 6), "time": wall,
+                "node_seconds": round(self.node_seconds(wall), 3)}  # fmt: skip

@@ -735,6 +735,7 @@ def build_training_pipeline(
         "early_stopping": run_value("early_stopping"),
         "pending_timeout": run_value("training.pending_timeout_s"),
         "payload_dir": payload["dir"],
+        "budget": run_value("cost"),  # the wait logs the cost so far and stops the job at the budget
     }
     if sweep:
         train = SlurmArrayJobOperator(

@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pcflow.budget import BUDGET_FILE
 from pcflow.metrics.definitions import MetricDefinition, scan_log
 from pcflow.metrics.jsonlines import from_line_start, read_metric_lines
 from pcflow.metrics.series import Objective, Point, group
 from pcflow.metrics.utilisation import read_samples
-from pcflow.slurm.states import SACCT_USAGE_FIELDS, JobUsage, parse_sacct_usage, parse_scontrol_usage
+from pcflow.slurm.states import SACCT_USAGE_FIELDS, JobState, JobUsage, parse_sacct_usage, parse_scontrol_usage
 
 #: Written into a trial's run directory by the early-stopping check when it cancels the trial.
 EARLY_STOP_FILE = "early_stop.json"
@@ -49,6 +50,11 @@ class JobRef:
     trial: int | None = None
     outcome: str | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_root(self) -> str:
+        """The run's directory: a trial's parent (an array's root), else the job's own."""
+        return posixpath.dirname(self.run_dir) if self.trial is not None else self.run_dir
 
     @property
     def slurm_id(self) -> str:
@@ -204,6 +210,9 @@ def harvest_job(
     if not samples.samples:
         missing.append({"what": "utilisation samples", "path": ref.run_dir, "why": "no sample was written"})
     early_stop = hook.read_json(posixpath.join(ref.run_dir, EARLY_STOP_FILE))
+    budget = hook.read_json(posixpath.join(ref.run_root, BUDGET_FILE))
+    if budget and str(budget.get("job_id")) != ref.job_id.split("_")[0]:
+        budget = None  # another (earlier) job of the run
 
     return {
         "job": {
@@ -213,8 +222,9 @@ def harvest_job(
             "trial": ref.trial,
             "hyperparameters": ref.hyperparameters,
         },
-        "outcome": _outcome(ref, usage, early_stop),
+        "outcome": _outcome(ref, usage, early_stop, budget),
         "early_stop": early_stop,
+        "budget_exhausted": budget,
         "accounting": usage.as_dict() if usage else None,
         "elapsed_s": usage.elapsed_s if usage and usage.elapsed_s is not None else ref.elapsed_s,
         "objective": obj,
@@ -240,10 +250,13 @@ def _objective_values(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def _outcome(ref: JobRef, usage: JobUsage | None, early_stop: dict | None) -> str:
-    """`stopped_early` (a decision, not a failure), else Slurm's state, else what the operator said."""
+def _outcome(ref: JobRef, usage: JobUsage | None, early_stop: dict | None, budget: dict | None) -> str:
+    """`stopped_early` or `budget_exhausted` (decisions, not failures), else Slurm's state, else what the
+    operator said. A job that completed before the budget's cancel reached it completed."""
     if early_stop:
         return "stopped_early"
+    if budget and not (usage is not None and usage.state is JobState.COMPLETED):
+        return "budget_exhausted"
     if usage is not None:
         return str(usage.state).lower()
     return (ref.state or ref.outcome or "unknown").lower()

@@ -61,6 +61,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     """
 
     template_fields: Sequence[str] = (
+        *PcflowAwsOperator.template_fields,  # the region: the run's (its prices, its S3 and CloudWatch)
         "job",
         "bucket",
         "stack",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm import DEFAULT_SSH_CONN_ID
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.watch import EARLY_STOP_SIGNAL, Outcome, WatchPolicy
+from pcflow.slurm.watch import ENDED_ON_PURPOSE, Outcome, WatchPolicy
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -63,6 +64,9 @@ class SlurmJobOperator(BaseOperator):
     :param early_stopping: `{"objective": {"name", "mode"}, "patience", "min_delta"}`: the wait scancels
         a trial whose objective has not improved for `patience` evaluations or is NaN/inf; the task
         still succeeds, with outcome `stopped_early` (see metrics/early_stop.py).
+    :param budget: the first task's cost section (pcflow.budget: prices, nodes, `budget_usd`): the wait
+        logs the run's cost so far every `report_every_s` and, when it reaches the budget, cancels the job;
+        the task still succeeds, with outcome `budget_exhausted`.
     :param deferrable: wait in the triggerer (default) or in this worker with the same semantics.
     """
 
@@ -81,6 +85,7 @@ class SlurmJobOperator(BaseOperator):
         "pending_timeout",
         "early_stopping",
         "payload_dir",
+        "budget",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -104,6 +109,7 @@ class SlurmJobOperator(BaseOperator):
         max_restarts: int = 3,
         early_stopping: dict[str, Any] | None = None,
         payload_dir: str | None = None,
+        budget: dict[str, Any] | None = None,
         deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -124,8 +130,10 @@ class SlurmJobOperator(BaseOperator):
         self.pending_timeout = pending_timeout
         self.max_restarts = max_restarts
         self.early_stopping = early_stopping
+        self.budget = budget
         self.deferrable = deferrable
         self.job_id: str | None = None
+        self.run_started: float | None = None
 
     @cached_property
     def hook(self) -> SlurmHook:
@@ -224,11 +232,18 @@ class SlurmJobOperator(BaseOperator):
         marker = self.hook.read_json(run_dir.marker)
         return marker if marker and str(marker.get("job_id")) == job_id else None
 
-    def stopped_early(self, info: JobInfo, run_dir: RunDir) -> bool:
-        """The job ended because the early-stopping rule cancelled it (Slurm says CANCELLED)."""
+    def ended_on_purpose(self, info: JobInfo, run_dir: RunDir, budget_dir: str | None = None) -> Outcome | None:
+        """How pcflow ended the job, when it did (Slurm says CANCELLED): the early-stopping rule or the
+        budget (its record in `budget_dir`, the run's directory, names the job even when it never started)."""
         if info.state.is_active:
-            return False
-        return (self._marker(info.job_id, run_dir) or {}).get("signal") == EARLY_STOP_SIGNAL
+            return None
+        signal = (self._marker(info.job_id, run_dir) or {}).get("signal")
+        if signal in ENDED_ON_PURPOSE:
+            return ENDED_ON_PURPOSE[signal]
+        from pcflow.budget import BUDGET_FILE
+
+        spent = self.hook.read_json(f"{budget_dir or run_dir.root}/{BUDGET_FILE}") or {}
+        return Outcome.BUDGET_EXHAUSTED if str(spent.get("job_id")) == info.job_id.split("_")[0] else None
 
     def _from_marker(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
         """Slurm forgot the job (no accounting, MinJobAge passed): its exit marker still tells the end."""
@@ -250,10 +265,11 @@ class SlurmJobOperator(BaseOperator):
             self.log.info("Slurm job %s of this run already completed; adopting its result", previous.job_id)
             self.job_id = previous.job_id
             return self.result(run_dir, previous, exit_code=previous.exit_code or 0)
-        if previous is not None and self.stopped_early(previous, run_dir):
-            self.log.info("Slurm job %s of this run was stopped early; adopting that outcome", previous.job_id)
+        if previous is not None and (outcome := self.ended_on_purpose(previous, run_dir)):
+            self.log.info("Slurm job %s of this run was ended on purpose; adopting that outcome (%s)",
+                          previous.job_id, outcome)  # fmt: skip
             self.job_id = previous.job_id
-            return self.result(run_dir, previous, outcome=str(Outcome.STOPPED_EARLY))
+            return self.result(run_dir, previous, outcome=str(outcome))
         if previous is not None and (previous.state.is_active or previous.state.is_interruption):
             self.log.info("Re-attaching to Slurm job %s (%s)", previous.job_id, previous.raw_state)
             self.job_id = previous.job_id
@@ -262,6 +278,8 @@ class SlurmJobOperator(BaseOperator):
                 self.log.info("Previous Slurm job %s ended %s; submitting again", previous.job_id, previous.raw_state)
             self.job_id, log_offset = self.submit(context, spec, run_dir)
 
+        started = getattr(context.get("dag_run"), "start_date", None)
+        self.run_started = started.timestamp() if started else time.time()
         trigger = self.make_trigger(run_dir, log_offset)
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
@@ -279,6 +297,7 @@ class SlurmJobOperator(BaseOperator):
             "slurm_bin": self.hook.extras.get("slurm_bin"),
             "policy": self.policy_kwargs(),
             "early_stopping": self.early_stopping or None,
+            "budget": {**self.budget, "run_started": self.run_started} if self.budget else None,
         }
 
     def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:
@@ -347,7 +366,7 @@ class SlurmJobOperator(BaseOperator):
         self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0, outcome: str = str(Outcome.SUCCESS)
     ) -> dict[str, Any]:
         """The small XCom of a successful job, for the metrics stage and for users."""
-        stopped = outcome == str(Outcome.STOPPED_EARLY)
+        stopped = outcome in {str(o) for o in ENDED_ON_PURPOSE.values()}
         return {
             "job_id": self.job_id,
             "outcome": outcome,
@@ -432,7 +451,10 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         else:
             succeeded = sum(
                 e.state is JobState.COMPLETED
-                or (e.array_index is not None and self.stopped_early(e, run_dir.element(e.array_index)))
+                or (
+                    e.array_index is not None
+                    and self.ended_on_purpose(e, run_dir.element(e.array_index), run_dir.root) is not None
+                )
                 for e in elements
             )
             enough = succeeded >= math.ceil(self.min_success_ratio * len(self.trials))

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import json
 import posixpath
 import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from pcflow.budget import CostMeter
 from pcflow.slurm import queries
 from pcflow.slurm.hook import (
     SMALL_FILE_BYTES,
@@ -33,7 +37,7 @@ from pcflow.slurm.hook import (
     with_slurm_bin,
 )
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Verdict, WatchPolicy, marker_matches
+from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Outcome, Verdict, WatchPolicy, marker_matches
 
 CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
 LOG_CHUNK_BYTES = 256 * 1024
@@ -68,6 +72,7 @@ class HeadNodeTrigger(BaseTrigger):
         max_reconnect_attempts: int = 8,
         command_timeout: float = 60.0,
         early_stopping: dict[str, Any] | None = None,
+        budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
@@ -82,6 +87,8 @@ class HeadNodeTrigger(BaseTrigger):
         self.command_timeout = command_timeout
         self.early_stopping = early_stopping
         self.stopped_early: set[str] = set()
+        self.budget = budget
+        self.budget_spent = False
         self.queries_sent = 0
         self.next_confirm: float | None = None
 
@@ -101,11 +108,23 @@ class HeadNodeTrigger(BaseTrigger):
             "max_reconnect_attempts": self.max_reconnect_attempts,
             "command_timeout": self.command_timeout,
             "early_stopping": self.early_stopping,
+            "budget": self.budget,
         }
 
     @functools.cached_property
     def watch_policy(self) -> WatchPolicy:
         return WatchPolicy(**self.policy)
+
+    #: How many jobs of this wait may run at once (an array: its elements), for the budget's cadence.
+    jobs_at_once = 1
+
+    @functools.cached_property
+    def meter(self) -> CostMeter | None:
+        """The run's cost so far (the first task's prices and budget; `budget["run_started"]`: epoch s)."""
+        if not self.budget:
+            return None
+        every = float(self.budget.get("report_every_s") or 300)
+        return CostMeter(self.budget, float(self.budget["run_started"]), self.jobs_at_once, every)
 
     def confirm_due(self, now: float) -> bool:
         """The first question to slurmctld waits a full interval: until then the files tell us enough."""
@@ -173,6 +192,50 @@ class HeadNodeTrigger(BaseTrigger):
             self.stopped_early.add(job_id)
             self.log.info("Stopping Slurm job %s early: %s after %d evaluations", job_id, decision.reason,
                           decision.evaluations)  # fmt: skip
+
+    async def meter_cost(
+        self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, infos: list[JobInfo] | None, now: float
+    ) -> None:
+        """Log the cost so far at its cadence (`infos`: Slurm's answer of this poll, if asked); at the
+        budget, record it and cancel the job, once; ask Slurm again before the budget could be reached."""
+        meter = self.meter
+        if meter is None or self.budget_spent:
+            return
+        wall = time.time()
+        if infos is not None:
+            meter.observe(infos, wall)
+        line = meter.report(wall)
+        if line:
+            self.log.info("%s", line)
+        if meter.exhausted(wall):
+            await self.stop_at_budget(conn, sftp, meter.record(self.job_id, wall))
+            return
+        ask = meter.ask_within(wall)
+        if ask is not None and (self.next_confirm is None or now + ask < self.next_confirm):
+            self.next_confirm = now + ask
+
+    async def stop_at_budget(
+        self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, record: dict[str, Any]
+    ) -> None:
+        """Write budget_exhausted.json into the run directory, then scancel the job (an array: all of it):
+        the batch wrapper reads the record on SIGTERM and marks the attempt ended at its budget."""
+        from pcflow.budget import BUDGET_FILE, usd
+
+        # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
+        async with sftp.open(posixpath.join(self.run_dir, BUDGET_FILE), "wb") as fh:
+            await fh.write(json.dumps(record).encode())
+        await self.run_command(conn, ["scancel", self.job_id])
+        self.budget_spent = True
+        self.log.warning("The run's cost so far, %s, reached its budget of %s: cancelled Slurm job %s",
+                         usd(record["cost_usd"]), usd(record["budget_usd"]), self.job_id)  # fmt: skip
+
+    def after_budget(self, verdict: Any) -> Any:
+        """A job cancelled at its budget before its wrapper could say so (still pending, an array's
+        elements not started) ends `budget_exhausted` all the same."""
+        if not self.budget_spent or verdict.outcome.ok:
+            return verdict
+        message = f"{verdict.message} (pcflow cancelled Slurm job {self.job_id} when the run reached its budget)"
+        return dataclasses.replace(verdict, outcome=Outcome.BUDGET_EXHAUSTED, message=message)
 
     @staticmethod
     async def size_of(sftp: asyncssh.SFTPClient, path: str) -> int | None:
@@ -330,6 +393,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
         if marker and marker != self.last_marker:
             self.last_marker, self.next_confirm = marker, now
         if not self.confirm_due(now):
+            await self.meter_cost(conn, sftp, None, now)
             return None
         info = await self.ask_slurm(conn, queries.job_info(self.job_id, self.accounting))
         verdict = self.watch.assess(info, marker, now)
@@ -338,9 +402,10 @@ class SlurmJobTrigger(HeadNodeTrigger):
         if verdict is None:
             fast = info is not None and marker_matches(marker, info)
             self.next_confirm = now + (FAST_CONFIRM_S if fast else self.watch_policy.confirm_interval)
+            await self.meter_cost(conn, sftp, [info] if info is not None else [], now)  # may ask sooner
             return None
         await self.finish_log(sftp)
-        return self.payload(verdict, info)
+        return self.payload(self.after_budget(verdict), info)
 
     def payload(self, verdict: Verdict, info: JobInfo | None) -> dict[str, Any]:
         return {
@@ -374,11 +439,16 @@ class SlurmArrayTrigger(HeadNodeTrigger):
     def kwargs(self) -> dict[str, Any]:
         return {**super().kwargs(), "size": self.size, "min_success_ratio": self.min_success_ratio}
 
+    @property
+    def jobs_at_once(self) -> int:
+        return self.size
+
     async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
         done_size = await self.size_of(sftp, posixpath.join(self.run_dir, "done")) or 0
         if done_size != self.done_size:
             self.done_size, self.next_confirm = done_size, now
         if not self.confirm_due(now):
+            await self.meter_cost(conn, sftp, None, now)
             return None
         elements = await self.ask_slurm(conn, queries.array_elements(self.job_id, self.accounting))
         # squeue knows no exit codes and forgets finished elements: their markers fill both gaps.
@@ -395,7 +465,9 @@ class SlurmArrayTrigger(HeadNodeTrigger):
                     trial_dir = posixpath.join(self.run_dir, str(index))
                     await self.stop_early_if_due(conn, sftp, f"{self.job_id}_{index}", trial_dir)
             self.next_confirm = now + self.watch_policy.confirm_interval
+            await self.meter_cost(conn, sftp, elements, now)  # may ask sooner
             return None
+        verdict = self.after_budget(verdict)
         return {
             "status": "success" if verdict.outcome.ok else "failed",
             "outcome": str(verdict.outcome),

@@ -18,6 +18,7 @@ from pcflow.slurm.states import JobInfo, JobState
 class Outcome(StrEnum):
     SUCCESS = "success"
     STOPPED_EARLY = "stopped_early"
+    BUDGET_EXHAUSTED = "budget_exhausted"
     FAILED = "failed"
     PENDING_TIMEOUT = "pending_timeout"
     TOO_MANY_RESTARTS = "too_many_restarts"
@@ -25,8 +26,8 @@ class Outcome(StrEnum):
 
     @property
     def ok(self) -> bool:
-        """The task succeeds: the job completed, or pcflow's early-stopping check ended it on purpose."""
-        return self in (Outcome.SUCCESS, Outcome.STOPPED_EARLY)
+        """The task succeeds: the job completed, or pcflow ended it on purpose (early stopping, the budget)."""
+        return self in (Outcome.SUCCESS, Outcome.STOPPED_EARLY, Outcome.BUDGET_EXHAUSTED)
 
     @property
     def needs_cancel(self) -> bool:
@@ -76,6 +77,10 @@ _FAILURE_ADVICE = {
 
 #: The wrapper's marker signal when the SIGTERM came from pcflow's early-stopping check (metrics.early_stop).
 EARLY_STOP_SIGNAL = "early_stop"
+#: ... and when it came from the train task's budget cap (pcflow.budget, budget_exhausted.json).
+BUDGET_SIGNAL = "budget_exhausted"
+#: A job pcflow ended on purpose, by the marker's signal: a decision, not a failure.
+ENDED_ON_PURPOSE = {EARLY_STOP_SIGNAL: Outcome.STOPPED_EARLY, BUDGET_SIGNAL: Outcome.BUDGET_EXHAUSTED}
 
 
 def marker_matches(marker: dict | None, info: JobInfo | None) -> bool:
@@ -152,8 +157,8 @@ class JobWatch:
         return self._finished(info, info.exit_code)
 
     def _finished(self, info: JobInfo, exit_code: int | None, marker: dict | None = None) -> Verdict:
-        if marker_matches(marker, info) and marker.get("signal") == EARLY_STOP_SIGNAL:
-            return self._stopped_early(info.job_id, exit_code)
+        if marker_matches(marker, info) and marker.get("signal") in ENDED_ON_PURPOSE:
+            return self._on_purpose(info.job_id, marker["signal"], exit_code)
         if info.state is JobState.COMPLETED or (info.state.is_active and exit_code == 0):
             return Verdict(Outcome.SUCCESS, f"Slurm job {info.job_id} completed", exit_code or 0)
         state = info.state if info.state.is_terminal else JobState.FAILED
@@ -162,20 +167,21 @@ class JobWatch:
         return Verdict(Outcome.FAILED, f"Slurm job {info.job_id} {advice}{code} ({info.raw_state}).", exit_code)
 
     @staticmethod
-    def _stopped_early(job_id: str, exit_code: int | None) -> Verdict:
-        return Verdict(
-            Outcome.STOPPED_EARLY,
-            f"Slurm job {job_id} was stopped early by pcflow's early-stopping check (its objective stopped "
-            "improving or diverged; the reason is in early_stop.json in its run directory)",
-            exit_code,
-        )
+    def _on_purpose(job_id: str, signal: str, exit_code: int | None) -> Verdict:
+        if signal == BUDGET_SIGNAL:
+            why = ("was cancelled by pcflow when the run's cost so far reached its budget (the figures are in "
+                   "budget_exhausted.json in its run directory)")  # fmt: skip
+        else:
+            why = ("was stopped early by pcflow's early-stopping check (its objective stopped improving or "
+                   "diverged; the reason is in early_stop.json in its run directory)")  # fmt: skip
+        return Verdict(ENDED_ON_PURPOSE[signal], f"Slurm job {job_id} {why}", exit_code)
 
     def _forgotten(self, marker: dict | None) -> Verdict:
         """Without accounting, slurmctld forgets a finished job after MinJobAge: the marker decides."""
         if marker and str(marker.get("job_id")) == self.job_id:
             code = int(marker.get("exit_code", 1))
-            if marker.get("signal") == EARLY_STOP_SIGNAL:
-                return self._stopped_early(self.job_id, code)
+            if marker.get("signal") in ENDED_ON_PURPOSE:
+                return self._on_purpose(self.job_id, marker["signal"], code)
             if code == 0:
                 return Verdict(Outcome.SUCCESS, f"Slurm job {self.job_id} completed (from its exit marker)", 0)
             return Verdict(Outcome.FAILED, f"Slurm job {self.job_id} failed with exit code {code}.", code)
