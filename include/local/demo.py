@@ -56,7 +56,7 @@ def summarize(result: DagRunResult, seconds: float) -> dict[str, Any]:
         "slurm_job": {k: (out.get("train") or {}).get(k) for k in ("job_id", "state", "nodes", "elapsed_s", "run_dir")},
         "objective": metrics.get("objective"),
         "trained_vs_untrained": trained_vs_untrained(metrics),
-        "cost_usd_estimate": metrics.get("cost_usd_estimate"),
+        "cost_usd": {**cost_before(out.get("validate")), "final_estimate": metrics.get("cost_usd_estimate")},
         "report": metrics.get("report"),
         "model": (metrics.get("model") or {}).get("model"),
         "teardown_deleted": [f"{d['kind']} {d['id']}" for d in teardown.get("deleted", [])],
@@ -78,6 +78,12 @@ def report(name: str, summary: dict[str, Any]) -> int:
         flush=True,
     )
     return 0 if ok else 1
+
+
+def cost_before(run: dict | None) -> dict:
+    """What the first task said the run may cost, and its budget."""
+    cost = (run or {}).get("cost") or {}
+    return {"maximum_before": cost.get("maximum_usd"), "budget": cost.get("budget_usd")}
 
 
 def main() -> int:
