@@ -42,11 +42,14 @@ def test_a_sweep_costs_its_trials(offline):
     assert "x 0.5 h time limit x 3 trials" in cost["summary"]
 
 
-def aws_gpu_cost(ec2=None, **settings) -> dict:
-    """The aws-gpu profile's run priced as the first task prices it (the checks that ask AWS aside)."""
+def aws_gpu_cost(ec2=None, trials: list[dict] | None = None, **settings) -> dict:
+    """The aws-gpu profile's run priced as the first task prices it (the checks that ask AWS aside); with
+    `trials`, as a sweep (the document's expanded trials)."""
     spec = resolve_run_spec("aws-gpu", settings)
     run = spec.model_dump(mode="json")
     run["training"]["allocation"] = spec.training.allocation()
+    if trials:
+        run["trials"] = trials
     return plan_cost(run, ec2=ec2)
 
 
@@ -71,6 +74,13 @@ def test_spot_is_priced_from_ec2s_spot_price_history(local_stack):
     assert cost["compute_per_node_hour"] == pytest.approx(0.00001)
     assert cost["maximum_usd"] == pytest.approx((2 * 0.00001 + infra) * 12 + infra, abs=1e-4)  # $7.41
     assert "EC2 spot price history" in cost["summary"] and "2 x g5.12xlarge spot at $1e-05/h" in cost["summary"]
+    # A sweep of 4 trials on spot: each trial's nodes, head node and FSx over the time limit; the cluster's
+    # create and delete once.
+    sweep = aws_gpu_cost(ec2=aws_client("ec2"), trials=[{"lr": lr} for lr in (0.1, 0.2, 0.3, 0.4)])
+    assert sweep["trials"] == 4 and sweep["compute_per_node_hour"] == pytest.approx(0.00001)
+    assert sweep["maximum_usd"] == pytest.approx((2 * 0.00001 + infra) * 12 * 4 + infra, abs=1e-4)  # $27.94
+    assert sweep["summary"].startswith("Cost of this run: up to $27.94 (budget $200.00)")
+    assert "x 12 h time limit x 4 trials" in sweep["summary"]
 
 
 def test_spot_without_history_is_bounded_by_the_on_demand_price():
