@@ -3,7 +3,7 @@ than its profile's `budget.idle_minutes` has its compute fleet stopped by the ja
 run's cluster stage starts it again before submitting. The cluster is the pcluster STAND-IN's (its fleet
 status in pcluster's DynamoDB table on moto); the queue asked is the local stack's real Slurm, over SSH
 (the stand-in's head node has a moto address: until the rehearsal's stand-in answers with the local head
-node, the test points the janitor at `slurm_default`). About 45 s."""
+node, the test points the janitor at `slurm_default`). 25-45 s."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 such a run start capped: `budget.if_maximum_exceeds: cap`). The train task's wait logs the cost so far at
 its cadence, cancels the job within one poll of the moment the cost so far reaches the budget (recorded
 in budget_exhausted.json), the run's teardowns leave nothing tagged with it, and the harvest and report
-say `budget_exhausted`, a decision like early stopping, not a failure. One DAG run: about 2 minutes."""
+say `budget_exhausted`, a decision like early stopping, not a failure. One DAG run: 70-105 s."""
 
 from __future__ import annotations
 
