@@ -35,8 +35,8 @@ def no_conf(data):
         ({}, lambda data: {"dataset_source": str(data / "empty")}, ["dataset.source: '", "holds no files to load"]),
         (
             {"budget": {"usd": 0.5}},
-            lambda data: {"instance_type": "g5.12xlarge", "nodes": 4},
-            ["budget.usd: this run may cost up to $11.34, more than its budget of $0.50: $22.69/h"],
+            lambda data: {"instance_type": "g5.12xlarge", "nodes": 3},
+            ["budget.usd: this run may cost up to $8.51, more than its budget of $0.50: $17.02/h"],
         ),
         (
             {},

@@ -90,11 +90,11 @@ def test_spot_without_history_is_bounded_by_the_on_demand_price():
 
 
 def test_over_budget_is_refused_with_both_figures_and_what_to_change(offline):
-    message = refusal(offline, {"instance_type": "g5.12xlarge", "nodes": 4})  # the profile's budget: $5
-    assert message.startswith("budget.usd: this run may cost up to $11.34, more than its budget of $5.00: ")
-    assert "4 x g5.12xlarge on-demand at $5.67/h" in message and "fewer nodes (now 4)" in message
+    message = refusal(offline, {"instance_type": "g5.12xlarge", "nodes": 3})  # the profile's budget: $5
+    assert message.startswith("budget.usd: this run may cost up to $8.51, more than its budget of $5.00: ")
+    assert "3 x g5.12xlarge on-demand at $5.67/h" in message and "fewer nodes (now 3)" in message
     assert "raise the budget (form field 'Budget (USD)', up to $50.00, the profile's budget.max_usd)" in message
-    assert offline({"instance_type": "g5.12xlarge", "nodes": 4, "budget_usd": 12})["cost"]["maximum_usd"] < 12
+    assert offline({"instance_type": "g5.12xlarge", "nodes": 3, "budget_usd": 9})["cost"]["maximum_usd"] < 9
 
 
 @pytest.mark.parametrize(
@@ -157,8 +157,8 @@ def test_a_profile_may_let_a_run_start_capped_instead(offline, admin_profiles):
 
 
 def test_above_the_approval_threshold_the_run_asks_for_approval(offline, admin_profiles):
-    profile = admin_profiles.make("local", {"budget": {"approval_above_usd": 10}})
-    costly = offline({"profile": profile, "instance_type": "g5.12xlarge", "nodes": 4, "budget_usd": 50})["cost"]
-    assert costly["maximum_usd"] == pytest.approx(4 * G5_12XLARGE * 0.5)  # $11.34, above $10
-    assert costly["approval"] == {"above_usd": 10.0, "needed": True, "timeout_hours": 24.0}
+    profile = admin_profiles.make("local", {"budget": {"approval_above_usd": 8}})
+    costly = offline({"profile": profile, "instance_type": "g5.12xlarge", "nodes": 3, "budget_usd": 50})["cost"]
+    assert costly["maximum_usd"] == pytest.approx(3 * G5_12XLARGE * 0.5)  # $8.51, above $8
+    assert costly["approval"] == {"above_usd": 8.0, "needed": True, "timeout_hours": 24.0}
     assert offline({"profile": profile})["cost"]["approval"]["needed"] is False
