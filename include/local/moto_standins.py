@@ -16,6 +16,8 @@ and lives only in this server, which only the local stack starts: no deployment 
   them).
 - RegisterImage keeps the request's Architecture, VirtualizationType and RootDeviceName (moto drops
   them, and ParallelCluster's dry run refuses an image of no architecture for any instance type).
+- CreateImage applies TagSpecifications of ResourceType `snapshot` to the image's snapshots, as EC2
+  documents (moto raises NotImplementedError), so the bake tags them in the create call as on AWS.
 - `POST /moto-api/static/fsx/task-outcomes` with `{"results": [{"Lifecycle": "FAILED", "Message": ...,
   "Seconds": 2}]}`: how the next data repository tasks end, one result each, and how long each stays
   EXECUTING first (a test's failed export, or one still running when its task looks; by default a task
@@ -41,6 +43,7 @@ from moto.cloudformation.parsing import get_model_list, get_model_map
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.common_models import CloudFormationModel
 from moto.core.exceptions import JsonRESTError
+from moto.ec2.models import amis as ec2_amis_models
 from moto.ec2.models import ec2_backends
 from moto.ec2.responses import amis as ec2_amis
 from moto.ec2.responses import general as ec2_general
@@ -408,6 +411,19 @@ def register_image(self: Any) -> Any:
     return result
 
 
+_create_image = ec2_amis_models.AmiBackend.create_image
+
+
+def create_image(self: Any, instance_id: str, name: str, description: str, tag_specifications: list) -> Any:
+    """EC2's CreateImage: the snapshot tag specifications tag the image's snapshots."""
+    snapshot_tags = [t for spec in tag_specifications if spec["ResourceType"] == "snapshot" for t in spec["Tags"]]
+    image_specs = [spec for spec in tag_specifications if spec["ResourceType"] != "snapshot"]
+    image = _create_image(self, instance_id, name, description, image_specs)
+    if snapshot_tags:
+        self.create_tags([image.ebs_snapshot.id], {t["Key"]: t["Value"] for t in snapshot_tags})
+    return image
+
+
 def install() -> None:
     """Add the stand-ins to moto (before its server builds its routes)."""
     FSxBackend.create_file_system = create_file_system
@@ -419,6 +435,7 @@ def install() -> None:
         setattr(FSxResponse, handler.__name__, handler)
     ec2_general.General.get_console_output = get_console_output
     ec2_amis.AmisResponse.register_image = register_image
+    ec2_amis_models.AmiBackend.create_image = create_image
     moto_api_urls.url_paths["{0}/moto-api/static/ec2/console-output"] = set_console_output
     moto_api_urls.url_paths["{0}/moto-api/static/fsx/task-outcomes"] = set_task_outcomes
     get_model_list.cache_clear()

@@ -263,8 +263,13 @@ AIRFLOW_REQUESTS = [
      {"ec2:CreateAction": "CreateVpc"}, True),
     ("TagOnCreateOnly", "ec2:CreateTags", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0",
      {"ec2:CreateAction": "CreateKeyPair"}, False),
-    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, OWN, True),
-    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {}, False),  # tagging someone's instance as pcflow's
+    # Moving an own resource's expiry on; not tagging someone's instance as pcflow's, nor moving an own
+    # resource to another stack or run (only pcflow:expires may change after creation).
+    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:expires"]}, True),
+    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {"aws:TagKeys": ["pcflow:expires"]}, False),
+    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:stack"]}, False),
+    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:expires", "pcflow:run"]},
+     False),
     ("ChangeAndDeleteOnlyPcflowTagged", "ec2:TerminateInstances", INSTANCE, OWN, True),
     ("ChangeAndDeleteOnlyPcflowTagged", "ec2:TerminateInstances", INSTANCE, {}, False),
     ("ClusterStacksTaggedByPcflow", "cloudformation:DeleteStack",

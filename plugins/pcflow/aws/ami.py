@@ -287,20 +287,15 @@ class _Bake:
             InstanceId=instance_id,
             Name=self.name,
             Description=f"pcflow {self.spec.stack} ParallelCluster {self.spec.pcluster_version} recipe {self.recipe}",
-            TagSpecifications=tag_specifications("image", self.tags("image")),
+            TagSpecifications=tag_specifications(("image", "snapshot"), self.tags("image")),
         )["ImageId"]
         log.info("creating image %s from builder %s", image_id, instance_id)
         self.finish_image(image_id)
         return image_id
 
     def finish_image(self, image_id: str) -> None:
-        """Tag the snapshots (the moto server cannot tag them in CreateImage) and require IMDSv2."""
-        image = self.ec2.describe_images(ImageIds=[image_id])["Images"][0]
-        snapshots = [m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", []) if "Ebs" in m]
-        if snapshots:
-            self.ec2.create_tags(
-                Resources=snapshots, Tags=[{"Key": k, "Value": v} for k, v in self.tags("image").items()]
-            )
+        """Require IMDSv2 (the image and its snapshots were tagged by CreateImage itself: the IAM policy
+        lets pcflow tag only as it creates, and later move an expiry on)."""
         self.ec2.modify_image_attribute(ImageId=image_id, ImdsSupport={"Value": "v2.0"})
 
     def wait_available(self, image_id: str) -> None:
