@@ -249,8 +249,8 @@ def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(stan
 def test_standin_answers_as_the_real_cli_does(standin_cli, pcluster_cli, site):
     """The real pcluster CLI reads the stand-in's cluster from moto (stack, tags, head node): the two
     answer describe-cluster and describe-cluster-instances alike. Where they differ, the stand-in says
-    what the local stack supplies (the head node's address) and the real CLI what moto lacks (the
-    compute fleet's DynamoDB status, the scheduler's stack output)."""
+    what the local stack supplies (the head node's address). The compute fleet's status is read by both
+    from the cluster's DynamoDB table, where the stand-in keeps it as pcluster does."""
     provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
     spec = site.spec()
     ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
@@ -263,11 +263,20 @@ def test_standin_answers_as_the_real_cli_does(standin_cli, pcluster_cli, site):
     try:
         ours, real = both("describe-cluster", "--cluster-name", spec["name"])
         assert set(real) - {"scheduler"} <= set(ours)
-        same = ("clusterName", "clusterStatus", "cloudFormationStackStatus", "version", "cloudformationStackArn")
+        same = (
+            "clusterName",
+            "clusterStatus",
+            "cloudFormationStackStatus",
+            "version",
+            "cloudformationStackArn",
+            "computeFleetStatus",
+        )
         assert {k: ours[k] for k in same} == {k: real[k] for k in same}
         assert sorted(map(str, ours["tags"])) == sorted(map(str, real["tags"]))
         assert {k: v for k, v in ours["headNode"].items() if k != "publicIpAddress"} == real["headNode"]
-        assert ours["headNode"]["publicIpAddress"] == "127.0.0.1" and real["computeFleetStatus"] == "UNKNOWN"
+        assert ours["headNode"]["publicIpAddress"] == "127.0.0.1" and real["computeFleetStatus"] == "RUNNING"
+        ours, real = both("describe-compute-fleet", "--cluster-name", spec["name"])
+        assert ours == real and real["status"] == "RUNNING"
         ours, real = both("describe-cluster-instances", "--cluster-name", spec["name"])
         pairs = zip(ours["instances"], real["instances"], strict=True)
         assert all(o["instanceId"] == r["instanceId"] and o["nodeType"] == r["nodeType"] for o, r in pairs)
