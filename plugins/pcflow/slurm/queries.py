@@ -6,7 +6,7 @@ steps drive a blocking SSH client in the hook and an async one in the trigger ("
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 
 from pcflow.slurm.states import SACCT_FIELDS, SQUEUE_FORMAT, JobInfo, parse_sacct, parse_scontrol, parse_squeue
 
@@ -58,6 +58,36 @@ def array_elements(array_id: str, accounting: bool) -> Generator[list[str], str,
                 if job.array_index is not None:
                     found.setdefault(job.job_id, job)
     return sorted(found.values(), key=lambda j: j.array_index)
+
+
+def jobs_state(
+    singles: Sequence[str], arrays: Mapping[str, int], accounting: bool
+) -> Generator[list[str], str, dict[str, list[JobInfo]]]:
+    """Many waits in one question: one `squeue -r` for every job and array (one slurmctld RPC however
+    many ids), then, with accounting, one sacct for those squeue has forgotten (a single job it no
+    longer lists, an array short of elements), then scontrol for a single job neither knows. Keyed by
+    the ids asked; an array maps to its elements, a single job to at most one JobInfo."""
+    found: dict[str, dict[str, JobInfo]] = {job_id: {} for job_id in (*singles, *arrays)}
+    if not found:
+        return {}
+    argv = ["squeue", "-h", "-r", "-t", "all", "-j", ",".join(found), "-O", SQUEUE_FORMAT]
+    _collect(found, parse_squeue((yield argv)))
+    missing = [j for j in singles if not found[j]] + [a for a, size in arrays.items() if len(found[a]) < size]
+    if accounting and missing:
+        argv = ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(missing), "-o", ",".join(SACCT_FIELDS)]
+        history = [job for record in parse_sacct((yield argv)) if record.raw_state for job in record.array_elements()]
+        _collect(found, history)
+    for job_id in singles:
+        if not found[job_id]:
+            _collect(found, [parse_scontrol((yield ["scontrol", "show", "job", "-o", job_id]))])
+    return {job_id: sorted(jobs.values(), key=lambda j: j.array_index or 0) for job_id, jobs in found.items()}
+
+
+def _collect(found: dict[str, dict[str, JobInfo]], jobs: Iterable[JobInfo | None]) -> None:
+    """File each job under the id it was asked by (an element under its array); the first word stays."""
+    for job in jobs:
+        if job is not None and job.job_id.split("_")[0] in found:
+            found[job.job_id.split("_")[0]].setdefault(job.job_id, job)
 
 
 def drive(query: Generator[list[str], str, object], run: Callable[[list[str]], str]):
