@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from pcflow.slurm.states import JobInfo, JobState
@@ -89,7 +89,43 @@ def marker_matches(marker: dict | None, info: JobInfo | None) -> bool:
         return False
     if info is None:
         return True
-    return str(marker.get("job_id")) == info.job_id and int(marker.get("restart", -1)) >= info.restarts
+    return str(marker.get("job_id")) == info.job_id and _int(marker.get("restart"), -1) >= info.restarts
+
+
+def ends_cleanly(marker: dict | None, job_id: str, info: JobInfo | None) -> bool:
+    """The marker settles the job without slurmctld: this job's current attempt ended by itself with exit
+    code 0, or pcflow ended it on purpose (early stopping, the budget cap). Any other end (a signal, a
+    non-zero code: out of memory, time limit, requeue, preemption) is Slurm's to explain."""
+    if not marker or str(marker.get("job_id")) != job_id or not marker_matches(marker, info):
+        return False
+    signal = marker.get("signal") or ""
+    return signal in ENDED_ON_PURPOSE or (signal == "" and _int(marker.get("exit_code"), -1) == 0)
+
+
+def marker_job_info(marker: dict, job_id: str, last: JobInfo | None) -> JobInfo:
+    """What the job's clean-ending marker says of it, over what Slurm said last (if it was asked)."""
+    on_purpose = marker.get("signal") in ENDED_ON_PURPOSE
+    state = JobState.CANCELLED if on_purpose else JobState.COMPLETED
+    base = last or JobInfo(job_id=job_id, state=state)
+    nodes, elapsed = marker.get("nodes"), marker.get("elapsed_s")
+    return replace(
+        base,
+        state=state,
+        raw_state=str(state),
+        exit_code=_int(marker.get("exit_code"), 0),
+        restarts=max(base.restarts, _int(marker.get("restart"), 0)),
+        nodes=nodes if isinstance(nodes, str) and nodes else base.nodes,
+        elapsed_s=elapsed if isinstance(elapsed, int) else base.elapsed_s,
+        source="marker",
+    )
+
+
+def _int(value: object, default: int) -> int:
+    """A number from a marker (a file the job writes): anything else is the default, never an error."""
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return default
 
 
 @dataclass
@@ -111,12 +147,14 @@ class JobWatch:
                 f"Slurm job {info.job_id} was requeued {info.restarts} times, more than max_restarts="
                 f"{self.policy.max_restarts}; pcflow cancels it. Look for failing nodes or preemptions.",
             )
+        if info.state.is_active and ends_cleanly(marker, self.job_id, info):
+            return self._finished(info, _int(marker["exit_code"], 0), marker)
         if info.state in (JobState.PENDING, JobState.REQUEUED):
             return self._pending(info, now)
         self.pending_since = None
         if info.raw_state.upper() in ("COMPLETING", "CG") and marker_matches(marker, info):
             # The program is over and the marker has its exit code; Slurm is only running epilogs.
-            return self._finished(info, int(marker["exit_code"]), marker)
+            return self._finished(info, _int(marker.get("exit_code"), 1), marker)
         if info.state.is_active:
             self.interrupted_since = None
             return None
@@ -125,6 +163,13 @@ class JobWatch:
         exit_code = info.exit_code if info.exit_code is not None else (marker or {}).get("exit_code")
         return self._finished(info, exit_code, marker)
 
+    def settle(self, marker: dict | None, last: JobInfo | None) -> Verdict | None:
+        """Between two questions to slurmctld: a verdict when the marker alone settles the job (`last` is
+        what Slurm said before, None when it was not asked yet)."""
+        if (last is not None and not last.state.is_active) or not ends_cleanly(marker, self.job_id, last):
+            return None
+        return self._finished(last or JobInfo(self.job_id, JobState.RUNNING), _int(marker["exit_code"], 0), marker)
+
     @staticmethod
     def _requeue_in_flight(info: JobInfo, marker: dict | None) -> bool:
         """`scontrol requeue` ends the attempt with SIGTERM, and slurmctld can show FAILED for a moment
@@ -132,7 +177,7 @@ class JobWatch:
         or of the one before it on a FAILED job gets the interruption grace."""
         if info.state is not JobState.FAILED or not marker or marker.get("signal") != "TERM":
             return False
-        return str(marker.get("job_id")) == info.job_id and int(marker.get("restart", -1)) >= info.restarts - 1
+        return str(marker.get("job_id")) == info.job_id and _int(marker.get("restart"), -1) >= info.restarts - 1
 
     def _pending(self, info: JobInfo, now: float) -> Verdict | None:
         self.interrupted_since = None
@@ -179,7 +224,7 @@ class JobWatch:
     def _forgotten(self, marker: dict | None) -> Verdict:
         """Without accounting, slurmctld forgets a finished job after MinJobAge: the marker decides."""
         if marker and str(marker.get("job_id")) == self.job_id:
-            code = int(marker.get("exit_code", 1))
+            code = _int(marker.get("exit_code"), 1)
             if marker.get("signal") in ENDED_ON_PURPOSE:
                 return self._on_purpose(self.job_id, marker["signal"], code)
             if code == 0:
@@ -211,17 +256,19 @@ class ArrayWatch:
         self.watches = {i: JobWatch(f"{array_id}_{i}", policy) for i in range(size)}
         self.verdicts: dict[int, Verdict] = {}
         self.unseen_since: dict[int, float] = {}
+        self.latest: dict[int, JobInfo] = {}  # each element as Slurm last described it
 
-    def assess(self, elements: list[JobInfo], markers: dict[int, dict | None], now: float) -> ArrayVerdict | None:
-        by_index = {e.array_index: e for e in elements}
+    def assess(
+        self, elements: list[JobInfo] | None, markers: dict[int, dict | None], now: float
+    ) -> ArrayVerdict | None:
+        """`elements`: Slurm's fresh answer, or None between two questions, when only markers that settle
+        an element by themselves decide."""
+        if elements is not None:
+            self.latest = {e.array_index: e for e in elements if e.array_index is not None}
         for index, watch in self.watches.items():
             if index in self.verdicts:
                 continue
-            info = by_index.get(index)
-            if info is None and not markers.get(index) and not self._forgotten_for_good(index, now):
-                continue
-            self.unseen_since.pop(index, None)
-            verdict = watch.assess(info, markers.get(index), now)
+            verdict = self._assess_element(index, watch, markers.get(index), elements is not None, now)
             if verdict is not None and verdict.outcome.needs_cancel:
                 return ArrayVerdict(verdict.outcome, verdict.message, self._elements())
             if verdict is not None:
@@ -235,6 +282,32 @@ class ArrayWatch:
             return ArrayVerdict(Outcome.SUCCESS, summary, self._elements())
         failed = "; ".join(v.message for v in self.verdicts.values() if not v.outcome.ok)
         return ArrayVerdict(Outcome.FAILED, f"{summary}, {needed} needed: {failed}", self._elements())
+
+    def _assess_element(
+        self, index: int, watch: JobWatch, marker: dict | None, fresh: bool, now: float
+    ) -> Verdict | None:
+        info = self.latest.get(index)
+        if not fresh:
+            return watch.settle(marker, info)
+        if info is None and not marker and not self._forgotten_for_good(index, now):
+            return None
+        self.unseen_since.pop(index, None)
+        return watch.assess(info, marker, now)
+
+    def counts(self) -> dict[str, int]:
+        """Elements pending (or about to be requeued), running, done (succeeded or stopped early) and failed."""
+        counts = dict.fromkeys(("pending", "running", "done", "failed"), 0)
+        for index in range(self.size):
+            verdict, info = self.verdicts.get(index), self.latest.get(index)
+            if verdict is not None:
+                counts["done" if verdict.outcome.ok else "failed"] += 1
+            elif info is None or info.state in (JobState.PENDING, JobState.REQUEUED) or info.state.is_interruption:
+                counts["pending"] += 1
+            elif info.state.is_active:
+                counts["running"] += 1
+            else:
+                counts["done" if info.state is JobState.COMPLETED else "failed"] += 1
+        return counts
 
     def _forgotten_for_good(self, index: int, now: float) -> bool:
         """squeue lists every element (pending ones too), so one it lacks has ended and been purged
