@@ -35,6 +35,8 @@ from pcflow.values import known_at_run_time
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from pcflow.slurm.session import Seat, View
+
 
 #: How much of a running trial's metrics the rule reads: the latest evaluations, whatever the job wrote.
 METRICS_TAIL_BYTES = 8 * 1024 * 1024
@@ -85,16 +87,7 @@ def decide_from_lines(data: bytes, rule: dict[str, Any]) -> Decision:
     return decide(values, objective, patience=int(rule["patience"]), min_delta=float(rule.get("min_delta") or 0.0))
 
 
-async def stop_trial(
-    trigger: HeadNodeTrigger,
-    conn: asyncssh.SSHClientConnection,
-    sftp: asyncssh.SFTPClient,
-    *,
-    job_id: str,
-    trial_dir: str,
-    rule: dict[str, Any],
-    decision: Decision,
-) -> None:
+async def stop_trial(seat: Seat, *, job_id: str, trial_dir: str, rule: dict[str, Any], decision: Decision) -> None:
     """Record the decision, then scancel: the batch wrapper reads the record on SIGTERM and marks the
     trial stopped early instead of failed."""
     record = {
@@ -105,9 +98,9 @@ async def stop_trial(
         "time": time.time(),
     }
     # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
-    async with sftp.open(posixpath.join(trial_dir, EARLY_STOP_FILE), "wb") as fh:
+    async with seat.sftp.open(posixpath.join(trial_dir, EARLY_STOP_FILE), "wb") as fh:
         await fh.write(json.dumps(record, default=str).encode())
-    await trigger.run_command(conn, ["scancel", job_id])
+    await seat.run(["scancel", job_id])
 
 
 class EarlyStoppingTrigger(HeadNodeTrigger):
@@ -127,7 +120,8 @@ class EarlyStoppingTrigger(HeadNodeTrigger):
     def trial_dir(self) -> str:
         return self.run_dir if self.element is None else posixpath.join(self.run_dir, str(self.element))
 
-    async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
+    async def poll(self, seat: Seat, view: View) -> dict | None:
+        sftp = seat.sftp
         submitted = await self.read_bytes(sftp, posixpath.join(self.run_dir, "submitted")) or b""
         submitted = submitted.decode(errors="replace").strip()
         if not submitted.isdigit():
@@ -138,7 +132,7 @@ class EarlyStoppingTrigger(HeadNodeTrigger):
         decision = await evaluate(self, sftp, self.trial_dir, rule)
         base = {"job_id": job_id, "run_dir": self.trial_dir, "decision": asdict(decision)}
         if decision.stop and not marker:
-            await stop_trial(self, conn, sftp, job_id=job_id, trial_dir=self.trial_dir, rule=rule, decision=decision)
+            await stop_trial(seat, job_id=job_id, trial_dir=self.trial_dir, rule=rule, decision=decision)
             return {**base, "status": "success", "outcome": "stopped_early"}
         if marker and str(marker.get("job_id")) == job_id:
             return {**base, "status": "success", "outcome": "finished"}

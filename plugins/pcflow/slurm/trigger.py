@@ -1,9 +1,12 @@
-"""Wait for Slurm jobs in the triggerer: one SSH connection, the log streamed, no worker slot held.
+"""Wait for Slurm jobs in the triggerer: the log streamed, no worker slot held, and every wait on one
+head node sharing one SSH connection (pcflow.slurm.session).
 
-Every `poll_interval` a trigger stats files over SFTP (the head node does a stat; slurmctld does
-nothing): the job's log, whose new lines go to the task log, and the exit marker the batch script's
-wrapper writes. slurmctld is asked every `confirm_interval`, and at once when a marker appears, which
-is how the end of a job is noticed within about a second without polling the controller in a loop.
+Every `poll_interval` the session stats the waited jobs' files in one command (the head node does a
+stat; slurmctld does nothing): each job's log, whose new lines go to its task log, and the exit marker
+the batch script's wrapper writes. A marker of a clean end (exit code 0, or pcflow's early stop)
+settles the job at once; any other end is Slurm's to explain, so slurmctld is asked at the next tick.
+Otherwise slurmctld is asked once every `confirm_interval`, for all the session's jobs in one squeue,
+which also tells each task's log when its job's pending reason changes.
 
 The job writes these files, so every read is bounded: a marker is read only when small, the log at
 most LOG_POLL_BYTES and LOG_POLL_LINES a poll (a log running further ahead is skipped, with a note),
@@ -14,20 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
-import json
 import posixpath
-import random
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from pcflow.budget import CostMeter
-from pcflow.slurm import queries
+from pcflow.slurm import session
 from pcflow.slurm.hook import (
     SMALL_FILE_BYTES,
     HostKeyMismatch,
@@ -36,10 +34,20 @@ from pcflow.slurm.hook import (
     quote_command,
     with_slurm_bin,
 )
+from pcflow.slurm.progress import ArrayProgress, JobProgress
+from pcflow.slurm.session import CONNECTION_ERRORS, FileStat, Seat, View
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Outcome, Verdict, WatchPolicy, marker_matches
+from pcflow.slurm.watch import (
+    ArrayWatch,
+    JobWatch,
+    LogCursor,
+    Verdict,
+    WatchPolicy,
+    ends_cleanly,
+    marker_job_info,
+    marker_matches,
+)
 
-CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
 LOG_CHUNK_BYTES = 256 * 1024
 #: What one poll takes from the job log at most; each line is a logging call on the event loop.
 LOG_POLL_BYTES = 4 * 1024 * 1024
@@ -51,12 +59,13 @@ LOG_MAX_BEHIND = 64 * 1024 * 1024
 #: When the job is over: this many more polls' worth of log, then only its last bytes.
 LOG_FINAL_POLLS = 4
 LOG_TAIL_BYTES = 16 * 1024
-FAST_CONFIRM_S = 1.0  # while a marker says "over" but slurmctld still says running
-SLURM_QUERIES = ("squeue", "sacct", "scontrol")
+#: What one poll takes of an array's `done` file (a line per ended element, `<index> <exit code>`).
+DONE_POLL_BYTES = 64 * 1024
 
 
 class HeadNodeTrigger(BaseTrigger):
-    """One SSH + SFTP session to the head node, reopened with backoff; subclasses decide each poll."""
+    """A wait on a head node, in that node's shared session (reconnected with backoff for all its
+    waiters); subclasses say what to watch and decide each poll."""
 
     def __init__(
         self,
@@ -72,7 +81,6 @@ class HeadNodeTrigger(BaseTrigger):
         max_reconnect_attempts: int = 8,
         command_timeout: float = 60.0,
         early_stopping: dict[str, Any] | None = None,
-        budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
@@ -87,10 +95,8 @@ class HeadNodeTrigger(BaseTrigger):
         self.command_timeout = command_timeout
         self.early_stopping = early_stopping
         self.stopped_early: set[str] = set()
-        self.budget = budget
-        self.budget_spent = False
+        #: Slurm answers this wait was given (one squeue answers for every wait on the head node).
         self.queries_sent = 0
-        self.next_confirm: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
@@ -108,29 +114,19 @@ class HeadNodeTrigger(BaseTrigger):
             "max_reconnect_attempts": self.max_reconnect_attempts,
             "command_timeout": self.command_timeout,
             "early_stopping": self.early_stopping,
-            "budget": self.budget,
         }
 
     @functools.cached_property
     def watch_policy(self) -> WatchPolicy:
         return WatchPolicy(**self.policy)
 
-    #: How many jobs of this wait may run at once (an array: its elements), for the budget's cadence.
-    jobs_at_once = 1
+    def watched_paths(self) -> list[str]:
+        """Files the session stats for this wait every poll."""
+        return []
 
-    @functools.cached_property
-    def meter(self) -> CostMeter | None:
-        """The run's cost so far (the first task's prices and budget; `budget["run_started"]`: epoch s)."""
-        if not self.budget:
-            return None
-        every = float(self.budget.get("report_every_s") or 300)
-        return CostMeter(self.budget, float(self.budget["run_started"]), self.jobs_at_once, every)
-
-    def confirm_due(self, now: float) -> bool:
-        """The first question to slurmctld waits a full interval: until then the files tell us enough."""
-        if self.next_confirm is None:
-            self.next_confirm = now + self.watch_policy.confirm_interval
-        return now >= self.next_confirm
+    def watched_jobs(self) -> dict[str, int | None]:
+        """Jobs the session asks Slurm about every confirm interval: id -> array size (None: one job)."""
+        return {}
 
     # -- remote access -------------------------------------------------------------------------
 
@@ -140,14 +136,9 @@ class HeadNodeTrigger(BaseTrigger):
 
     async def run_command(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> str:
         argv = with_slurm_bin(argv, self.slurm_bin)
-        if posixpath.basename(argv[0]) in SLURM_QUERIES:
-            self.queries_sent += 1
         result = await conn.run(quote_command(argv), check=False, timeout=self.command_timeout)
         out = result.stdout or ""
         return out.decode(errors="replace") if isinstance(out, bytes) else out
-
-    async def ask_slurm(self, conn: asyncssh.SSHClientConnection, query) -> Any:
-        return await queries.adrive(query, functools.partial(self.run_command, conn))
 
     @staticmethod
     async def read_bytes(sftp: asyncssh.SFTPClient, path: str, max_bytes: int = SMALL_FILE_BYTES) -> bytes | None:
@@ -175,67 +166,25 @@ class HeadNodeTrigger(BaseTrigger):
         """A small JSON object (a marker); None for anything else."""
         return json_object(await cls.read_bytes(sftp, path))
 
-    async def stop_early_if_due(
-        self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, job_id: str, trial_dir: str
-    ) -> None:
+    async def read_marker(self, sftp: asyncssh.SFTPClient, path: str, seen: FileStat | None) -> dict | None:
+        """The marker the stat saw (None when absent, or too large to be one)."""
+        if seen is None or seen.size > SMALL_FILE_BYTES:
+            return None
+        return await self.read_json(sftp, path)
+
+    async def stop_early_if_due(self, seat: Seat, job_id: str, trial_dir: str) -> None:
         """Apply the run's early-stopping rule to a running trial (the wait already looks at it, so no
         other task has to: nothing waits for a job that was never submitted)."""
         if not self.early_stopping or job_id in self.stopped_early:
             return
         from pcflow.metrics.early_stop import evaluate, stop_trial
 
-        decision = await evaluate(self, sftp, trial_dir, self.early_stopping)
+        decision = await evaluate(self, seat.sftp, trial_dir, self.early_stopping)
         if decision.stop:
-            await stop_trial(
-                self, conn, sftp, job_id=job_id, trial_dir=trial_dir, rule=self.early_stopping, decision=decision
-            )
+            await stop_trial(seat, job_id=job_id, trial_dir=trial_dir, rule=self.early_stopping, decision=decision)
             self.stopped_early.add(job_id)
             self.log.info("Stopping Slurm job %s early: %s after %d evaluations", job_id, decision.reason,
                           decision.evaluations)  # fmt: skip
-
-    async def meter_cost(
-        self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, infos: list[JobInfo] | None, now: float
-    ) -> None:
-        """Log the cost so far at its cadence (`infos`: Slurm's answer of this poll, if asked); at the
-        budget, record it and cancel the job, once; ask Slurm again before the budget could be reached."""
-        meter = self.meter
-        if meter is None or self.budget_spent:
-            return
-        wall = time.time()
-        if infos is not None:
-            meter.observe(infos, wall)
-        line = meter.report(wall)
-        if line:
-            self.log.info("%s", line)
-        if meter.exhausted(wall):
-            await self.stop_at_budget(conn, sftp, meter.record(self.job_id, wall))
-            return
-        ask = meter.ask_within(wall)
-        if ask is not None and (self.next_confirm is None or now + ask < self.next_confirm):
-            self.next_confirm = now + ask
-
-    async def stop_at_budget(
-        self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, record: dict[str, Any]
-    ) -> None:
-        """Write budget_exhausted.json into the run directory, then scancel the job (an array: all of it):
-        the batch wrapper reads the record on SIGTERM and marks the attempt ended at its budget."""
-        from pcflow.budget import BUDGET_FILE, usd
-
-        # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
-        async with sftp.open(posixpath.join(self.run_dir, BUDGET_FILE), "wb") as fh:
-            await fh.write(json.dumps(record).encode())
-        await self.run_command(conn, ["scancel", self.job_id])
-        self.budget_spent = True
-        self.log.warning("The run's cost so far, %s, reached its budget of %s: cancelled Slurm job %s",
-                         usd(record["cost_usd"]), usd(record["budget_usd"]), self.job_id)  # fmt: skip
-
-    def after_budget(self, verdict: Any) -> Any:
-        """A job cancelled at its budget before its wrapper could say so (still pending, an array's
-        elements not started) ends `budget_exhausted` all the same."""
-        if not self.budget_spent or verdict.outcome.ok:
-            return verdict
-        message = f"{verdict.message} (pcflow cancelled Slurm job {self.job_id} when the run reached its budget)"
-        return dataclasses.replace(verdict, outcome=Outcome.BUDGET_EXHAUSTED, message=message)
 
     @staticmethod
     async def size_of(sftp: asyncssh.SFTPClient, path: str) -> int | None:
@@ -251,10 +200,15 @@ class HeadNodeTrigger(BaseTrigger):
                 conn.close()
                 await conn.wait_closed()
 
+    def note(self, line: str | None) -> None:
+        """A progress line (pending reason, array counts) into the task log."""
+        if line:
+            self.log.info("%s", line)
+
     # -- the wait ------------------------------------------------------------------------------
 
-    async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
-        """Look once; return the event payload when the wait is over."""
+    async def poll(self, seat: Seat, view: View) -> dict | None:
+        """Look once at what the session saw; return the event payload when the wait is over."""
         raise NotImplementedError
 
     def error_payload(self, exc: Exception) -> dict[str, Any]:
@@ -272,43 +226,27 @@ class HeadNodeTrigger(BaseTrigger):
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        loop = asyncio.get_running_loop()
-        conn: asyncssh.SSHClientConnection | None = None
-        sftp: asyncssh.SFTPClient | None = None
-        failures = 0
         try:
-            while True:
-                try:
-                    if conn is None:
-                        conn = await self.connect()
-                        sftp = await conn.start_sftp_client()
-                    payload = await self.poll(conn, sftp, loop.time())
-                    failures = 0
-                except CONNECTION_ERRORS as exc:
-                    failures += 1
-                    await self.close(conn)
-                    conn = sftp = None
-                    if failures > self.max_reconnect_attempts:
-                        raise
-                    delay = min(2 ** (failures - 1), 30) * random.uniform(1.0, 1.5)
-                    self.log.warning(
-                        "SSH to the head node failed (attempt %d/%d), reconnecting in %.1fs: %s",
-                        failures,
-                        self.max_reconnect_attempts,
-                        delay,
-                        exc,
-                    )
-                    await asyncio.sleep(delay)
-                    continue
-                if payload is not None:
-                    yield TriggerEvent({**payload, "slurm_queries": self.queries_sent})
-                    return
-                await asyncio.sleep(self.watch_policy.poll_interval)
+            payload = await self.wait()
         except Exception as exc:
             self.log.exception("Waiting for Slurm job %s failed", self.job_id)
-            yield TriggerEvent(self.error_payload(exc))
-        finally:
-            await self.close(conn)
+            payload = self.error_payload(exc)
+        yield TriggerEvent(payload)
+
+    async def wait(self) -> dict[str, Any]:
+        """Poll at each view the head node's session hands over until the wait is over. Cancelled (the
+        triggerer moved this trigger elsewhere, or the task was killed), it leaves the session cleanly."""
+        async with session.joined(self) as seat:
+            while True:
+                view = await seat.next_view()
+                self.queries_sent = seat.answers_seen
+                try:
+                    payload = await self.poll(seat, view)
+                except CONNECTION_ERRORS as exc:
+                    seat.lost(exc, view)
+                    continue
+                if payload is not None:
+                    return {**payload, "slurm_queries": self.queries_sent}
 
     async def on_kill(self) -> None:
         """A user killed the deferred task: cancel the job so it stops using (and billing) nodes."""
@@ -328,7 +266,10 @@ class SlurmJobTrigger(HeadNodeTrigger):
         self.log_offset = log_offset
         self.watch = JobWatch(self.job_id, self.watch_policy)
         self.cursor = LogCursor(offset=log_offset)
-        self.last_marker: dict | None = None
+        self.progress = JobProgress()
+        self.marker: dict | None = None
+        self.marker_seen: FileStat | None = None
+        self.info: JobInfo | None = None  # what Slurm said last
 
     def kwargs(self) -> dict[str, Any]:
         return {**super().kwargs(), "log_offset": self.log_offset}
@@ -337,9 +278,19 @@ class SlurmJobTrigger(HeadNodeTrigger):
     def log_path(self) -> str:
         return posixpath.join(self.run_dir, "job.log")
 
-    async def stream_log(self, sftp: asyncssh.SFTPClient) -> bool:
-        """New lines of the job log into the task log, within one poll's budget; True when more is left."""
-        size = await self.size_of(sftp, self.log_path)
+    @property
+    def marker_path(self) -> str:
+        return posixpath.join(self.run_dir, "exit.json")
+
+    def watched_paths(self) -> list[str]:
+        return [self.log_path, self.marker_path]
+
+    def watched_jobs(self) -> dict[str, int | None]:
+        return {self.job_id: None}
+
+    async def stream_log(self, sftp: asyncssh.SFTPClient, size: int | None) -> bool:
+        """New lines of the job log (now `size` bytes; None: absent) into the task log, within one
+        poll's budget; True when more is left."""
         if size is None:
             return False
         if size < self.cursor.offset:
@@ -348,6 +299,8 @@ class SlurmJobTrigger(HeadNodeTrigger):
             self.cursor.offset = 0
         if size - self.cursor.offset > LOG_MAX_BEHIND:
             self.skip_log(size - LOG_POLL_BYTES)
+        if size == self.cursor.offset:
+            return False
         bytes_left, lines_left = LOG_POLL_BYTES, LOG_POLL_LINES
         async with sftp.open(self.log_path, "rb") as fh:
             while size > self.cursor.offset and bytes_left > 0 and lines_left > 0:
@@ -369,7 +322,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
     async def finish_log(self, sftp: asyncssh.SFTPClient) -> None:
         """The job is over: what is left of its log, or, when that is much, its last lines."""
         for _ in range(LOG_FINAL_POLLS):
-            if not await self.stream_log(sftp):
+            if not await self.stream_log(sftp, await self.size_of(sftp, self.log_path)):
                 break
         else:
             tail = await self.read_tail(sftp, self.log_path, LOG_TAIL_BYTES)
@@ -387,25 +340,39 @@ class SlurmJobTrigger(HeadNodeTrigger):
                 self.log.info("%s", line)
             await asyncio.sleep(0)
 
-    async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
-        await self.stream_log(sftp)
-        marker = await self.read_json(sftp, posixpath.join(self.run_dir, "exit.json"))
-        if marker and marker != self.last_marker:
-            self.last_marker, self.next_confirm = marker, now
-        if not self.confirm_due(now):
-            await self.meter_cost(conn, sftp, None, now)
-            return None
-        info = await self.ask_slurm(conn, queries.job_info(self.job_id, self.accounting))
-        verdict = self.watch.assess(info, marker, now)
-        if verdict is None and info is not None and info.state is JobState.RUNNING:
-            await self.stop_early_if_due(conn, sftp, self.job_id, self.run_dir)
+    async def poll(self, seat: Seat, view: View) -> dict | None:
+        await self.stream_log(seat.sftp, view.size(self.log_path))
+        seen = view.files.get(self.marker_path)
+        marker_changed = seen != self.marker_seen
+        if marker_changed:
+            self.marker_seen, self.marker = seen, await self.read_marker(seat.sftp, self.marker_path, seen)
+        answer = view.answer(self.job_id)
+        if answer is None:  # between questions to slurmctld: only a marker of a clean end decides
+            verdict = self.watch.settle(self.marker, self.info)
+            if verdict is None and marker_changed and self.marker_is_ours():
+                seat.confirm_soon()  # ended otherwise (a signal, an exit code): Slurm says why
+        else:
+            self.info = answer[0] if answer else None
+            self.note(self.progress.note(self.info))
+            verdict = self.watch.assess(self.info, self.marker, view.now)
+            if verdict is None and self.info is not None and self.info.state is JobState.RUNNING:
+                await self.stop_early_if_due(seat, self.job_id, self.run_dir)
+            if verdict is None and self.info is not None and marker_matches(self.marker, self.info):
+                seat.confirm_soon()  # the marker says over, slurmctld not yet: ask again shortly
         if verdict is None:
-            fast = info is not None and marker_matches(marker, info)
-            self.next_confirm = now + (FAST_CONFIRM_S if fast else self.watch_policy.confirm_interval)
-            await self.meter_cost(conn, sftp, [info] if info is not None else [], now)  # may ask sooner
             return None
-        await self.finish_log(sftp)
-        return self.payload(self.after_budget(verdict), info)
+        await self.finish_log(seat.sftp)
+        return self.payload(verdict, self.final_info())
+
+    def marker_is_ours(self) -> bool:
+        return bool(self.marker) and str(self.marker.get("job_id")) == self.job_id
+
+    def final_info(self) -> JobInfo | None:
+        """What Slurm said last, or what the marker says when it settled the job by itself."""
+        active = self.info is None or self.info.state.is_active
+        if active and ends_cleanly(self.marker, self.job_id, self.info):
+            return marker_job_info(self.marker, self.job_id, self.info)
+        return self.info
 
     def payload(self, verdict: Verdict, info: JobInfo | None) -> dict[str, Any]:
         return {
@@ -425,49 +392,62 @@ class SlurmJobTrigger(HeadNodeTrigger):
 
 
 class SlurmArrayTrigger(HeadNodeTrigger):
-    """Fires once every element of a job array is over. Each finishing element appends a line to
-    `<run_dir>/done`, so one stat per poll notices progress; slurmctld answers for all elements
-    with a single `squeue -r`."""
+    """Fires once every element of a job array is over. Each ending element appends `<index> <exit
+    code>` to `<run_dir>/done`: the session's stat notices it, the new lines name the elements whose
+    markers to read, and slurmctld answers for all elements within the session's one `squeue -r`."""
 
     def __init__(self, *, size: int, min_success_ratio: float = 1.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.size = size
         self.min_success_ratio = min_success_ratio
         self.watch = ArrayWatch(self.job_id, size, self.watch_policy, min_success_ratio)
-        self.done_size = 0
+        self.progress = ArrayProgress(self.job_id, size)
+        self.markers: dict[int, dict | None] = {}
+        self.done_offset = 0
 
     def kwargs(self) -> dict[str, Any]:
         return {**super().kwargs(), "size": self.size, "min_success_ratio": self.min_success_ratio}
 
     @property
-    def jobs_at_once(self) -> int:
-        return self.size
+    def done_path(self) -> str:
+        return posixpath.join(self.run_dir, "done")
 
-    async def poll(self, conn: asyncssh.SSHClientConnection, sftp: asyncssh.SFTPClient, now: float) -> dict | None:
-        done_size = await self.size_of(sftp, posixpath.join(self.run_dir, "done")) or 0
-        if done_size != self.done_size:
-            self.done_size, self.next_confirm = done_size, now
-        if not self.confirm_due(now):
-            await self.meter_cost(conn, sftp, None, now)
-            return None
-        elements = await self.ask_slurm(conn, queries.array_elements(self.job_id, self.accounting))
-        # squeue knows no exit codes and forgets finished elements: their markers fill both gaps.
-        known = {e.array_index: e for e in elements}
-        markers = {}
-        for index in range(self.size):
-            info = known.get(index)
-            if info is None or (info.state.is_terminal and info.exit_code is None):
-                markers[index] = await self.read_json(sftp, posixpath.join(self.run_dir, str(index), "exit.json"))
-        verdict = self.watch.assess(elements, markers, now)
+    def marker_path(self, index: int) -> str:
+        return posixpath.join(self.run_dir, str(index), "exit.json")
+
+    def watched_paths(self) -> list[str]:
+        return [self.done_path]
+
+    def watched_jobs(self) -> dict[str, int | None]:
+        return {self.job_id: self.size}
+
+    async def read_done(self, sftp: asyncssh.SFTPClient, size: int | None) -> list[int]:
+        """Elements that ended since the last poll, from the new whole lines of `done` (at most
+        DONE_POLL_BYTES a poll: a job could write anything there)."""
+        if size is None or size <= self.done_offset:
+            return []
+        async with sftp.open(self.done_path, "rb") as fh:
+            data = await fh.read(min(size - self.done_offset, DONE_POLL_BYTES), self.done_offset)
+        whole = data[: data.rfind(b"\n") + 1]
+        self.done_offset += len(whole) or (len(data) if len(data) == DONE_POLL_BYTES else 0)
+        words = (line.split(b" ", 1)[0] for line in whole.splitlines())
+        return list(dict.fromkeys(int(w) for w in words if w.isdigit() and int(w) < self.size))
+
+    async def poll(self, seat: Seat, view: View) -> dict | None:
+        ended = await self.read_done(seat.sftp, view.size(self.done_path))
+        for index in ended:
+            self.markers[index] = await self.read_json(seat.sftp, self.marker_path(index))
+        elements = view.answer(self.job_id)
+        if elements is not None:
+            await self.read_unreported_markers(seat.sftp, elements)
+        verdict = self.watch.assess(elements, self.markers, view.now)
+        self.note(self.progress.note(self.watch.counts()))
         if verdict is None:
-            for index, info in known.items():
-                if info.state is JobState.RUNNING and index is not None:
-                    trial_dir = posixpath.join(self.run_dir, str(index))
-                    await self.stop_early_if_due(conn, sftp, f"{self.job_id}_{index}", trial_dir)
-            self.next_confirm = now + self.watch_policy.confirm_interval
-            await self.meter_cost(conn, sftp, elements, now)  # may ask sooner
+            if elements is not None:
+                await self.stop_running_trials_early(seat)
+            if any(index not in self.watch.verdicts for index in ended):
+                seat.confirm_soon()  # an element ended otherwise than cleanly: Slurm says why
             return None
-        verdict = self.after_budget(verdict)
         return {
             "status": "success" if verdict.outcome.ok else "failed",
             "outcome": str(verdict.outcome),
@@ -476,3 +456,18 @@ class SlurmArrayTrigger(HeadNodeTrigger):
             "message": verdict.message,
             "elements": verdict.elements,
         }
+
+    async def read_unreported_markers(self, sftp: asyncssh.SFTPClient, elements: list[JobInfo]) -> None:
+        """squeue knows no exit codes and forgets ended elements: their markers fill both gaps (read once
+        an element is over, when no `done` line brought it)."""
+        known = {e.array_index: e for e in elements}
+        for index in range(self.size):
+            info = known.get(index)
+            over = info is None or (info.state.is_terminal and info.exit_code is None)
+            if over and index not in self.watch.verdicts and self.markers.get(index) is None:
+                self.markers[index] = await self.read_json(sftp, self.marker_path(index))
+
+    async def stop_running_trials_early(self, seat: Seat) -> None:
+        for index, info in self.watch.latest.items():
+            if info.state is JobState.RUNNING and index not in self.watch.verdicts:
+                await self.stop_early_if_due(seat, f"{self.job_id}_{index}", posixpath.join(self.run_dir, str(index)))

@@ -1,0 +1,422 @@
+"""One SSH connection per head node per triggerer, shared by every pcflow wait on that node.
+
+A triggerer runs hundreds of waits on one event loop. Each used to hold its own connection and poll
+loop: N waits meant N connections (sshd's MaxStartups refuses past 10 unauthenticated ones), N stats
+per poll and N squeue per confirm interval. A HeadNodeSession (one per event loop and head node: SSH
+connection id, address, host key) owns one connection and one poll loop. Each tick it stats the files
+of every waiter that is due in one command, and once per confirm interval (sooner only when a marker
+cannot settle a job by itself) it asks slurmctld about all their jobs in one `squeue`. Each waiter
+then reads its own log and markers and writes its own task log in its own task: the triggerer routes
+a log line by the task that writes it. A dropped connection is reopened once, for all of them, with
+backoff; the last waiter out closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import math
+import posixpath
+import random
+import weakref
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import asyncssh
+
+from pcflow.slurm import queries
+from pcflow.slurm.hook import SlurmError, quote_command, with_slurm_bin
+
+if TYPE_CHECKING:
+    from pcflow.slurm.states import JobInfo
+    from pcflow.slurm.watch import WatchPolicy
+
+log = logging.getLogger(__name__)
+
+CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
+#: sshd allows 10 sessions per connection by default (MaxSessions): SFTP holds one, commands at most this many.
+MAX_COMMANDS = 8
+#: How soon slurmctld is asked again when a marker cannot settle a job by itself (a signal, an exit code).
+FAST_CONFIRM_S = 1.0
+SLURM_QUERIES = frozenset({"squeue", "sacct", "scontrol"})
+#: Every watched file in one command: the paths travel on stdin, NUL-separated (data, never shell text);
+#: xargs exits 123 when some are absent.
+STAT_ARGV = ["xargs", "-0", "-r", "stat", "--printf", "%s %i %n\\0", "--"]
+STAT_OK = (0, 123)
+#: After an error no retry can mend (a refused host key): waiters that join later try again this much later.
+REFUSED_RETRY_S = 5.0
+#: What squeue and scontrol say of a job id slurmctld does not know (any more): an answer, not a failure.
+UNKNOWN_JOB = "Invalid job id"
+
+
+class ConnectionLost(ConnectionError):
+    """The shared connection was closed (by a failure elsewhere) while a waiter used it."""
+
+
+class SlurmUnavailable(SlurmError):
+    """A Slurm command failed (not for an unknown job id): its empty output says nothing about the jobs."""
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """Size and inode: a marker rewritten through a temporary file and a rename gets a new inode."""
+
+    size: int
+    inode: int
+
+
+@dataclass(frozen=True)
+class View:
+    """What one tick saw, handed to each waiter it served."""
+
+    now: float
+    files: dict[str, FileStat]  # watched files that exist
+    #: Slurm's answer when it is newer than the waiter's last one (keyed by the ids asked), else None.
+    jobs: dict[str, list[JobInfo]] | None
+    generation: int  # the connection it came over
+
+    def size(self, path: str) -> int | None:
+        found = self.files.get(path)
+        return found.size if found is not None else None
+
+    def answer(self, job_id: str) -> list[JobInfo] | None:
+        """Slurm's fresh word on `job_id` (an empty list: Slurm knows no such job); None when not asked."""
+        return self.jobs.get(job_id) if self.jobs is not None else None
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """The connection failed; the session tries again in `delay` seconds."""
+
+    attempt: int
+    delay: float
+    error: BaseException
+
+
+class Waiter(Protocol):
+    """What a session needs of a wait (HeadNodeTrigger is one)."""
+
+    ssh_conn_id: str
+    remote_host: str | None
+    host_key: str | None
+    slurm_bin: str | None
+    accounting: bool
+    command_timeout: float
+    max_reconnect_attempts: int
+    watch_policy: WatchPolicy
+    log: Any
+
+    def watched_paths(self) -> Sequence[str]: ...
+
+    def watched_jobs(self) -> dict[str, int | None]:
+        """Job ids to ask Slurm about: an array's id maps to its size, a single job's to None."""
+
+    async def connect(self) -> asyncssh.SSHClientConnection: ...
+
+
+class Seat:
+    """A waiter's place in a session: it waits there for views and reaches the head node through it."""
+
+    def __init__(self, session: HeadNodeSession, waiter: Waiter) -> None:
+        self.session = session
+        self.waiter = waiter
+        self.due_at = 0.0
+        self.answered = session.answer_serial  # an answer older than the seat does not cover its jobs
+        self.answers_seen = 0
+        self.urgent = False
+        self._next: asyncio.Future | None = None
+        self._notice: Trouble | BaseException | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self._next is not None and not self._next.done()
+
+    @property
+    def sftp(self) -> asyncssh.SFTPClient:
+        if self.session.sftp is None:
+            raise ConnectionLost("the SSH connection to the head node was closed")
+        return self.session.sftp
+
+    async def run(self, argv: list[str]) -> str:
+        """A command of this waiter's own (scancel) over the shared connection; its stdout."""
+        result = await self.session.run(argv, slurm_bin=self.waiter.slurm_bin, timeout=self.waiter.command_timeout)
+        return _text(result.stdout)
+
+    async def next_view(self) -> View:
+        """The next tick's view. A connection failure is logged here, in the waiter's own task (so in its
+        task log), and waited past; the error that ends this wait is raised."""
+        while True:
+            notice, self._notice = self._notice, None
+            if notice is None:
+                self._next = asyncio.get_running_loop().create_future()
+                self.session.wake.set()
+                notice = await self._next
+            if isinstance(notice, View):
+                return notice
+            if isinstance(notice, BaseException):
+                raise notice
+            attempts = self.waiter.max_reconnect_attempts
+            self.waiter.log.warning("SSH to the head node failed (attempt %d/%d), reconnecting in %.1fs: %s",
+                                    notice.attempt, attempts, notice.delay, notice.error)  # fmt: skip
+
+    def confirm_soon(self) -> None:
+        """Ask slurmctld at the next tick (at most once a FAST_CONFIRM_S for all waiters)."""
+        self.urgent = True
+        self.session.wake.set()
+
+    def lost(self, error: BaseException, view: View) -> None:
+        """This waiter's own read failed on the connection `view` came over: reconnect (once for all)."""
+        self.session.lost(error, view.generation)
+
+    def deliver(self, notice: View | Trouble | BaseException) -> None:
+        if self.waiting:
+            self._next.set_result(notice)
+        elif not isinstance(notice, View):
+            self._notice = notice  # heard when it next waits
+
+
+class HeadNodeSession:
+    """One connection and one poll loop for every waiter on one head node in one event loop."""
+
+    def __init__(self, key: tuple[str, str, str], registry: dict[tuple[str, str, str], HeadNodeSession]) -> None:
+        self.key = key
+        self.registry = registry
+        self.seats: dict[Seat, None] = {}  # an ordered set
+        self.conn: asyncssh.SSHClientConnection | None = None
+        self.sftp: asyncssh.SFTPClient | None = None
+        self.generation = 0
+        self.failures = 0
+        self.retry_at = 0.0
+        self.wake = asyncio.Event()
+        self.commands = asyncio.Semaphore(MAX_COMMANDS)
+        self.answer: dict[str, list[JobInfo]] = {}
+        self.answer_serial = 0
+        self.next_query = math.inf
+        self.last_query = -math.inf
+        self.connections_opened = 0
+        self.queries_sent = 0
+        self.task: asyncio.Task | None = None
+
+    # -- waiters come and go ------------------------------------------------------------------
+
+    def join(self, waiter: Waiter) -> Seat:
+        loop = asyncio.get_running_loop()
+        seat = Seat(self, waiter)
+        self.seats[seat] = None
+        self.next_query = min(self.next_query, loop.time() + waiter.watch_policy.confirm_interval)
+        if self.task is None:
+            # An empty context: the loop's own log lines belong to no one task's log.
+            self.task = loop.create_task(self._run(), name=f"pcflow-head-node-{self.key[0]}",
+                                         context=contextvars.Context())  # fmt: skip
+        self.wake.set()
+        return seat
+
+    def leave(self, seat: Seat) -> None:
+        """A waiter is done, failed or was cancelled (the triggerer moved it): the last one out closes."""
+        self.seats.pop(seat, None)
+        if not self.seats:
+            if self.registry.get(self.key) is self:
+                del self.registry[self.key]
+            self._close()
+            self.wake.set()
+
+    # -- the poll loop -------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.seats:
+                now = loop.time()
+                due = [s for s in self.seats if s.waiting and s.due_at <= now]
+                if due and now >= self.retry_at:
+                    await self._tick(due, now)
+                else:
+                    await self._idle(now)
+        finally:
+            self._close()
+
+    async def _idle(self, now: float) -> None:
+        """Sleep until a waiter is due (or the backoff is over), or something changes."""
+        until = max(min((s.due_at for s in self.seats if s.waiting), default=now + 60), self.retry_at)
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), max(0.0, until - now))
+
+    async def _tick(self, due: list[Seat], now: float) -> None:
+        generation = self.generation
+        try:
+            await self._connect()
+            generation = self.generation
+            files = await self._stat(due)
+            if self._query_due(now):
+                await self._query(now)
+        except CONNECTION_ERRORS as exc:
+            if generation == self.generation:  # else a waiter reported this connection's loss already
+                self._broken(exc)
+            return
+        except Exception as exc:  # a refused host key, a command that cannot run: no retry will help
+            self.retry_at = now + REFUSED_RETRY_S
+            for seat in list(self.seats):
+                seat.deliver(exc)
+            return
+        self.failures = 0
+        for seat in due:
+            jobs = self.answer if self.answer_serial > seat.answered else None
+            seat.answered, seat.due_at = self.answer_serial, now + seat.waiter.watch_policy.poll_interval
+            seat.answers_seen += jobs is not None
+            seat.deliver(View(now, files, jobs, self.generation))
+
+    def _query_due(self, now: float) -> bool:
+        if now >= self.next_query:
+            return True
+        return now - self.last_query >= FAST_CONFIRM_S and any(s.urgent for s in self.seats)
+
+    # -- the head node -------------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        if self.conn is not None:
+            return
+        conn = await next(iter(self.seats)).waiter.connect()
+        try:
+            sftp = await conn.start_sftp_client()
+        except BaseException:
+            conn.close()
+            raise
+        self.conn, self.sftp = conn, sftp
+        self.connections_opened += 1
+
+    async def run(self, argv: list[str], *, slurm_bin: str | None, timeout: float, stdin: str | None = None):
+        """One command over the shared connection (at most MAX_COMMANDS at once)."""
+        if self.conn is None:
+            raise ConnectionLost("the SSH connection to the head node was closed")
+        argv = with_slurm_bin(argv, slurm_bin)
+        self.queries_sent += posixpath.basename(argv[0]) in SLURM_QUERIES
+        async with self.commands:
+            result = await self.conn.run(quote_command(argv), input=stdin, check=False, timeout=timeout)
+        if result.exit_status is None:  # the channel closed first: whatever came is not the whole answer
+            raise ConnectionLost(f"the SSH connection closed while `{argv[0]}` ran on the head node")
+        return result
+
+    @property
+    def command_timeout(self) -> float:
+        """The most patient waiter's: a slow but healthy head node fails no one early."""
+        return max((s.waiter.command_timeout for s in self.seats), default=60.0)
+
+    async def _stat(self, due: Iterable[Seat]) -> dict[str, FileStat]:
+        """Size and inode of every file the due waiters watch, in one command."""
+        paths = list(dict.fromkeys(p for seat in due for p in seat.waiter.watched_paths()))
+        if not paths:
+            return {}
+        stdin = "\0".join(paths) + "\0"
+        result = await self.run(STAT_ARGV, slurm_bin=None, timeout=self.command_timeout, stdin=stdin)
+        if result.exit_status not in STAT_OK:
+            raise SlurmError(f"stat on the head node failed ({result.exit_status}): {_text(result.stderr)[-500:]}")
+        return parse_stats(_text(result.stdout))
+
+    async def _query(self, now: float) -> None:
+        """One question to Slurm for every waiter's jobs (one per Slurm installation and accounting mode)."""
+        groups: dict[tuple[str | None, bool], tuple[list[str], dict[str, int]]] = {}
+        for seat in self.seats:
+            singles, arrays = groups.setdefault((seat.waiter.slurm_bin, seat.waiter.accounting), ([], {}))
+            for job_id, size in seat.waiter.watched_jobs().items():
+                if size is None:
+                    singles.append(job_id)
+                else:
+                    arrays[job_id] = size
+        answer: dict[str, list[JobInfo]] = {}
+        interval = min((s.waiter.watch_policy.confirm_interval for s in self.seats), default=30.0)
+        self.last_query, self.next_query = now, now + interval
+        for seat in self.seats:
+            seat.urgent = False
+        try:
+            for (slurm_bin, accounting), (singles, arrays) in groups.items():
+                ask = functools.partial(self._slurm_stdout, slurm_bin)
+                answer.update(await queries.adrive(queries.jobs_state(sorted(set(singles)), arrays, accounting), ask))
+        except SlurmUnavailable as exc:  # no answer is not "no such job": the waits keep their last word
+            log.warning("Slurm did not answer (%s); asking again in %.0f s", exc, interval)
+            return
+        self.answer, self.answer_serial = answer, self.answer_serial + 1
+
+    async def _slurm_stdout(self, slurm_bin: str | None, argv: list[str]) -> str:
+        """A Slurm command's output; SlurmUnavailable when it failed for another reason than an unknown
+        job id (slurmctld restarting, slurmdbd down), so that a failure never reads as an empty queue."""
+        result = await self.run(argv, slurm_bin=slurm_bin, timeout=self.command_timeout)
+        stderr = _text(result.stderr)
+        if result.exit_status != 0 and UNKNOWN_JOB not in stderr:
+            raise SlurmUnavailable(f"`{argv[0]}` exited with {result.exit_status}: {stderr.strip()[-300:]}")
+        return _text(result.stdout)
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def lost(self, error: BaseException, generation: int) -> None:
+        if generation == self.generation and self.conn is not None:
+            self._broken(error)
+
+    def _broken(self, error: BaseException) -> None:
+        """Close, count the failure, tell every waiter: those out of attempts get the error."""
+        self._close()
+        self.failures += 1
+        delay = min(2 ** (self.failures - 1), 30) * random.uniform(1.0, 1.5)
+        self.retry_at = asyncio.get_running_loop().time() + delay
+        for seat in list(self.seats):
+            give_up = self.failures > seat.waiter.max_reconnect_attempts
+            seat.deliver(error if give_up else Trouble(self.failures, delay, error))
+
+    def _close(self) -> None:
+        """Close the connection; every view handed out over it is now of an older generation."""
+        conn, self.conn, self.sftp = self.conn, None, None
+        if conn is not None:
+            self.generation += 1
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def parse_stats(output: str) -> dict[str, FileStat]:
+    """`<size> <inode> <path>\\0` records (a path may hold spaces) -> {path: FileStat}."""
+    files = {}
+    for record in output.split("\0"):
+        size, _, rest = record.partition(" ")
+        inode, _, path = rest.partition(" ")
+        if size.isdigit() and inode.isdigit() and path:
+            files[path] = FileStat(int(size), int(inode))
+    return files
+
+
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+
+# -- the registry: one session per event loop and head node ---------------------------------------
+
+_SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, str], HeadNodeSession]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def session_key(waiter: Waiter) -> tuple[str, str, str]:
+    """Same connection, address and host key: the same head node, reached the same way."""
+    return waiter.ssh_conn_id, waiter.remote_host or "", " ".join((waiter.host_key or "").split()[:2])
+
+
+@contextlib.asynccontextmanager
+async def joined(waiter: Waiter) -> AsyncIterator[Seat]:
+    """A seat in this event loop's session for the waiter's head node, made when it is the first."""
+    sessions = _SESSIONS.setdefault(asyncio.get_running_loop(), {})
+    key = session_key(waiter)
+    session = sessions.get(key)
+    if session is None:
+        session = sessions[key] = HeadNodeSession(key, sessions)
+    seat = session.join(waiter)
+    try:
+        yield seat
+    finally:
+        session.leave(seat)
+
+
+def current_sessions() -> list[HeadNodeSession]:
+    """This event loop's sessions (for tests and benchmarks)."""
+    return list(_SESSIONS.get(asyncio.get_running_loop(), {}).values())
