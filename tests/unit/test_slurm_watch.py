@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from pcflow.slurm.progress import ArrayProgress, JobProgress, explain_reason
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Outcome, WatchPolicy
+from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Outcome, WatchPolicy, marker_job_info
 
 
 def info(state: JobState, raw: str | None = None, **kw) -> JobInfo:
@@ -114,3 +115,56 @@ def test_log_cursor_delivers_whole_lines_once():
     assert cursor.flush() == ["last"] and cursor.flush() == []
     assert cursor.offset == len("a\nbc\nd\né\nlast".encode())
     assert list(cursor.tail) == ["d", "é", "last"]
+
+
+def test_a_clean_marker_settles_between_questions_any_other_end_waits_for_slurm():
+    clean = {"job_id": "9", "exit_code": 0, "restart": 0, "signal": "", "nodes": "n[1-2]", "elapsed_s": 12}
+    assert JobWatch("9").settle(clean, None).outcome is Outcome.SUCCESS  # not asked yet
+    assert JobWatch("9").settle(clean, info(JobState.RUNNING)).outcome is Outcome.SUCCESS
+    assert JobWatch("9").settle({**clean, "exit_code": 137}, None) is None  # out of memory? Slurm says
+    assert JobWatch("9").settle({**clean, "signal": "TERM", "exit_code": 143}, None) is None  # requeue? cancel?
+    assert JobWatch("9").settle({**clean, "job_id": "8"}, None) is None  # an earlier job of the run
+    assert JobWatch("9").settle(clean, info(JobState.RUNNING, restarts=1)) is None  # an earlier attempt
+    assert JobWatch("9").settle({**clean, "exit_code": "x"}, None) is None  # garbled: not a clean end
+    early = {**clean, "exit_code": 143, "signal": "early_stop"}
+    assert JobWatch("9").settle(early, info(JobState.RUNNING)).outcome is Outcome.STOPPED_EARLY
+    # A stale "running" from the last question does not hold the marker back.
+    assert JobWatch("9").assess(info(JobState.RUNNING), clean, 0).outcome is Outcome.SUCCESS
+    settled = marker_job_info(clean, "9", info(JobState.RUNNING, restarts=0, elapsed_s=3))
+    assert (settled.state, settled.nodes, settled.elapsed_s) == (JobState.COMPLETED, "n[1-2]", 12)
+    assert settled.source == "marker"
+
+
+def test_an_array_between_questions_takes_only_clean_markers_and_counts_its_elements():
+    watch = ArrayWatch("9", 4, WatchPolicy(), min_success_ratio=0.5)
+    elements = [JobInfo("9_0", JobState.RUNNING), JobInfo("9_1", JobState.RUNNING),
+                JobInfo("9_2", JobState.PENDING, reason="Resources")]  # fmt: skip
+    assert watch.assess(elements, {}, 0) is None
+    assert watch.counts() == {"pending": 2, "running": 2, "done": 0, "failed": 0}  # 9_3 not listed yet
+    markers = {0: {"job_id": "9_0", "exit_code": 0, "restart": 0, "signal": ""},
+               1: {"job_id": "9_1", "exit_code": 3, "restart": 0, "signal": ""}}  # fmt: skip
+    assert watch.assess(None, markers, 1) is None
+    assert set(watch.verdicts) == {0}  # element 1 failed by its marker: Slurm explains it at the next question
+    assert watch.counts() == {"pending": 2, "running": 1, "done": 1, "failed": 0}
+
+
+def test_progress_glosses_pending_reasons_and_says_only_changes():
+    assert explain_reason("ReqNodeNotAvail, UnavailableNodes:node[1-2]").startswith(
+        "ReqNodeNotAvail, UnavailableNodes:node[1-2]: the nodes it needs are down"
+    )
+    assert "capacity shortage" in explain_reason("ReqNodeNotAvail")
+    assert explain_reason("QOSMaxJobsPerUserLimit").endswith("a quality-of-service limit holds it back")
+    assert explain_reason("SomethingNew") == "SomethingNew"
+    progress = JobProgress()
+    pending = info(JobState.PENDING, reason="Priority")
+    assert progress.note(pending) == "Slurm job 9 is pending: Priority: jobs of higher priority are queued ahead of it"
+    assert progress.note(pending) is None
+    assert "Resources" in progress.note(info(JobState.PENDING, reason="Resources"))
+    booting = progress.note(info(JobState.RUNNING, "CONFIGURING", nodes="n1"))
+    assert booting == "Slurm job 9 is starting: its nodes n1 are booting"
+    assert progress.note(info(JobState.RUNNING, nodes="n1")) == "Slurm job 9 is running on n1"
+    counts = ArrayProgress("9", 2)
+    assert counts.note({"pending": 2, "running": 0, "done": 0, "failed": 0}) == (
+        "Slurm job array 9 (2 elements): 2 pending, 0 running, 0 done, 0 failed"
+    )
+    assert counts.note({"pending": 2, "running": 0, "done": 0, "failed": 0}) is None

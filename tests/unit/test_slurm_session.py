@@ -1,0 +1,159 @@
+"""The shared head-node session's bookkeeping, against a stand-in connection: one connection and one
+stat per tick for many waiters, one reconnect for all after a failure, clean leaving on cancellation.
+(tests/slurm/test_shared_session.py runs the real thing against sshd and Slurm.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import pytest
+
+from pcflow.slurm import queries
+from pcflow.slurm.session import FileStat, current_sessions, joined, parse_stats
+from pcflow.slurm.states import SQUEUE_FORMAT
+from pcflow.slurm.watch import WatchPolicy
+
+
+@dataclass
+class Result:
+    exit_status: int | None
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclass
+class Server:
+    """What the stand-in head node was asked, and a failure to serve once."""
+
+    commands: list[str] = field(default_factory=list)
+    connections: list[Connection] = field(default_factory=list)
+    fail_next: bool = False
+
+
+@dataclass
+class Connection:
+    server: Server
+    closed: bool = False
+
+    async def start_sftp_client(self) -> object:
+        return object()
+
+    async def run(self, command: str, input: str | None = None, check: bool = False, timeout: float = 0) -> Result:
+        await asyncio.sleep(0)
+        self.server.commands.append(command)
+        if self.server.fail_next:
+            self.server.fail_next = False
+            raise ConnectionResetError("cut")
+        if command.startswith("xargs"):
+            paths = [p for p in (input or "").split("\0") if p]
+            return Result(0, "".join(f"7 1 {p}\0" for p in paths))
+        return Result(0, "")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass(eq=False)
+class Waiter:
+    server: Server
+    name: str
+    ssh_conn_id: str = "slurm_default"
+    remote_host: str | None = None
+    host_key: str | None = "ssh-ed25519 AAAA"
+    slurm_bin: str | None = None
+    accounting: bool = False
+    command_timeout: float = 5.0
+    max_reconnect_attempts: int = 3
+    watch_policy: WatchPolicy = field(default_factory=lambda: WatchPolicy(poll_interval=0.01, confirm_interval=0.05))
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("test.waiter"))
+
+    def watched_paths(self) -> list[str]:
+        return [f"/runs/{self.name}/job.log", f"/runs/{self.name}/exit.json"]
+
+    def watched_jobs(self) -> dict[str, int | None]:
+        return {self.name: None}
+
+    async def connect(self) -> Connection:
+        conn = Connection(self.server)
+        self.server.connections.append(conn)
+        return conn
+
+
+async def views(waiter: Waiter, count: int) -> list:
+    async with joined(waiter) as seat:
+        return [await seat.next_view() for _ in range(count)]
+
+
+def test_many_waiters_one_connection_one_stat_per_tick_one_squeue_per_interval():
+    server = Server()
+
+    async def scenario():
+        waiters = [Waiter(server, str(i)) for i in range(10)]
+        seen = await asyncio.gather(*(views(w, 8) for w in waiters))
+        return seen, current_sessions()
+
+    seen, left = asyncio.run(scenario())
+    assert len(server.connections) == 1 and server.connections[0].closed and left == []
+    stats = [c for c in server.commands if c.startswith("xargs")]
+    squeues = [c for c in server.commands if c.startswith("squeue")]
+    assert len(stats) <= 10  # about one per tick, whatever the number of waiters (8 views each)
+    assert 1 <= len(squeues) <= len(stats) and all("-j 0,1,2,3,4,5,6,7,8,9 " in c for c in squeues)
+    assert seen[3][-1].files["/runs/3/exit.json"] == FileStat(7, 1)
+
+
+def test_a_failure_reconnects_once_for_all_and_a_cancelled_waiter_leaves():
+    server = Server()
+
+    async def scenario():
+        waiters = [Waiter(server, str(i)) for i in range(5)]
+        stuck = asyncio.ensure_future(views(Waiter(server, "moved"), 1000))  # the triggerer moves it away
+        first = asyncio.gather(*(views(w, 2) for w in waiters))
+        await first
+        server.fail_next = True
+        again = await asyncio.gather(*(views(w, 2) for w in waiters))
+        stuck.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stuck
+        await asyncio.sleep(0.05)
+        return again, current_sessions()
+
+    again, left = asyncio.run(scenario())
+    assert [len(v) for v in again] == [2] * 5
+    assert len(server.connections) == 2 and all(c.closed for c in server.connections)
+    assert left == []
+
+
+def test_out_of_attempts_the_error_reaches_the_waiters():
+    server = Server()
+
+    async def scenario():
+        waiter = Waiter(server, "0", max_reconnect_attempts=0)
+        server.fail_next = True
+        return await views(waiter, 1)
+
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(scenario())
+
+
+def test_jobs_state_asks_squeue_once_then_sacct_for_what_it_forgot():
+    asked = []
+    squeue_lines = "5|RUNNING|None|0|a|0:05|n1|root|\n7_0|COMPLETED|None|0|b|0:01|n1|root|\n"
+    sacct_lines = "6|a|COMPLETED|0:0|3|n1|None|root\n7_[1-2]|b|PENDING|0:0|0|None assigned|None|root\n"
+
+    def run(argv: list[str]) -> str:
+        asked.append(argv)
+        return {"squeue": squeue_lines, "sacct": sacct_lines}.get(argv[0], "")
+
+    found = queries.drive(queries.jobs_state(["5", "6", "8"], {"7": 3}, accounting=True), run)
+    assert asked[0] == ["squeue", "-h", "-r", "-t", "all", "-j", "5,6,8,7", "-O", SQUEUE_FORMAT]
+    assert asked[1][:7] == ["sacct", "-n", "-P", "-X", "-D", "-j", "6,8,7"]
+    assert asked[2] == ["scontrol", "show", "job", "-o", "8"] and len(asked) == 3
+    assert [j.state.value for j in found["5"]] == ["RUNNING"]
+    assert [j.source for j in found["6"]] == ["sacct"] and found["8"] == []
+    assert [j.job_id for j in found["7"]] == ["7_0", "7_1", "7_2"] and found["7"][0].source == "squeue"
+
+
+def test_stat_records_keep_paths_with_spaces():
+    assert parse_stats("12 34 /a b/c\0junk\0 0 /x\0") == {"/a b/c": FileStat(12, 34)}
