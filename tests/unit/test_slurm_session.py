@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from pcflow.slurm import queries
-from pcflow.slurm.session import FileStat, current_sessions, joined, parse_stats
+from pcflow.slurm.session import current_sessions, joined
 from pcflow.slurm.states import SQUEUE_FORMAT
+from pcflow.slurm.statloop import TERMINATOR, FileStat, parse_stats
 from pcflow.slurm.watch import WatchPolicy
 
 
@@ -31,6 +32,11 @@ class Server:
     connections: list[Connection] = field(default_factory=list)
     fail_next: bool = False
 
+    def fail_if_asked(self) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionResetError("cut")
+
 
 @dataclass
 class Connection:
@@ -40,19 +46,37 @@ class Connection:
     async def start_sftp_client(self) -> object:
         return object()
 
-    async def run(self, command: str, input: str | None = None, check: bool = False, timeout: float = 0) -> Result:
+    async def run(self, command: str, check: bool = False, timeout: float = 0) -> Result:
         await asyncio.sleep(0)
         self.server.commands.append(command)
-        if self.server.fail_next:
-            self.server.fail_next = False
-            raise ConnectionResetError("cut")
-        if command.startswith("xargs"):
-            paths = [p for p in (input or "").split("\0") if p]
-            return Result(0, "".join(f"7 1 {p}\0" for p in paths))
+        self.server.fail_if_asked()
         return Result(0, "")
+
+    async def create_process(self, command: str, **_: object) -> StatProcess:
+        return StatProcess(self.server)
 
     def close(self) -> None:
         self.closed = True
+
+
+class StatProcess:
+    """The stat loop's far end: every path exists, 7 bytes, inode 1."""
+
+    def __init__(self, server: Server) -> None:
+        self.server, self.answers = server, asyncio.Queue()
+        self.stdin, self.stdout = self, self
+
+    def write(self, data: bytes) -> None:
+        paths = [p for p in data.split(b"\n", 1)[1].decode().split("\0") if p]
+        self.server.commands.append(f"stat {len(paths)} paths")
+        self.answers.put_nowait("".join(f"7 1 {p}\0" for p in paths).encode() + TERMINATOR)
+
+    async def readuntil(self, separator: bytes) -> bytes:
+        self.server.fail_if_asked()
+        return await self.answers.get()
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass(eq=False)
@@ -69,6 +93,7 @@ class Waiter:
     watch_policy: WatchPolicy = field(default_factory=lambda: WatchPolicy(poll_interval=0.01, confirm_interval=0.05))
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("test.waiter"))
 
+    @property
     def watched_paths(self) -> list[str]:
         return [f"/runs/{self.name}/job.log", f"/runs/{self.name}/exit.json"]
 
@@ -96,7 +121,7 @@ def test_many_waiters_one_connection_one_stat_per_tick_one_squeue_per_interval()
 
     seen, left = asyncio.run(scenario())
     assert len(server.connections) == 1 and server.connections[0].closed and left == []
-    stats = [c for c in server.commands if c.startswith("xargs")]
+    stats = [c for c in server.commands if c.startswith("stat ")]
     squeues = [c for c in server.commands if c.startswith("squeue")]
     assert len(stats) <= 10  # about one per tick, whatever the number of waiters (8 views each)
     assert 1 <= len(squeues) <= len(stats) and all("-j 0,1,2,3,4,5,6,7,8,9 " in c for c in squeues)

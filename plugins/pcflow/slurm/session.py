@@ -30,6 +30,7 @@ import asyncssh
 
 from pcflow.slurm import queries
 from pcflow.slurm.hook import SlurmError, quote_command, with_slurm_bin
+from pcflow.slurm.statloop import FileStat, StatLoop
 
 if TYPE_CHECKING:
     from pcflow.slurm.states import JobInfo
@@ -38,15 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
-#: sshd allows 10 sessions per connection by default (MaxSessions): SFTP holds one, commands at most this many.
-MAX_COMMANDS = 8
+#: sshd allows 10 sessions per connection by default (MaxSessions): SFTP and the stat loop hold one each.
+MAX_COMMANDS = 7  # and one for the stat loop
 #: How soon slurmctld is asked again when a marker cannot settle a job by itself (a signal, an exit code).
 FAST_CONFIRM_S = 1.0
 SLURM_QUERIES = frozenset({"squeue", "sacct", "scontrol"})
-#: Every watched file in one command: the paths travel on stdin, NUL-separated (data, never shell text);
-#: xargs exits 123 when some are absent.
-STAT_ARGV = ["xargs", "-0", "-r", "stat", "--printf", "%s %i %n\\0", "--"]
-STAT_OK = (0, 123)
 #: After an error no retry can mend (a refused host key): waiters that join later try again this much later.
 REFUSED_RETRY_S = 5.0
 #: What squeue and scontrol say of a job id slurmctld does not know (any more): an answer, not a failure.
@@ -59,14 +56,6 @@ class ConnectionLost(ConnectionError):
 
 class SlurmUnavailable(SlurmError):
     """A Slurm command failed (not for an unknown job id): its empty output says nothing about the jobs."""
-
-
-@dataclass(frozen=True)
-class FileStat:
-    """Size and inode: a marker rewritten through a temporary file and a rename gets a new inode."""
-
-    size: int
-    inode: int
 
 
 @dataclass(frozen=True)
@@ -109,8 +98,7 @@ class Waiter(Protocol):
     max_reconnect_attempts: int
     watch_policy: WatchPolicy
     log: Any
-
-    def watched_paths(self) -> Sequence[str]: ...
+    watched_paths: Sequence[str]  # files to stat every poll
 
     def watched_jobs(self) -> dict[str, int | None]:
         """Job ids to ask Slurm about: an array's id maps to its size, a single job's to None."""
@@ -153,7 +141,8 @@ class Seat:
             notice, self._notice = self._notice, None
             if notice is None:
                 self._next = asyncio.get_running_loop().create_future()
-                self.session.wake.set()
+                if self.due_at < self.session.sleeping_until:  # else the session wakes in time anyway
+                    self.session.wake.set()
                 notice = await self._next
             if isinstance(notice, View):
                 return notice
@@ -166,7 +155,6 @@ class Seat:
     def confirm_soon(self) -> None:
         """Ask slurmctld at the next tick (at most once a FAST_CONFIRM_S for all waiters)."""
         self.urgent = True
-        self.session.wake.set()
 
     def lost(self, error: BaseException, view: View) -> None:
         """This waiter's own read failed on the connection `view` came over: reconnect (once for all)."""
@@ -188,6 +176,7 @@ class HeadNodeSession:
         self.seats: dict[Seat, None] = {}  # an ordered set
         self.conn: asyncssh.SSHClientConnection | None = None
         self.sftp: asyncssh.SFTPClient | None = None
+        self.stat_loop: StatLoop | None = None
         self.generation = 0
         self.failures = 0
         self.retry_at = 0.0
@@ -200,6 +189,9 @@ class HeadNodeSession:
         self.connections_opened = 0
         self.queries_sent = 0
         self.task: asyncio.Task | None = None
+        self.querying: asyncio.Task | None = None
+        self.next_tick = -math.inf
+        self.sleeping_until = -math.inf  # while idle: when it wakes by itself
 
     # -- waiters come and go ------------------------------------------------------------------
 
@@ -227,12 +219,15 @@ class HeadNodeSession:
     # -- the poll loop -------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        """Tick at most once a poll interval (the shortest of the waiters'), serving every waiter that
+        waits and is due; a waiter still busy with its last view is served at the next tick."""
         loop = asyncio.get_running_loop()
         try:
             while self.seats:
                 now = loop.time()
                 due = [s for s in self.seats if s.waiting and s.due_at <= now]
-                if due and now >= self.retry_at:
+                if due and now >= max(self.retry_at, self.next_tick):
+                    self.next_tick = now + min(s.waiter.watch_policy.poll_interval for s in self.seats)
                     await self._tick(due, now)
                 else:
                     await self._idle(now)
@@ -240,20 +235,27 @@ class HeadNodeSession:
             self._close()
 
     async def _idle(self, now: float) -> None:
-        """Sleep until a waiter is due (or the backoff is over), or something changes."""
-        until = max(min((s.due_at for s in self.seats if s.waiting), default=now + 60), self.retry_at)
+        """Sleep until a waiter is due and the next tick (or the end of a backoff) has come, or until
+        something changes."""
+        earliest = min((s.due_at for s in self.seats if s.waiting), default=now + 60)
+        until = max(earliest, self.retry_at, self.next_tick)
         self.wake.clear()
-        with contextlib.suppress(TimeoutError):
+        self.sleeping_until = until
+        try:
             await asyncio.wait_for(self.wake.wait(), max(0.0, until - now))
+        except TimeoutError:
+            pass
+        finally:
+            self.sleeping_until = -math.inf  # awake: no one needs to wake it
 
     async def _tick(self, due: list[Seat], now: float) -> None:
+        """One stat for every due waiter, their views, and (in the background, so that a slow slurmctld
+        delays no view) Slurm's word on every waiter's jobs when it is due."""
         generation = self.generation
         try:
             await self._connect()
             generation = self.generation
             files = await self._stat(due)
-            if self._query_due(now):
-                await self._query(now)
         except CONNECTION_ERRORS as exc:
             if generation == self.generation:  # else a waiter reported this connection's loss already
                 self._broken(exc)
@@ -269,6 +271,8 @@ class HeadNodeSession:
             seat.answered, seat.due_at = self.answer_serial, now + seat.waiter.watch_policy.poll_interval
             seat.answers_seen += jobs is not None
             seat.deliver(View(now, files, jobs, self.generation))
+        if self._query_due(now) and (self.querying is None or self.querying.done()):
+            self.querying = asyncio.get_running_loop().create_task(self._query(now, self.generation))
 
     def _query_due(self, now: float) -> bool:
         if now >= self.next_query:
@@ -289,14 +293,14 @@ class HeadNodeSession:
         self.conn, self.sftp = conn, sftp
         self.connections_opened += 1
 
-    async def run(self, argv: list[str], *, slurm_bin: str | None, timeout: float, stdin: str | None = None):
+    async def run(self, argv: list[str], *, slurm_bin: str | None, timeout: float):
         """One command over the shared connection (at most MAX_COMMANDS at once)."""
         if self.conn is None:
             raise ConnectionLost("the SSH connection to the head node was closed")
         argv = with_slurm_bin(argv, slurm_bin)
         self.queries_sent += posixpath.basename(argv[0]) in SLURM_QUERIES
         async with self.commands:
-            result = await self.conn.run(quote_command(argv), input=stdin, check=False, timeout=timeout)
+            result = await self.conn.run(quote_command(argv), check=False, timeout=timeout)
         if result.exit_status is None:  # the channel closed first: whatever came is not the whole answer
             raise ConnectionLost(f"the SSH connection closed while `{argv[0]}` ran on the head node")
         return result
@@ -307,18 +311,17 @@ class HeadNodeSession:
         return max((s.waiter.command_timeout for s in self.seats), default=60.0)
 
     async def _stat(self, due: Iterable[Seat]) -> dict[str, FileStat]:
-        """Size and inode of every file the due waiters watch, in one command."""
-        paths = list(dict.fromkeys(p for seat in due for p in seat.waiter.watched_paths()))
+        """Size and inode of every file the due waiters watch, in one stat of the session's stat loop."""
+        paths = list(dict.fromkeys(p for seat in due for p in seat.waiter.watched_paths))
         if not paths:
             return {}
-        stdin = "\0".join(paths) + "\0"
-        result = await self.run(STAT_ARGV, slurm_bin=None, timeout=self.command_timeout, stdin=stdin)
-        if result.exit_status not in STAT_OK:
-            raise SlurmError(f"stat on the head node failed ({result.exit_status}): {_text(result.stderr)[-500:]}")
-        return parse_stats(_text(result.stdout))
+        if self.stat_loop is None:
+            self.stat_loop = await StatLoop.start(self.conn)
+        return await self.stat_loop.stat(paths, self.command_timeout)
 
-    async def _query(self, now: float) -> None:
-        """One question to Slurm for every waiter's jobs (one per Slurm installation and accounting mode)."""
+    async def _query(self, now: float, generation: int) -> None:
+        """One question to Slurm for every waiter's jobs (one per Slurm installation and accounting mode);
+        its answer reaches each waiter at its next view."""
         groups: dict[tuple[str | None, bool], tuple[list[str], dict[str, int]]] = {}
         for seat in self.seats:
             singles, arrays = groups.setdefault((seat.waiter.slurm_bin, seat.waiter.accounting), ([], {}))
@@ -327,17 +330,23 @@ class HeadNodeSession:
                     singles.append(job_id)
                 else:
                     arrays[job_id] = size
-        answer: dict[str, list[JobInfo]] = {}
         interval = min((s.waiter.watch_policy.confirm_interval for s in self.seats), default=30.0)
         self.last_query, self.next_query = now, now + interval
         for seat in self.seats:
             seat.urgent = False
+        answer: dict[str, list[JobInfo]] = {}
         try:
             for (slurm_bin, accounting), (singles, arrays) in groups.items():
                 ask = functools.partial(self._slurm_stdout, slurm_bin)
                 answer.update(await queries.adrive(queries.jobs_state(sorted(set(singles)), arrays, accounting), ask))
         except SlurmUnavailable as exc:  # no answer is not "no such job": the waits keep their last word
             log.warning("Slurm did not answer (%s); asking again in %.0f s", exc, interval)
+            return
+        except CONNECTION_ERRORS as exc:
+            self.lost(exc, generation)
+            return
+        except Exception:  # an answer that cannot be read: the waits keep their last word
+            log.exception("Asking Slurm about the waited jobs failed; asking again in %.0f s", interval)
             return
         self.answer, self.answer_serial = answer, self.answer_serial + 1
 
@@ -368,22 +377,13 @@ class HeadNodeSession:
 
     def _close(self) -> None:
         """Close the connection; every view handed out over it is now of an older generation."""
-        conn, self.conn, self.sftp = self.conn, None, None
+        if self.querying is not None and not self.seats:
+            self.querying.cancel()
+        conn, self.conn, self.sftp, self.stat_loop = self.conn, None, None, None
         if conn is not None:
             self.generation += 1
             with contextlib.suppress(Exception):
                 conn.close()
-
-
-def parse_stats(output: str) -> dict[str, FileStat]:
-    """`<size> <inode> <path>\\0` records (a path may hold spaces) -> {path: FileStat}."""
-    files = {}
-    for record in output.split("\0"):
-        size, _, rest = record.partition(" ")
-        inode, _, path = rest.partition(" ")
-        if size.isdigit() and inode.isdigit() and path:
-            files[path] = FileStat(int(size), int(inode))
-    return files
 
 
 def _text(out: str | bytes | None) -> str:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import functools
 import posixpath
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncssh
@@ -35,8 +35,9 @@ from pcflow.slurm.hook import (
     with_slurm_bin,
 )
 from pcflow.slurm.progress import ArrayProgress, JobProgress
-from pcflow.slurm.session import CONNECTION_ERRORS, FileStat, Seat, View
+from pcflow.slurm.session import CONNECTION_ERRORS, Seat, View
 from pcflow.slurm.states import JobInfo, JobState
+from pcflow.slurm.statloop import FileStat
 from pcflow.slurm.watch import (
     ArrayWatch,
     JobWatch,
@@ -120,9 +121,8 @@ class HeadNodeTrigger(BaseTrigger):
     def watch_policy(self) -> WatchPolicy:
         return WatchPolicy(**self.policy)
 
-    def watched_paths(self) -> list[str]:
-        """Files the session stats for this wait every poll."""
-        return []
+    #: Files the session stats for this wait every poll.
+    watched_paths: Sequence[str] = ()
 
     def watched_jobs(self) -> dict[str, int | None]:
         """Jobs the session asks Slurm about every confirm interval: id -> array size (None: one job)."""
@@ -282,8 +282,11 @@ class SlurmJobTrigger(HeadNodeTrigger):
     def marker_path(self) -> str:
         return posixpath.join(self.run_dir, "exit.json")
 
-    def watched_paths(self) -> list[str]:
-        return [self.log_path, self.marker_path]
+    @functools.cached_property
+    def watched_paths(self) -> tuple[str, ...]:
+        """The marker first: stat'd in this order, a marker seen means the log's size counts every line
+        the job wrote before it (the wrapper writes its last line, then the marker)."""
+        return self.marker_path, self.log_path
 
     def watched_jobs(self) -> dict[str, int | None]:
         return {self.job_id: None}
@@ -319,11 +322,13 @@ class SlurmJobTrigger(HeadNodeTrigger):
         self.log.warning("Skipped %d bytes of the job log: it grows faster than the task log can follow. All of "
                          "it is in %s on the cluster.", skipped, self.log_path)  # fmt: skip
 
-    async def finish_log(self, sftp: asyncssh.SFTPClient) -> None:
-        """The job is over: what is left of its log, or, when that is much, its last lines."""
+    async def finish_log(self, sftp: asyncssh.SFTPClient, size: int | None) -> None:
+        """The job is over: what is left of its log (`size`: as last stat'd, after the job's end), or,
+        when that is much, its last lines."""
         for _ in range(LOG_FINAL_POLLS):
-            if not await self.stream_log(sftp, await self.size_of(sftp, self.log_path)):
+            if not await self.stream_log(sftp, size):
                 break
+            size = await self.size_of(sftp, self.log_path)
         else:
             tail = await self.read_tail(sftp, self.log_path, LOG_TAIL_BYTES)
             if tail is not None:
@@ -361,18 +366,24 @@ class SlurmJobTrigger(HeadNodeTrigger):
                 seat.confirm_soon()  # the marker says over, slurmctld not yet: ask again shortly
         if verdict is None:
             return None
-        await self.finish_log(seat.sftp)
+        if self.settled_by_marker():
+            size = view.size(self.log_path)  # stat'd after the marker: the whole log
+        else:
+            size = await self.size_of(seat.sftp, self.log_path)  # Slurm ended it: its last lines may be newer
+        await self.finish_log(seat.sftp, size)
         return self.payload(verdict, self.final_info())
 
     def marker_is_ours(self) -> bool:
         return bool(self.marker) and str(self.marker.get("job_id")) == self.job_id
 
+    def settled_by_marker(self) -> bool:
+        """The job ended cleanly by its marker while Slurm, when last asked, still had it active."""
+        active = self.info is None or self.info.state.is_active
+        return active and ends_cleanly(self.marker, self.job_id, self.info)
+
     def final_info(self) -> JobInfo | None:
         """What Slurm said last, or what the marker says when it settled the job by itself."""
-        active = self.info is None or self.info.state.is_active
-        if active and ends_cleanly(self.marker, self.job_id, self.info):
-            return marker_job_info(self.marker, self.job_id, self.info)
-        return self.info
+        return marker_job_info(self.marker, self.job_id, self.info) if self.settled_by_marker() else self.info
 
     def payload(self, verdict: Verdict, info: JobInfo | None) -> dict[str, Any]:
         return {
@@ -415,8 +426,9 @@ class SlurmArrayTrigger(HeadNodeTrigger):
     def marker_path(self, index: int) -> str:
         return posixpath.join(self.run_dir, str(index), "exit.json")
 
-    def watched_paths(self) -> list[str]:
-        return [self.done_path]
+    @functools.cached_property
+    def watched_paths(self) -> tuple[str, ...]:
+        return (self.done_path,)
 
     def watched_jobs(self) -> dict[str, int | None]:
         return {self.job_id: self.size}
