@@ -4,8 +4,9 @@ A triggerer runs hundreds of waits on one event loop. Each used to hold its own 
 loop: N waits meant N connections (sshd's MaxStartups refuses past 10 unauthenticated ones), N stats
 per poll and N squeue per confirm interval. A HeadNodeSession (one per event loop and head node: SSH
 connection id, address, host key) owns one connection and one poll loop. Each tick it stats the files
-of every waiter that is due in one command, and once per confirm interval (sooner only when a marker
-cannot settle a job by itself) it asks slurmctld about all their jobs in one `squeue`. Each waiter
+of every waiter that is due in one `stat` (through a long-lived loop on the head node: statloop.py),
+and once per confirm interval (sooner only when a marker cannot settle a job by itself) it asks
+slurmctld about all their jobs in one `squeue`. Each waiter
 then reads its own log and markers and writes its own task log in its own task: the triggerer routes
 a log line by the task that writes it. A dropped connection is reopened once, for all of them, with
 backoff; the last waiter out closes it.

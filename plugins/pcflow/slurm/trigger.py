@@ -1,7 +1,7 @@
 """Wait for Slurm jobs in the triggerer: the log streamed, no worker slot held, and every wait on one
 head node sharing one SSH connection (pcflow.slurm.session).
 
-Every `poll_interval` the session stats the waited jobs' files in one command (the head node does a
+Every `poll_interval` the session stats the waited jobs' files in one `stat` (the head node does a
 stat; slurmctld does nothing): each job's log, whose new lines go to its task log, and the exit marker
 the batch script's wrapper writes. A marker of a clean end (exit code 0, or pcflow's early stop)
 settles the job at once; any other end is Slurm's to explain, so slurmctld is asked at the next tick.
@@ -346,11 +346,14 @@ class SlurmJobTrigger(HeadNodeTrigger):
             await asyncio.sleep(0)
 
     async def poll(self, seat: Seat, view: View) -> dict | None:
-        await self.stream_log(seat.sftp, view.size(self.log_path))
         seen = view.files.get(self.marker_path)
         marker_changed = seen != self.marker_seen
-        if marker_changed:
-            self.marker_seen, self.marker = seen, await self.read_marker(seat.sftp, self.marker_path, seen)
+        streaming = self.stream_log(seat.sftp, view.size(self.log_path))
+        if marker_changed:  # read along with the log: the end of a job costs one round trip's depth less
+            _, marker = await asyncio.gather(streaming, self.read_marker(seat.sftp, self.marker_path, seen))
+            self.marker_seen, self.marker = seen, marker
+        else:
+            await streaming
         answer = view.answer(self.job_id)
         if answer is None:  # between questions to slurmctld: only a marker of a clean end decides
             verdict = self.watch.settle(self.marker, self.info)
@@ -447,8 +450,8 @@ class SlurmArrayTrigger(HeadNodeTrigger):
 
     async def poll(self, seat: Seat, view: View) -> dict | None:
         ended = await self.read_done(seat.sftp, view.size(self.done_path))
-        for index in ended:
-            self.markers[index] = await self.read_json(seat.sftp, self.marker_path(index))
+        markers = await asyncio.gather(*(self.read_json(seat.sftp, self.marker_path(i)) for i in ended))
+        self.markers.update(zip(ended, markers, strict=True))
         elements = view.answer(self.job_id)
         if elements is not None:
             await self.read_unreported_markers(seat.sftp, elements)
