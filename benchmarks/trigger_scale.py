@@ -1,0 +1,497 @@
+"""Many concurrent waits on one head node: what they cost sshd, slurmctld and the triggerer, and how soon
+they notice each job's end. pcflow's triggers (one shared session per head node) against the SSH
+provider's SSHRemoteJobTrigger (apache-airflow-providers-ssh, defaults: a connection and a poll loop
+per wait), measured in the same run on the local stack.
+
+Each phase submits N short `sleep` jobs, each through pcflow's own batch wrapper (srun launcher), held,
+to the local Slurm's default partition, oversubscribed for the run (`OverSubscribe=FORCE:64`, set back
+afterwards; the stack's configuration is not touched). A child process then plays the triggerer: every
+trigger's run() on one event loop, each in its own task with its log context bound, as Airflow's
+triggerer runs them. Once they all wait, the jobs are released. Per phase: SSH connections sshd
+authenticated (its log) and the most open at once (ss), slurmctld RPCs by type (sdiag, reset after
+submission), the waiting process's CPU seconds over the wait and peak RSS, its longest event-loop
+stall, detection latency (each job's program stamps time.time() as its last act; the trigger's event
+is the end of the wait) and jobs lost. The peer's exit-code file is written right after the stamp,
+before pcflow's wrapper writes its marker, so the comparison favours the peer by that much.
+
+Usage: .venv/bin/python benchmarks/trigger_scale.py [--sizes 50,200,1000] [--peer-sizes 50,200]
+           [--job-seconds 20]
+Needs the local stack (started when down); prints one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import itertools
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "plugins"), str(REPO / "tests")]
+os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".stack" / "airflow"))
+
+RESULTS = REPO / "benchmarks" / "results" / "trigger_scale.json"
+GOAL = (
+    "pcflow at N=1000: <= 1 SSH connection per head node per triggerer, <= 1 slurmctld job query per cluster "
+    "per 30 s, detection median <= 1 s and p99 <= 3 s, triggerer CPU <= 20% of one core over the wait, 0 jobs lost"
+)
+NOTES = [
+    "One machine plays every part (2 cores, shared with other work: see load_avg_1m_start_end per phase).",
+    "Every SSH command starts the login shell, and root's ~/.bashrc here runs pyenv init: about 0.5 s and a "
+    "dozen processes per command. The peer runs 2-3 commands per wait per poll; pcflow's session one "
+    "long-lived stat loop per connection and one squeue per 30 s.",
+    "latency_s: from the job program's last act to the trigger's event. The peer's exit-code file is written "
+    "right after it; pcflow's marker after srun and the batch wrapper end (0.1-0.5 s later here).",
+]
+PEER_CLASS = "airflow.providers.ssh.triggers.ssh_remote_job.SSHRemoteJobTrigger"
+PEER_NAME = "SSHRemoteJobTrigger (apache-airflow-providers-ssh 7.0.1, defaults: poll every 5 s)"
+OVERSUBSCRIBE = "FORCE:64"  # 64 jobs per core: a few hundred short jobs run side by side
+#: Before the jobs are released: every trigger has started and made its connection (the peer's 200 take a while).
+STARTUP_S = 10.0
+JOB_QUERIES = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE", "REQUEST_JOB_USER_INFO")
+#: The job: sleep, stamp its end, write the peer's exit-code file. $1: seconds.
+PROGRAM = 'sleep "$1"; date +%s.%N > "$PCFLOW_RUN_DIR/end"; echo 0 > "$PCFLOW_RUN_DIR/peer_exit"'
+
+
+# -- the harness side: Slurm, sshd, the phases --------------------------------------------------------
+
+
+def slurm(*argv: str, timeout: float = 600) -> str:
+    """A Slurm command on the head node (this machine), as its administrator runs it."""
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)[:200]} failed: {proc.stderr.strip()[-500:]}")
+    return proc.stdout
+
+
+def default_partition() -> tuple[str, str]:
+    """The default partition's name and its OverSubscribe setting."""
+    for line in slurm("scontrol", "show", "partition", "-o").splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if fields.get("Default") == "YES":
+            return fields["PartitionName"], fields.get("OverSubscribe", "NO")
+    raise RuntimeError("the local Slurm has no default partition")
+
+
+def sdiag_rpcs() -> dict[str, int]:
+    """slurmctld's RPC counts by message type since the last reset."""
+    out, counts, inside = slurm("sdiag"), {}, False
+    for line in out.splitlines():
+        if line.startswith("Remote Procedure Call statistics by message type"):
+            inside = True
+        elif inside and not line.strip():
+            break
+        elif inside and (match := re.match(r"\s*(\w+)\s*\(\s*\d+\)\s*count:(\d+)", line)):
+            counts[match.group(1)] = int(match.group(2))
+    return counts
+
+
+class SshdWatch:
+    """Counts at sshd: connections it authenticated and dropped (its log), the most open at once (ss)."""
+
+    def __init__(self, state_dir: Path, port: int) -> None:
+        self.log, self.port = state_dir / "logs" / "sshd.log", port
+        self.peak_open = 0
+        self._stop = threading.Event()
+
+    def _log_counts(self) -> tuple[int, int]:
+        text = self.log.read_text(errors="replace")
+        return text.count("Accepted publickey"), text.count("past MaxStartups")
+
+    def _open_now(self) -> int:
+        out = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{self.port} )"],
+                             capture_output=True, text=True, check=False).stdout  # fmt: skip
+        return len(out.splitlines())
+
+    def __enter__(self) -> SshdWatch:
+        self.start_counts = self._log_counts()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            self.peak_open = max(self.peak_open, self._open_now())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._sampler.join()
+        accepted, dropped = self._log_counts()
+        self.accepted, self.dropped = accepted - self.start_counts[0], dropped - self.start_counts[1]
+
+
+def prepare_jobs(shared: Path, label: str, count: int, seconds: float) -> list[dict]:
+    """`count` held jobs, each a pcflow run directory with its rendered batch script; their trigger kwargs."""
+    from pcflow.slurm.operators import SlurmJobOperator
+    from pcflow.slurm.render import render_batch_script, render_hparams
+    from pcflow.slurm.spec import RunDir
+
+    run_key = f"bench-{label}-{uuid.uuid4().hex[:8]}"
+    jobs = []
+    for i in range(count):
+        op = SlurmJobOperator(task_id=f"t{i}", program=["bash", "-c", PROGRAM, "bash", str(seconds)])
+        run_dir = RunDir.for_job(str(shared), run_key, f"t{i}")
+        Path(run_dir.root).mkdir(mode=0o700, parents=True)
+        spec = op.job_spec()
+        Path(run_dir.hparams).write_text(render_hparams(spec))
+        script = Path(run_dir.script)
+        script.write_text(render_batch_script(spec, run_dir, job_name=f"{run_key}.t{i}", run_key=run_key))
+        script.chmod(0o700)
+        jobs.append({"op": op, "run_dir": run_dir})
+    return jobs
+
+
+def submit_held(jobs: list[dict]) -> list[str]:
+    """sbatch --hold for each, in one shell loop (the scripts travel as positional parameters)."""
+    loop = 'for s; do sbatch --parsable --hold "$s"; done'
+    ids = slurm("sh", "-c", loop, "sh", *[j["run_dir"].script for j in jobs]).split()
+    ids = [i.split(";")[0] for i in ids]
+    if len(ids) != len(jobs) or not all(i.isdigit() for i in ids):
+        raise RuntimeError(f"submitted {len(ids)} of {len(jobs)} jobs: {ids[:5]}...")
+    return ids
+
+
+def pcflow_triggers(jobs: list[dict], ids: list[str]) -> list[list]:
+    from pcflow.slurm.hook import SlurmHook
+
+    hook = SlurmHook()  # what the operator hands its trigger: accounting, slurm_bin, the pinned host key
+    try:
+        triggers = []
+        for job, job_id in zip(jobs, ids, strict=True):
+            op = job["op"]
+            op.hook, op.job_id = hook, job_id
+            triggers.append(list(op.make_trigger(job["run_dir"], 0).serialize()))
+        return triggers
+    finally:
+        hook.close()
+
+
+def peer_triggers(jobs: list[dict], ids: list[str]) -> list[list]:
+    triggers = []
+    for job, job_id in zip(jobs, ids, strict=True):
+        root = job["run_dir"].root
+        files = {"log_file": f"{root}/job.log", "exit_code_file": f"{root}/peer_exit"}
+        kwargs = {"ssh_conn_id": "slurm_default", "remote_host": None, "job_id": job_id, "job_dir": root,
+                  "remote_os": "posix", **files}  # fmt: skip
+        triggers.append([PEER_CLASS, kwargs])
+    return triggers
+
+
+def run_phase(stack: dict, side: str, count: int, seconds: float) -> dict:
+    """One side waiting for `count` jobs; `stack`: its state dir, sshd port and shared root."""
+    stack_dir, shared = stack["dir"], stack["shared"]
+    label = f"{side}-{count}"
+    jobs = prepare_jobs(shared, label, count, seconds)
+    ids = submit_held(jobs)
+    triggers = pcflow_triggers(jobs, ids) if side == "pcflow" else peer_triggers(jobs, ids)
+    work = stack_dir / "bench" / label
+    shutil.rmtree(work, ignore_errors=True)  # an earlier run's `ready` would release the jobs at once
+    work.mkdir(parents=True)
+    roots = [j["run_dir"].root for j in jobs]
+    evidence = "exit.json" if side == "pcflow" else "peer_exit"  # what each side watches for the end
+    spec = {
+        "triggers": triggers,
+        "stamps": [f"{root}/end" for root in roots],
+        "ends": [f"{root}/{evidence}" for root in roots],
+        "deadline_s": deadline_s(side, count, seconds),
+        "diagnose_ticks": side == "pcflow",
+    }
+    (work / "spec.json").write_text(json.dumps(spec))
+    slurm("sdiag", "--reset")
+    load_start, reset_at = os.getloadavg(), time.monotonic()
+    with SshdWatch(stack_dir, stack["sshd_port"]) as sshd, open(work / "triggerer.log", "wb") as log:
+        child = subprocess.Popen([sys.executable, __file__, "--wait", str(work)], stdout=log, stderr=subprocess.STDOUT)
+        while not (work / "ready").exists() and child.poll() is None:
+            time.sleep(0.2)
+        slurm("scontrol", "release", ",".join(ids))
+        child.wait()
+    rpcs, window_s = sdiag_rpcs(), time.monotonic() - reset_at
+    if child.returncode != 0:
+        raise RuntimeError(f"the waiting process failed ({child.returncode}); see {work / 'triggerer.log'}")
+    waited = json.loads((work / "result.json").read_text())
+    outcomes = slurm_outcomes(ids)
+    slurm("scancel", ",".join(ids), timeout=120)  # held or pending ones: nothing outlives the phase
+    for result, job_id in zip(waited["results"], ids, strict=True):
+        result["slurm"] = outcomes.get(job_id, "UNKNOWN")
+    return summarise(waited, rpcs, window_s, sshd, load_start)
+
+
+def deadline_s(side: str, count: int, seconds: float) -> float:
+    """pcflow waits for every wave of jobs; the peer's waits are cut sooner: past a hundred connections
+    they bring this shared machine to a standstill (a load of 200 was seen), and other work runs here."""
+    if side == "peer":
+        return 90 + 2 * seconds
+    return 120 + (count / 200 + 1) * (seconds + 30)
+
+
+def slurm_outcomes(ids: list[str]) -> dict[str, str]:
+    """How Slurm says each job ended (its last attempt), from accounting: the referee of every verdict."""
+    time.sleep(5)  # slurmdbd takes the last completions a moment after slurmctld
+    out = slurm("sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State")
+    return {job_id: state.split()[0] for job_id, _, state in (line.partition("|") for line in out.splitlines())}
+
+
+def summarise(waited: dict, rpcs: dict[str, int], window_s: float, sshd: SshdWatch, load_start: tuple) -> dict:
+    """`window_s`: from sdiag's reset to the last event (the triggerer's start-up included)."""
+    results = waited["results"]
+    job_queries = sum(rpcs.get(name, 0) for name in JOB_QUERIES)
+    wait_s = waited["wait_s"]
+    return {
+        "jobs": len(results),
+        **verdicts(results),
+        "ssh_connections_opened": sshd.accepted,
+        "ssh_connections_peak_open": sshd.peak_open,
+        "ssh_connections_dropped_by_sshd": sshd.dropped,
+        "slurmctld_job_queries": job_queries,
+        "slurmctld_job_queries_per_30s": round(job_queries / max(window_s / 30, 1.0), 2),
+        "sdiag_window_s": round(window_s, 1),
+        "slurmctld_rpcs": dict(sorted(rpcs.items(), key=lambda kv: -kv[1])),
+        "wait_s": round(wait_s, 1),
+        "triggerer_cpu_s": round(waited["cpu_s"], 2),
+        "triggerer_startup_cpu_s": round(waited["startup_cpu_s"], 2),
+        "triggerer_cpu_share_of_one_core": round(waited["cpu_s"] / wait_s, 3),
+        "triggerer_peak_rss_mb": round(waited["peak_rss_mb"], 1),
+        "triggerer_rss_before_triggers_mb": round(waited["baseline_rss_mb"], 1),
+        "longest_event_loop_stall_s": round(waited["max_stall_s"], 3),
+        **spread("latency", [r.get("latency_s") for r in results if r["slurm"] == "COMPLETED"]),
+        **spread("end_file_delay", [r.get("end_file_delay_s") for r in results if r["slurm"] == "COMPLETED"]),
+        **spread("detection", [r.get("detection_s") for r in results if r["slurm"] == "COMPLETED"]),
+        **waited.get("ticks", {}),
+        "failures": sorted(
+            {f"{r['message'][:160]} (Slurm: {r['slurm']})" for r in results if r["status"] != "success"}
+        )[:5],
+        "load_avg_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+#: Slurm states in which the job never ends by itself in the phase: held after a failed launch, pending.
+UNFINISHED = {"PENDING", "REQUEUED", "RUNNING", "SUSPENDED"}
+
+
+def verdicts(results: list[dict]) -> dict[str, int]:
+    """Each wait's verdict against Slurm's: lost is a job Slurm ended whose wait said nothing or otherwise."""
+    lost = unfinished = failed = 0
+    for r in results:
+        if r["slurm"] in UNFINISHED and "received" not in r:
+            unfinished += 1  # the wait rightly still waits (here: launches failed under load, jobs held)
+        elif r["slurm"] == "COMPLETED":
+            lost += r["status"] != "success"
+        else:
+            failed += 1
+            lost += r["status"] != "failed"
+    return {"jobs_lost": lost, "jobs_failed_by_slurm": failed, "jobs_slurm_never_finished": unfinished}
+
+
+def spread(name: str, values: list[float | None]) -> dict[str, float | None]:
+    ordered = sorted(v for v in values if v is not None)
+    if not ordered:
+        return {f"{name}_median_s": None, f"{name}_p99_s": None, f"{name}_max_s": None}
+    return {
+        f"{name}_median_s": round(statistics.median(ordered), 3),
+        f"{name}_p99_s": round(percentile(ordered, 0.99), 3),
+        f"{name}_max_s": round(ordered[-1], 3),
+    }
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- the triggerer side: every trigger's run() on one event loop -------------------------------------
+
+
+def wait_all(work: Path) -> None:
+    """The child process: build the triggers, say ready, wait for every event; write what it cost. CPU
+    and the event loop's stalls are counted from the release of the jobs (the imports and the first
+    connections before it are the triggerer's start-up, reported apart)."""
+    spec = json.loads((work / "spec.json").read_text())
+    classes = {
+        c: getattr(importlib.import_module(c.rpartition(".")[0]), c.rpartition(".")[2]) for c, _ in spec["triggers"]
+    }
+    ticks = time_ticks() if spec["diagnose_ticks"] else None
+    baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cpu0 = time.process_time()
+    results, waited = asyncio.run(wait_events(spec, classes, work))
+    for result, stamp, end in zip(results, spec["stamps"], spec["ends"], strict=True):
+        time_the_end(result, Path(stamp), Path(end))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = {"results": results, **waited, "startup_cpu_s": time.process_time() - cpu0 - waited["cpu_s"],
+           "peak_rss_mb": peak, "baseline_rss_mb": baseline_rss, "ticks": tick_summary(ticks)}  # fmt: skip
+    (work / "result.json").write_text(json.dumps(out))
+
+
+def time_the_end(result: dict, stamp: Path, end: Path) -> None:
+    """latency: the program's last act -> the event; split at the end file (pcflow's marker, the peer's
+    exit-code file): the job's own delay in writing it, then the wait's in noticing it."""
+    if "received" not in result or not stamp.exists() or not end.exists():
+        return
+    ended, written = float(stamp.read_text()), end.stat().st_mtime
+    result["latency_s"] = result["received"] - ended
+    result["end_file_delay_s"] = written - ended
+    result["detection_s"] = result["received"] - written
+
+
+def time_ticks() -> list[tuple[float, float, int]]:
+    """Diagnostics of pcflow's session: each tick's start, its stat's duration and the waiters it served."""
+    from pcflow.slurm import session
+
+    ticks: list[tuple[float, float, int]] = []
+    tick = session.HeadNodeSession._tick
+
+    async def timed(self, due, now):
+        start = time.monotonic()
+        await tick(self, due, now)
+        ticks.append((start, time.monotonic() - start, len(due)))
+
+    session.HeadNodeSession._tick = timed
+    return ticks
+
+
+def tick_summary(ticks: list[tuple[float, float, int]] | None) -> dict:
+    if not ticks:
+        return {}
+    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(ticks))
+    durations = sorted(t[1] for t in ticks)
+    return {
+        "session_ticks": len(ticks),
+        "tick_interval_median_s": round(statistics.median(gaps), 3) if gaps else None,
+        "tick_interval_p99_s": round(percentile(gaps, 0.99), 3) if gaps else None,
+        "tick_stat_median_s": round(statistics.median(durations), 3),
+        "tick_stat_p99_s": round(percentile(durations, 0.99), 3),
+        "waiters_per_tick_max": max(t[2] for t in ticks),
+    }
+
+
+async def wait_events(spec: dict, classes: dict, work: Path) -> tuple[list[dict], dict]:
+    import structlog
+
+    loop = asyncio.get_running_loop()
+    worst = 0.0
+
+    async def heartbeat() -> None:
+        nonlocal worst
+        while True:
+            start = loop.time()
+            await asyncio.sleep(0.1)
+            worst = max(worst, loop.time() - start - 0.1)
+
+    async def one(trigger_id: int, classpath: str, kwargs: dict) -> dict:
+        structlog.contextvars.bind_contextvars(trigger_id=trigger_id)  # as the triggerer's run_trigger does
+        async for event in classes[classpath](**kwargs).run():
+            return {"received": time.time(), "status": event.payload.get("status"),
+                    "message": str(event.payload.get("message", ""))}  # fmt: skip
+        return {"status": "no event", "message": "the trigger ended without an event"}
+
+    tasks = [asyncio.create_task(one(i, c, k)) for i, (c, k) in enumerate(spec["triggers"])]
+    await asyncio.sleep(STARTUP_S)  # every run() has started and connected: the jobs may go
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    beat = asyncio.create_task(heartbeat())
+    (work / "ready").touch()
+    done, pending = await asyncio.wait(tasks, timeout=spec["deadline_s"])
+    waited = {"cpu_s": time.process_time() - cpu0, "wait_s": time.monotonic() - wall0, "max_stall_s": worst}
+    for task in pending:
+        task.cancel()
+    beat.cancel()
+    lost = {"status": "lost", "message": f"no event within {spec['deadline_s']:.0f} s"}
+    return [t.result() if t in done and not t.exception() else lost for t in tasks], waited
+
+
+# -- the run --------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="50,200,1000")
+    parser.add_argument("--peer-sizes", default="50,200")
+    parser.add_argument("--job-seconds", type=float, default=20.0)
+    parser.add_argument("--wait", type=Path, help=argparse.SUPPRESS)  # the child process
+    args = parser.parse_args()
+    if args.wait:
+        wait_all(args.wait)
+        return 0
+
+    from stacktools import start_for_script
+
+    shared = start_for_script()
+    stack_dir = Path(os.environ["PCFLOW_STACK_DIR"])
+    stack = {
+        "dir": stack_dir,
+        "shared": shared,
+        "sshd_port": json.loads((stack_dir / "ports.json").read_text())["sshd"],
+    }
+    sizes = [int(n) for n in args.sizes.split(",") if n]
+    peer_sizes = [int(n) for n in args.peer_sizes.split(",") if n]
+    partition, oversubscribe = default_partition()
+    slurm("scontrol", "update", f"PartitionName={partition}", f"OverSubscribe={OVERSUBSCRIBE}")
+    pcflow, peer = {}, {}
+    try:
+        # pcflow first: the peer's many connections load the machine for a while after their phase.
+        for side, counts, found in (("pcflow", sizes, pcflow), ("peer", peer_sizes, peer)):
+            for n in counts:
+                found[str(n)] = run_phase(stack, side, n, args.job_seconds)
+                print(json.dumps({side: n, **found[str(n)]}), flush=True)
+    finally:
+        slurm("scontrol", "update", f"PartitionName={partition}", f"OverSubscribe={oversubscribe.split(':')[0]}")
+    result = report(pcflow, peer, args.job_seconds)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+def report(pcflow: dict, peer: dict, seconds: float) -> dict:
+    ratios = {}
+    for n, theirs in peer.items():
+        ours = pcflow.get(n)
+        if ours:
+            ratios[n] = {
+                f"{what}_peer_over_pcflow": round((theirs[key] or 0) / max(ours[key] or 0, floor), 1)
+                for what, key, floor in (
+                    ("ssh_connections", "ssh_connections_opened", 1),
+                    ("triggerer_cpu", "triggerer_cpu_s", 0.01),
+                    ("latency_median", "latency_median_s", 0.001),
+                )
+            }
+    big = pcflow.get("1000")
+    checks = {}
+    if big:
+        checks = {
+            "ssh_connections_per_head_node_le_1": big["ssh_connections_opened"] <= 1,
+            "job_queries_per_30s_le_1": big["slurmctld_job_queries_per_30s"] <= 1.0,
+            "latency_median_le_1s": (big["latency_median_s"] or 99) <= 1.0,
+            "latency_p99_le_3s": (big["latency_p99_s"] or 99) <= 3.0,
+            "detection_after_marker_median_le_1s": (big["detection_median_s"] or 99) <= 1.0,
+            "detection_after_marker_p99_le_3s": (big["detection_p99_s"] or 99) <= 3.0,
+            "cpu_le_20pct_of_one_core": big["triggerer_cpu_share_of_one_core"] <= 0.20,
+            "no_job_lost": big["jobs_lost"] == 0,
+        }
+    return {
+        "benchmark": "trigger_scale",
+        "metrics": {
+            "notes": NOTES,
+            "job_seconds": seconds,
+            "partition_oversubscribe": OVERSUBSCRIBE,
+            "machine_cpus": os.cpu_count(),
+            "pcflow": pcflow,
+        },
+        "peers": {PEER_NAME: peer, "ratios": ratios},
+        "goal": GOAL,
+        "goal_checks": checks,
+        "goal_met": bool(checks) and all(checks.values()),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
