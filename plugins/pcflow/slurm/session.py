@@ -47,6 +47,9 @@ FAST_CONFIRM_S = 1.0
 SLURM_QUERIES = frozenset({"squeue", "sacct", "scontrol"})
 #: After an error no retry can mend (a refused host key): waiters that join later try again this much later.
 REFUSED_RETRY_S = 5.0
+#: Waiters woken per turn of the event loop: a thousand waking at once (each with a log line when Slurm
+#: has answered) would hold the triggerer's loop, and every other trigger on it, for a second.
+DELIVER_BATCH = 50
 #: What squeue and scontrol say of a job id slurmctld does not know (any more): an answer, not a failure.
 UNKNOWN_JOB = "Invalid job id"
 
@@ -267,11 +270,14 @@ class HeadNodeSession:
                 seat.deliver(exc)
             return
         self.failures = 0
-        for seat in due:
-            jobs = self.answer if self.answer_serial > seat.answered else None
-            seat.answered, seat.due_at = self.answer_serial, now + seat.waiter.watch_policy.poll_interval
-            seat.answers_seen += jobs is not None
-            seat.deliver(View(now, files, jobs, self.generation))
+        for start in range(0, len(due), DELIVER_BATCH):
+            if start:
+                await asyncio.sleep(0)  # the waiters served so far take their turn first
+            for seat in due[start : start + DELIVER_BATCH]:
+                jobs = self.answer if self.answer_serial > seat.answered else None
+                seat.answered, seat.due_at = self.answer_serial, now + seat.waiter.watch_policy.poll_interval
+                seat.answers_seen += jobs is not None
+                seat.deliver(View(now, files, jobs, self.generation))
         if self._query_due(now) and (self.querying is None or self.querying.done()):
             self.querying = asyncio.get_running_loop().create_task(self._query(now, self.generation))
 
