@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import itertools
 import os
 import re
@@ -19,9 +18,8 @@ from pathlib import Path
 
 import pytest
 import structlog
-from airflow.sdk.exceptions import TaskDeferred
 from stacktools import LocalStack
-from taskcontext import first_event, make_context
+from taskcontext import deferred_trigger, first_event, make_context
 
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
@@ -32,15 +30,6 @@ pytestmark = pytest.mark.stack
 
 FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
 WAITS = 20
-
-
-def defer(op: SlurmJobOperator, context: dict) -> HeadNodeTrigger:
-    """execute() up to the deferral; the trigger it hands over, after a serialisation round trip."""
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute(context)
-    classpath, kwargs = deferred.value.trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    return getattr(importlib.import_module(module), name)(**kwargs)
 
 
 #: Each job waits for the test's go file (two minutes at most): all waits are in flight before any job ends.
@@ -58,7 +47,7 @@ def submit_many(script: str, gate: Path, count: int = WAITS) -> list[HeadNodeTri
         program = ["bash", "-c", GATE + script, "bash", str(i), str(gate)]
         op = SlurmJobOperator(task_id=f"many-{i}", program=program, **FAST)
         op.hook = local.hook
-        return defer(op, make_context(f"many-{i}"))
+        return deferred_trigger(op, make_context(f"many-{i}"))
 
     try:
         with ThreadPoolExecutor(4) as pool:
@@ -159,7 +148,7 @@ def test_a_cut_connection_is_reopened_once_for_all_waits(local_stack, tmp_gate):
     before = accepted_connections(local_stack)
 
     async def scenario() -> tuple[list[dict], int]:
-        waits = asyncio.gather(*(first_payload(t) for t in triggers))
+        waits = asyncio.ensure_future(wait_like_a_triggerer(triggers))
         session = await connected_session()
         await asyncio.sleep(1)
         await asyncio.to_thread(cut_ssh, local_stack)
@@ -172,12 +161,6 @@ def test_a_cut_connection_is_reopened_once_for_all_waits(local_stack, tmp_gate):
     assert accepted_connections(local_stack) - before == 2
 
 
-async def first_payload(trigger: HeadNodeTrigger) -> dict:
-    async for event in trigger.run():
-        return event.payload
-    raise AssertionError("trigger ended without an event")
-
-
 def test_progress_says_when_the_pending_reason_changes(slurm, capsys):
     """About 20 s. Pending for its begin time, then held, then released: the task log says each."""
     op = SlurmJobOperator(
@@ -187,7 +170,7 @@ def test_progress_says_when_the_pending_reason_changes(slurm, capsys):
         poll_interval=0.2,
         confirm_interval=1.0,
     )
-    trigger = defer(op, make_context("progress"))
+    trigger = deferred_trigger(op, make_context("progress"))
 
     def hold_then_release() -> None:
         watcher = SlurmHook()
@@ -217,7 +200,7 @@ def test_progress_counts_array_elements_whenever_they_change(slurm, capsys):
         task_id="counted", program=["bash", "-c", script], trials=[{}] * 4, max_parallel=2, min_success_ratio=0.5,
         **FAST,
     )  # fmt: skip
-    trigger = defer(op, make_context("counted"))
+    trigger = deferred_trigger(op, make_context("counted"))
     event = first_event(trigger)
     assert event["status"] == "success", event
     pattern = (
