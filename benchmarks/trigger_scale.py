@@ -3,16 +3,18 @@ they notice each job's end. pcflow's triggers (one shared session per head node)
 provider's SSHRemoteJobTrigger (apache-airflow-providers-ssh, defaults: a connection and a poll loop
 per wait), measured in the same run on the local stack.
 
-Each phase submits N short `sleep` jobs, each through pcflow's own batch wrapper (srun launcher), held,
-to the local Slurm's default partition, oversubscribed for the run (`OverSubscribe=FORCE:64`, set back
-afterwards; the stack's configuration is not touched). A child process then plays the triggerer: every
-trigger's run() on one event loop, each in its own task with its log context bound, as Airflow's
-triggerer runs them. Once they all wait, the jobs are released. Per phase: SSH connections sshd
-authenticated (its log) and the most open at once (ss), slurmctld RPCs by type (sdiag, reset after
-submission), the waiting process's CPU seconds over the wait and peak RSS, its longest event-loop
-stall, detection latency (each job's program stamps time.time() as its last act; the trigger's event
-is the end of the wait) and jobs lost. The peer's exit-code file is written right after the stamp,
-before pcflow's wrapper writes its marker, so the comparison favours the peer by that much.
+Each phase submits N short `sleep` jobs (20 to 39 s with the default --job-seconds), each through
+pcflow's own batch wrapper (srun launcher), held, to the local Slurm's default partition,
+oversubscribed for the run (`OverSubscribe=FORCE:64`, set back afterwards; the stack's configuration
+is not touched). A child process then plays the triggerer: every trigger's run() on one event loop,
+each in its own task with its log context bound, as Airflow's triggerer runs them. Once they all wait,
+the jobs are released. Per phase: SSH connections sshd authenticated (its log) and the most open at
+once (ss), slurmctld RPCs by type (sdiag, reset after submission), the waiting process's CPU seconds
+over the wait and peak RSS, its longest event-loop stall, latency (each job's program stamps
+time.time() as its last act; the trigger's event ends the wait) split at the file each side watches
+(pcflow's marker, the peer's exit-code file), and each verdict checked against Slurm's accounting
+(jobs lost: Slurm ended the job, the wait said nothing or something else). The peer's exit-code file
+is written right after the stamp, before pcflow's wrapper writes its marker, which favours the peer.
 
 Usage: .venv/bin/python benchmarks/trigger_scale.py [--sizes 50,200,1000] [--peer-sizes 50,200]
            [--job-seconds 20]
@@ -134,7 +136,9 @@ class SshdWatch:
 
 
 def prepare_jobs(shared: Path, label: str, count: int, seconds: float) -> list[dict]:
-    """`count` held jobs, each a pcflow run directory with its rendered batch script; their trigger kwargs."""
+    """`count` held jobs, each a pcflow run directory with its rendered batch script; their trigger kwargs.
+    Job i sleeps `seconds + i % seconds`: ends (and the next jobs' starts) spread as real jobs' do,
+    instead of a few hundred launches at the same instant on the two cores that also run everything else."""
     from pcflow.slurm.operators import SlurmJobOperator
     from pcflow.slurm.render import render_batch_script, render_hparams
     from pcflow.slurm.spec import RunDir
@@ -142,7 +146,8 @@ def prepare_jobs(shared: Path, label: str, count: int, seconds: float) -> list[d
     run_key = f"bench-{label}-{uuid.uuid4().hex[:8]}"
     jobs = []
     for i in range(count):
-        op = SlurmJobOperator(task_id=f"t{i}", program=["bash", "-c", PROGRAM, "bash", str(seconds)])
+        sleep = seconds + i % max(int(seconds), 1)
+        op = SlurmJobOperator(task_id=f"t{i}", program=["bash", "-c", PROGRAM, "bash", str(sleep)])
         run_dir = RunDir.for_job(str(shared), run_key, f"t{i}")
         Path(run_dir.root).mkdir(mode=0o700, parents=True)
         spec = op.job_spec()
@@ -233,8 +238,8 @@ def deadline_s(side: str, count: int, seconds: float) -> float:
     """pcflow waits for every wave of jobs; the peer's waits are cut sooner: past a hundred connections
     they bring this shared machine to a standstill (a load of 200 was seen), and other work runs here."""
     if side == "peer":
-        return 90 + 2 * seconds
-    return 120 + (count / 200 + 1) * (seconds + 30)
+        return 90 + 3 * seconds
+    return 120 + (count / 200 + 1) * (2 * seconds + 30)
 
 
 def slurm_outcomes(ids: list[str]) -> dict[str, str]:
@@ -481,7 +486,7 @@ def report(pcflow: dict, peer: dict, seconds: float) -> dict:
         "benchmark": "trigger_scale",
         "metrics": {
             "notes": NOTES,
-            "job_seconds": seconds,
+            "job_seconds": f"{seconds:g} to {2 * seconds - 1:g} (job i sleeps job_seconds + i % job_seconds)",
             "partition_oversubscribe": OVERSUBSCRIBE,
             "machine_cpus": os.cpu_count(),
             "pcflow": pcflow,
