@@ -334,7 +334,8 @@ def wait_all(work: Path) -> None:
         time_the_end(result, Path(stamp), Path(end))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {"results": results, **waited, "startup_cpu_s": time.process_time() - cpu0 - waited["cpu_s"],
-           "peak_rss_mb": peak, "baseline_rss_mb": baseline_rss, "ticks": tick_summary(ticks)}  # fmt: skip
+           "peak_rss_mb": peak, "baseline_rss_mb": baseline_rss, "ticks": tick_summary(ticks),
+           "tick_starts": [t[0] for t in ticks or []]}  # fmt: skip
     (work / "result.json").write_text(json.dumps(out))
 
 
@@ -357,9 +358,9 @@ def time_ticks() -> list[tuple[float, float, int]]:
     tick = session.HeadNodeSession._tick
 
     async def timed(self, due, now):
-        start = time.monotonic()
+        start = time.time()
         await tick(self, due, now)
-        ticks.append((start, time.monotonic() - start, len(due)))
+        ticks.append((start, time.time() - start, len(due)))
 
     session.HeadNodeSession._tick = timed
     return ticks
@@ -456,19 +457,25 @@ def main() -> int:
     return 0
 
 
+def ratio(theirs: float | None, ours: float | None, floor: float) -> float | None:
+    """theirs / ours; None when the peer has no value (no wait of it ended: no latency to compare)."""
+    return None if theirs is None or ours is None else round(theirs / max(ours, floor), 1)
+
+
 def report(pcflow: dict, peer: dict, seconds: float) -> dict:
     ratios = {}
     for n, theirs in peer.items():
         ours = pcflow.get(n)
         if ours:
             ratios[n] = {
-                f"{what}_peer_over_pcflow": round((theirs[key] or 0) / max(ours[key] or 0, floor), 1)
+                f"{what}_peer_over_pcflow": ratio(theirs[key], ours[key], floor)
                 for what, key, floor in (
                     ("ssh_connections", "ssh_connections_opened", 1),
                     ("triggerer_cpu", "triggerer_cpu_s", 0.01),
                     ("latency_median", "latency_median_s", 0.001),
                 )
             }
+            ratios[n]["jobs_lost"] = {"peer": theirs["jobs_lost"], "pcflow": ours["jobs_lost"]}
     big = pcflow.get("1000")
     checks = {}
     if big:
