@@ -182,3 +182,22 @@ def test_jobs_state_asks_squeue_once_then_sacct_for_what_it_forgot():
 
 def test_stat_records_keep_paths_with_spaces():
     assert parse_stats("12 34 /a b/c\0junk\0 0 /x\0") == {"/a b/c": FileStat(12, 34)}
+
+
+def test_a_waiter_can_have_slurm_asked_sooner_for_everyone():
+    """The budget cap's cadence: one waiter's deadline brings the session's one squeue forward."""
+    server = Server()
+    patient = WatchPolicy(poll_interval=0.01, confirm_interval=60)
+
+    async def scenario():
+        async with joined(Waiter(server, "0", watch_policy=patient)) as seat:
+            await seat.next_view()
+            asked_before = [c for c in server.commands if c.startswith("squeue")]
+            seat.confirm_within(0.02)
+            views = [await seat.next_view() for _ in range(10)]
+        return asked_before, views
+
+    asked_before, views = asyncio.run(scenario())
+    assert asked_before == []
+    assert len([c for c in server.commands if c.startswith("squeue")]) == 1
+    assert any(v.answer("0") is not None for v in views)

@@ -160,6 +160,11 @@ class Seat:
         """Ask slurmctld at the next tick (at most once a FAST_CONFIRM_S for all waiters)."""
         self.urgent = True
 
+    def confirm_within(self, seconds: float) -> None:
+        """Ask slurmctld within `seconds` at the latest (the budget cap's cadence), for all waiters at once."""
+        session = self.session
+        session.next_query = min(session.next_query, asyncio.get_running_loop().time() + seconds)
+
     def lost(self, error: BaseException, view: View) -> None:
         """This waiter's own read failed on the connection `view` came over: reconnect (once for all)."""
         self.session.lost(error, view.generation)

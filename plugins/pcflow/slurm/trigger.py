@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import json
 import posixpath
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from pcflow.budget import CostMeter
 from pcflow.slurm import session
 from pcflow.slurm.hook import (
     SMALL_FILE_BYTES,
@@ -42,6 +46,7 @@ from pcflow.slurm.watch import (
     ArrayWatch,
     JobWatch,
     LogCursor,
+    Outcome,
     Verdict,
     WatchPolicy,
     ends_cleanly,
@@ -82,6 +87,7 @@ class HeadNodeTrigger(BaseTrigger):
         max_reconnect_attempts: int = 8,
         command_timeout: float = 60.0,
         early_stopping: dict[str, Any] | None = None,
+        budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
@@ -96,6 +102,8 @@ class HeadNodeTrigger(BaseTrigger):
         self.command_timeout = command_timeout
         self.early_stopping = early_stopping
         self.stopped_early: set[str] = set()
+        self.budget = budget
+        self.budget_spent = False
         #: Slurm answers this wait was given (one squeue answers for every wait on the head node).
         self.queries_sent = 0
 
@@ -115,11 +123,23 @@ class HeadNodeTrigger(BaseTrigger):
             "max_reconnect_attempts": self.max_reconnect_attempts,
             "command_timeout": self.command_timeout,
             "early_stopping": self.early_stopping,
+            "budget": self.budget,
         }
 
     @functools.cached_property
     def watch_policy(self) -> WatchPolicy:
         return WatchPolicy(**self.policy)
+
+    #: How many jobs of this wait may run at once (an array: its elements), for the budget's cadence.
+    jobs_at_once = 1
+
+    @functools.cached_property
+    def meter(self) -> CostMeter | None:
+        """The run's cost so far (the first task's prices and budget; `budget["run_started"]`: epoch s)."""
+        if not self.budget:
+            return None
+        every = float(self.budget.get("report_every_s") or 300)
+        return CostMeter(self.budget, float(self.budget["run_started"]), self.jobs_at_once, every)
 
     #: Files the session stats for this wait every poll.
     watched_paths: Sequence[str] = ()
@@ -185,6 +205,44 @@ class HeadNodeTrigger(BaseTrigger):
             self.stopped_early.add(job_id)
             self.log.info("Stopping Slurm job %s early: %s after %d evaluations", job_id, decision.reason,
                           decision.evaluations)  # fmt: skip
+
+    async def meter_cost(self, seat: Seat, infos: list[JobInfo] | None) -> None:
+        """Log the cost so far at its cadence (`infos`: Slurm's fresh answer, if this view has one); at the
+        budget, record it and cancel the job, once; have Slurm asked before the budget could be reached."""
+        meter = self.meter
+        if meter is None or self.budget_spent:
+            return
+        wall = time.time()
+        if infos is not None:
+            meter.observe(infos, wall)
+        self.note(meter.report(wall))
+        if meter.exhausted(wall):
+            await self.stop_at_budget(seat, meter.record(self.job_id, wall))
+            return
+        ask = meter.ask_within(wall)
+        if ask is not None:
+            seat.confirm_within(ask)
+
+    async def stop_at_budget(self, seat: Seat, record: dict[str, Any]) -> None:
+        """Write budget_exhausted.json into the run directory, then scancel the job (an array: all of it):
+        the batch wrapper reads the record on SIGTERM and marks the attempt ended at its budget."""
+        from pcflow.budget import BUDGET_FILE, usd
+
+        # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
+        async with seat.sftp.open(posixpath.join(self.run_dir, BUDGET_FILE), "wb") as fh:
+            await fh.write(json.dumps(record).encode())
+        await seat.run(["scancel", self.job_id])
+        self.budget_spent = True
+        self.log.warning("The run's cost so far, %s, reached its budget of %s: cancelled Slurm job %s",
+                         usd(record["cost_usd"]), usd(record["budget_usd"]), self.job_id)  # fmt: skip
+
+    def after_budget(self, verdict: Any) -> Any:
+        """A job cancelled at its budget before its wrapper could say so (still pending, an array's
+        elements not started) ends `budget_exhausted` all the same."""
+        if not self.budget_spent or verdict.outcome.ok:
+            return verdict
+        message = f"{verdict.message} (pcflow cancelled Slurm job {self.job_id} when the run reached its budget)"
+        return dataclasses.replace(verdict, outcome=Outcome.BUDGET_EXHAUSTED, message=message)
 
     @staticmethod
     async def size_of(sftp: asyncssh.SFTPClient, path: str) -> int | None:
@@ -368,13 +426,14 @@ class SlurmJobTrigger(HeadNodeTrigger):
             if verdict is None and self.info is not None and marker_matches(self.marker, self.info):
                 seat.confirm_soon()  # the marker says over, slurmctld not yet: ask again shortly
         if verdict is None:
+            await self.meter_cost(seat, answer)
             return None
         if self.settled_by_marker():
             size = view.size(self.log_path)  # stat'd after the marker: the whole log
         else:
             size = await self.size_of(seat.sftp, self.log_path)  # Slurm ended it: its last lines may be newer
         await self.finish_log(seat.sftp, size)
-        return self.payload(verdict, self.final_info())
+        return self.payload(self.after_budget(verdict), self.final_info())
 
     def marker_is_ours(self) -> bool:
         return bool(self.marker) and str(self.marker.get("job_id")) == self.job_id
@@ -423,6 +482,10 @@ class SlurmArrayTrigger(HeadNodeTrigger):
         return {**super().kwargs(), "size": self.size, "min_success_ratio": self.min_success_ratio}
 
     @property
+    def jobs_at_once(self) -> int:
+        return self.size
+
+    @property
     def done_path(self) -> str:
         return posixpath.join(self.run_dir, "done")
 
@@ -462,7 +525,9 @@ class SlurmArrayTrigger(HeadNodeTrigger):
                 await self.stop_running_trials_early(seat)
             if any(index not in self.watch.verdicts for index in ended):
                 seat.confirm_soon()  # an element ended otherwise than cleanly: Slurm says why
+            await self.meter_cost(seat, elements)
             return None
+        verdict = self.after_budget(verdict)
         return {
             "status": "success" if verdict.outcome.ok else "failed",
             "outcome": str(verdict.outcome),
