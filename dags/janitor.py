@@ -2,10 +2,12 @@
 a stack's image, network and cluster once no run has stamped them for `teardown.keep_hours`), list what
 is kept with its cost per day, and stop the compute fleet of a kept cluster whose queue has been idle
 longer than its profile's `budget.idle_minutes` (the next run starts it). Triggered by hand it only
-reports what it would delete or stop, unless the trigger form's `dry_run` is turned off."""
+reports what it would delete or stop, unless the trigger form's `dry_run` is turned off. A task that
+fails is reported to the `alerts.sns_topic_arn` of the deployment's default profile (pcflow/alerts.py)."""
 
 from airflow.sdk import DAG, Param
 
+from pcflow.alerts import with_failure_alerts
 from pcflow.aws.janitor import JanitorOperator
 from pcflow.cluster.idle import StopIdleFleetsOperator
 from pcflow.pipeline import STAGE_TIMEOUTS
@@ -26,6 +28,8 @@ with DAG(
     max_active_runs=1,
     tags=["pcflow", "cleanup"],
     doc_md=__doc__,
+    # A failed task is published to the default profile's alerts topic, with every stack's leftovers.
+    **with_failure_alerts({}, every_stack=True),
 ):
     StopIdleFleetsOperator(
         task_id="stop_idle_fleets", dry_run="{{ params.dry_run }}", execution_timeout=STAGE_TIMEOUTS["janitor"]

@@ -8,10 +8,12 @@ One run at a time, so a backfill (`airflow backfill create --dag-id pretrain_nig
 --to-date ... --dag-run-conf '{...}' --max-active-runs 1`: a backfill has its own limit, not the DAG's)
 retrains past partitions one after another on the same cluster.
 Each run writes under its own run key, so two runs never write the same place.
+A stage that fails for good is reported to the profile's `alerts.sns_topic_arn` (pcflow/alerts.py).
 """
 
 from airflow.sdk import DAG
 
+from pcflow.alerts import with_failure_alerts
 from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, training_params
 
 with DAG(
@@ -19,7 +21,7 @@ with DAG(
     schedule="0 2 * * *",
     catchup=False,
     params=training_params(),
-    **TRAINING_DAG_ARGS,
+    **with_failure_alerts(TRAINING_DAG_ARGS),  # a failed stage is published to the profile's alerts topic
     max_active_runs=1,
     tags=["pcflow", "training", "nightly"],
     doc_md=__doc__,

@@ -240,6 +240,16 @@ class BudgetSettings(_Section):
         return self
 
 
+class AlertsSettings(_Section):
+    """Where a failed nightly or janitor run is reported (pcflow.alerts): the deployment admin's SNS topic,
+    read from the profile itself when the alert is sent, never from a run's conf."""
+
+    sns_topic_arn: str | None = Field(
+        None, pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$",
+        description="the (standard, not FIFO) topic failures are published to; empty: no alerts",
+    )  # fmt: skip
+
+
 class RunSpec(_Section):
     profile: str
     stack: str
@@ -256,6 +266,7 @@ class RunSpec(_Section):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     preflight: PreflightSettings = Field(default_factory=PreflightSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    alerts: AlertsSettings = Field(default_factory=AlertsSettings)
 
     @field_validator("stack")
     @classmethod

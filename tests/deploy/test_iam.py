@@ -29,7 +29,7 @@ PCLUSTER_POLICY = REPO / "include" / "iam" / "pcluster-cli-policy.json"
 #: The Amazon provider's hooks pcflow uses, and the client each makes.
 PROVIDER_HOOKS = {"EC2Hook": "ec2", "S3Hook": "s3", "CloudFormationHook": "cloudformation"}
 #: IAM action prefixes of the services pcflow calls (a new service fails the test until it is added here).
-IAM_PREFIX = {s: s for s in ("ec2", "s3", "ssm", "fsx", "cloudwatch", "cloudformation", "sts", "iam")} | {
+IAM_PREFIX = {s: s for s in ("ec2", "s3", "ssm", "fsx", "cloudwatch", "cloudformation", "sts", "iam", "sns")} | {
     "service-quotas": "servicequotas"
 }
 #: S3 operations whose IAM action has another name. Multipart uploads (s3transfer) need s3:PutObject.
@@ -53,6 +53,8 @@ S3_ACTIONS = {
 TRANSFER_MANAGER_CALLS = {
     ("s3", op) for op in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")
 } | {("s3", "AbortMultipartUpload")}
+#: Provider classes that make AWS calls themselves, and the calls: the failure alert's notifier publishes.
+PROVIDER_CALLS = {"SnsNotifier": {("sns", "Publish")}}
 #: Permissions a request parameter adds on top of the operation's own action: (operation, parameter) -> action.
 PARAMETER_ACTIONS = {
     (("ec2", "RunInstances"), "IamInstanceProfile"): "iam:PassRole",
@@ -159,6 +161,9 @@ def called_operations() -> set[tuple[str, str]]:
     calls |= {op for name, op in waiters(services).items() if name in found.strings}
     if "TransferManager" in found.names:
         calls |= TRANSFER_MANAGER_CALLS
+    for provider_class, provider_calls in PROVIDER_CALLS.items():
+        if provider_class in found.names:
+            calls |= provider_calls
     return calls
 
 
@@ -198,6 +203,7 @@ def test_the_scan_finds_pcflow_s_clients_and_calls():
         ("fsx", "DescribeDataRepositoryTasks"),
         ("cloudformation", "DescribeStacks"),
         ("s3", "AbortMultipartUpload"),
+        ("sns", "Publish"),
     ):
         assert call in calls, call
     # The exception tables name only what the code still contains.
@@ -284,6 +290,8 @@ AIRFLOW_REQUESTS = [
      {"iam:PassedToService": "ec2.amazonaws.com"}, False),
     ("TrainingMetricsAndDashboards", "cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "pcflow"}, True),
     ("TrainingMetricsAndDashboards", "cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "AWS/EC2"}, False),
+    ("FailureAlertsToTheAdminsTopic", "sns:Publish", f"arn:aws:sns:us-east-1:{ACCOUNT}:pcflow-alerts", {}, True),
+    ("FailureAlertsToTheAdminsTopic", "sns:Publish", f"arn:aws:sns:us-east-1:{ACCOUNT}:billing-team", {}, False),
 ]  # fmt: skip
 #: The same for include/iam/pcluster-cli-policy.json (ParallelCluster's roles).
 PCLUSTER_REQUESTS = [
