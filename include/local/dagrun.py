@@ -57,8 +57,10 @@ def prepare_airflow(airflow_home: Path) -> None:
         return
     env = {**os.environ, **airflow_environment(airflow_home)}
     airflow = str(Path(sys.executable).with_name("airflow"))
-    subprocess.run([airflow, "db", "migrate"], env=env, check=True)
-    subprocess.run([airflow, "pools", "import", str(POOLS_FILE)], env=env, check=True, stdout=subprocess.DEVNULL)
+    for argv in ([airflow, "db", "migrate"], [airflow, "pools", "import", str(POOLS_FILE)]):
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)  # said only on failure
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv[1:3])} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     stamp.write_text(prepared)
 
 

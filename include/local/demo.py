@@ -8,14 +8,17 @@ run failed or left anything tagged with its run key behind. `rehearsal.py` runs 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dagrun import REPO, DagRunResult, airflow_environment, prepare_airflow, run_dag, tagged_resources
+from progress import task_lines
 
 CONF = {"partition": "demo", "hyperparameters": {"epochs": 5}}
 UNTRAINED = "_untrained"
@@ -35,6 +38,20 @@ def prepare() -> None:
     os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
     sys.path.insert(0, str(REPO / "plugins"))
     prepare_airflow(airflow_home)
+
+
+def run_with_progress(
+    name: str, dag_id: str, conf: dict[str, Any], summarize_run: Callable[[DagRunResult, float], dict[str, Any]]
+) -> dict[str, Any]:
+    """Run the DAG with one line per task on the terminal, and summarize it; Airflow's own output (and
+    the summary's AWS lookups') goes to a log file, which the summary names."""
+    when = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    log = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")) / "logs" / f"{name}-{when:%Y%m%dT%H%M%SZ}.log"
+    started = time.monotonic()
+    with task_lines(dag_id, when, log):
+        result = run_dag(dag_id, conf, run_after=when)
+        summary = summarize_run(result, time.monotonic() - started)
+    return {**summary, "airflow_log": str(log)}
 
 
 def summarize(result: DagRunResult, seconds: float) -> dict[str, Any]:
@@ -89,9 +106,7 @@ def cost_before(run: dict | None) -> dict:
 def main() -> int:
     prepare()
     print("pcflow demo: running DAG `pretrain` on the local profile (moto + local Slurm) ...", flush=True)
-    started = time.monotonic()
-    result = run_dag("pretrain", CONF)
-    return report("demo", summarize(result, time.monotonic() - started))
+    return report("demo", run_with_progress("demo", "pretrain", CONF, summarize))
 
 
 if __name__ == "__main__":

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from typing import Any
 
-from dagrun import DagRunResult, run_dag
-from demo import prepare, report, summarize
+from dagrun import DagRunResult
+from demo import prepare, report, run_with_progress, summarize
 
 PROFILE = "aws-gpu-rehearsal"
 CONF = {"profile": PROFILE, "partition": "rehearsal"}
@@ -62,10 +61,11 @@ def rehearsal_facts(result: DagRunResult) -> dict[str, Any]:
 def main() -> int:
     prepare()
     print(f"pcflow rehearsal: running DAG `pretrain` with profile {PROFILE} (aws-gpu on the local stack) ...")
-    started = time.monotonic()
-    result = run_dag("pretrain", CONF)
-    summary = summarize(result, time.monotonic() - started)
-    return report("rehearsal", {**summary, **rehearsal_facts(result)})
+
+    def summarize_rehearsal(result: DagRunResult, seconds: float) -> dict[str, Any]:
+        return {**summarize(result, seconds), **rehearsal_facts(result)}
+
+    return report("rehearsal", run_with_progress("rehearsal", "pretrain", CONF, summarize_rehearsal))
 
 
 if __name__ == "__main__":
