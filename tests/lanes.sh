@@ -7,7 +7,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-LANE_B=(tests/deploy/test_celery_deployment.py tests/dags/test_rehearsal.py)
+# About half the suite's time each (measured in CI): lane B the Celery deployment, the rehearsal and
+# the local profile's longest DAG runs; lane A everything else.
+LANE_B=(
+    tests/deploy/test_celery_deployment.py tests/dags/test_rehearsal.py tests/dags/test_dags.py
+    tests/dags/test_node_loss.py tests/dags/test_budget_cap.py tests/dags/test_crash_retry.py
+)
 LANE_B_STATE="$PWD/.stack-lane-b"
 mkdir -p tests/artifacts
 ignores=()

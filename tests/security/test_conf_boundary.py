@@ -211,11 +211,12 @@ def test_the_default_profile_comes_from_the_deployment(monkeypatch, admin_profil
 
     monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "aws-gpu")
     extra = admin_profiles.make("local", name="team-a")
+    shipped = ["aws-gpu", "aws-gpu-rehearsal", "local"]  # include/profiles/, then the admin's
     profile = training_params()["profile"]
-    assert profile.value == "aws-gpu" and profile.schema["enum"] == ["aws-gpu", "local", extra]
+    assert profile.value == "aws-gpu" and profile.schema["enum"] == [*shipped, extra]
     monkeypatch.delenv("PCFLOW_DEFAULT_PROFILE")
     profile = training_params()["profile"]
-    assert profile.value is None and profile.schema["enum"] == [None, "aws-gpu", "local", extra]
+    assert profile.value is None and profile.schema["enum"] == [None, *shipped, extra]
 
 
 def test_a_run_without_a_profile_is_refused(offline):
