@@ -155,6 +155,10 @@ def test_trigger_on_kill_cancels_a_deferred_job(slurm: SlurmHook):
     assert slurm.job_info(trigger.job_id).state is JobState.CANCELLED
 
 
+def is_pending(hook: SlurmHook, job_id: str) -> bool:
+    return hook.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip() == "PENDING"
+
+
 def test_requeued_job_keeps_waiting_and_succeeds(slurm: SlurmHook):
     script = '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && { echo resumed; exit 0; }; echo first attempt; sleep 60'
     op = SlurmJobOperator(task_id="requeue", program=bash(script), **FAST)
@@ -166,7 +170,13 @@ def test_requeued_job_keeps_waiting_and_succeeds(slurm: SlurmHook):
         while time.monotonic() < deadline and b"first attempt" not in watcher.read_file(trigger.run_dir + "/job.log"):
             time.sleep(0.2)
         watcher.requeue(trigger.job_id)
-        # Slurm holds a requeued job back for a while (BeginTime); an operator can release it at once.
+        # Slurm holds a requeued job back for a while (BeginTime); an operator can release it sooner. Not
+        # within the second of the requeue: slurmd judges the first attempt's revoked credential by the
+        # second, so a relaunch in that same second on the same node is killed ("Job credential revoked").
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not is_pending(watcher, trigger.job_id):
+            time.sleep(0.2)
+        time.sleep(2)
         watcher.run(["scontrol", "update", f"JobId={trigger.job_id}", "StartTime=now"], check=False)
         watcher.close()
 
