@@ -52,8 +52,15 @@ class TaskLines(threading.Thread):
 
     def run(self) -> None:
         while not self.done.wait(POLL_S):
+            self.poll_once()
+        self.poll_once()
+
+    def poll_once(self) -> None:
+        """A look that fails (SQLite busy while the run writes) is only a missed look: tried again next."""
+        try:
             self.poll()
-        self.poll()
+        except Exception as exc:  # the run goes on; the error is in Airflow's log
+            print(f"pcflow progress: {exc!r}", file=sys.stderr)
 
     def poll(self) -> None:
         from airflow.models.dagrun import DagRun
