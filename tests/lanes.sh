@@ -18,15 +18,24 @@ mkdir -p tests/artifacts
 ignores=()
 for path in "${LANE_B[@]}"; do ignores+=(--ignore "$path"); done
 
-PCFLOW_STACK_DIR="$LANE_B_STATE" AIRFLOW_HOME="$LANE_B_STATE/airflow" \
-    $PY -m pytest "$@" "${LANE_B[@]}" >tests/artifacts/lane-b.log 2>&1 &
+lane_b_env=(env PCFLOW_STACK_DIR="$LANE_B_STATE" AIRFLOW_HOME="$LANE_B_STATE/airflow")
+# The two stacks come up one after the other: each picks free ports when its state is created, and two
+# made at the same moment were once given the same port. Up before pytest, they are stopped here.
+stacks_down() {
+    $PY include/local/stack.py down >/dev/null 2>&1
+    "${lane_b_env[@]}" $PY include/local/stack.py down >/dev/null 2>&1
+}
+trap stacks_down EXIT
+$PY include/local/stack.py up && "${lane_b_env[@]}" $PY include/local/stack.py up || exit 1
+
+"${lane_b_env[@]}" $PY -m pytest "$@" "${LANE_B[@]}" >tests/artifacts/lane-b.log 2>&1 &
 lane_b=$!
-trap 'kill "$lane_b" 2>/dev/null' EXIT INT TERM
+trap 'kill "$lane_b" 2>/dev/null; stacks_down' EXIT INT TERM
 $PY -m pytest "$@" "${ignores[@]}"
 status_a=$?
 wait "$lane_b"
 status_b=$?
-trap - EXIT INT TERM
+trap stacks_down EXIT
 echo "================ lane B: ${LANE_B[*]} (own stack in $LANE_B_STATE) ================"
 cat tests/artifacts/lane-b.log
 echo "lanes: A exited $status_a, B exited $status_b"
