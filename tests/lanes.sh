@@ -18,17 +18,22 @@ mkdir -p tests/artifacts
 ignores=()
 for path in "${LANE_B[@]}"; do ignores+=(--ignore "$path"); done
 
-lane_b_env=(env PCFLOW_STACK_DIR="$LANE_B_STATE" AIRFLOW_HOME="$LANE_B_STATE/airflow")
+in_lane_b() { PCFLOW_STACK_DIR="$LANE_B_STATE" AIRFLOW_HOME="$LANE_B_STATE/airflow" "$@"; }
+stack_a() { $PY include/local/stack.py "$@"; }
+stack_b() { in_lane_b $PY include/local/stack.py "$@"; }
+is_up() { "$1" status --json 2>/dev/null | $PY -c 'import json, sys; sys.exit(not all(s["ready"] for s in json.load(sys.stdin).values()))'; }
 # The two stacks come up one after the other: each picks free ports when its state is created, and two
-# made at the same moment were once given the same port. Up before pytest, they are stopped here.
-stacks_down() {
-    $PY include/local/stack.py down >/dev/null 2>&1
-    "${lane_b_env[@]}" $PY include/local/stack.py down >/dev/null 2>&1
-}
+# made at the same moment were once given the same port. A stack that was up already (a developer's)
+# stays up; those started here are stopped here.
+started=()
+stacks_down() { for stack in "${started[@]}"; do "$stack" down >/dev/null 2>&1; done; }
 trap stacks_down EXIT
-$PY include/local/stack.py up && "${lane_b_env[@]}" $PY include/local/stack.py up || exit 1
+for stack in stack_a stack_b; do
+    is_up "$stack" || started+=("$stack")
+    "$stack" up || exit 1
+done
 
-"${lane_b_env[@]}" $PY -m pytest "$@" "${LANE_B[@]}" >tests/artifacts/lane-b.log 2>&1 &
+in_lane_b $PY -m pytest "$@" "${LANE_B[@]}" >tests/artifacts/lane-b.log 2>&1 &
 lane_b=$!
 trap 'kill "$lane_b" 2>/dev/null; stacks_down' EXIT INT TERM
 $PY -m pytest "$@" "${ignores[@]}"
