@@ -15,24 +15,25 @@ from typing import Any, TextIO
 
 POLL_S = 1.0
 ENDED = ("success", "failed", "skipped", "upstream_failed")
+#: What each task's line shows of its returned value.
+SHOWN = {
+    "network": ("vpc_id",),
+    "image": ("image_id", "reused"),
+    "dataset": ("object_count", "uploaded", "skipped", "mode"),
+    "cluster": ("name", "adopted"),
+    "ship_payload": ("dir", "reused"),
+    "train": ("job_id", "state", "nodes", "elapsed_s"),
+    "metrics": ("outcome", "objective", "cost_usd_estimate"),
+    "teardown": ("deleted",),
+    "delete_cluster": ("deleted",),
+}
 
 
 def did(task_id: str, value: Any) -> str:
     """A few words on what a task returned (its XCom), for the progress line."""
     if not isinstance(value, dict):
         return "" if value is None else str(value)[:60]
-    words = {
-        "network": ("vpc_id",),
-        "image": ("image_id", "reused"),
-        "dataset": ("object_count", "uploaded", "skipped", "mode"),
-        "cluster": ("name", "adopted"),
-        "ship_payload": ("dir", "reused"),
-        "train": ("job_id", "state", "nodes", "elapsed_s"),
-        "metrics": ("outcome", "objective", "cost_usd_estimate"),
-        "teardown": ("deleted",),
-        "delete_cluster": ("deleted",),
-    }.get(task_id, ())
-    shown = {k: value[k] for k in words if k in value}
+    shown = {k: value[k] for k in SHOWN.get(task_id, ()) if k in value}
     if isinstance(shown.get("objective"), dict):
         shown["objective"] = "{name}={value}".format(**{"name": None, "value": None, **shown["objective"]})
     if isinstance(shown.get("deleted"), list):
@@ -104,13 +105,13 @@ def settle_imports() -> None:
 
 
 @contextmanager
-def task_lines(dag_id: str, run_after: dt.datetime, log_path: Path) -> Iterator[TextIO]:
+def task_lines(dag_id: str, run_after: dt.datetime, log_path: Path) -> Iterator[None]:
     """Within: this process's stdout and stderr (file descriptors 1 and 2, so subprocesses' too) go to
-    `log_path`, and one line per ended task goes to the terminal. Yields the terminal's stream."""
+    `log_path`, and one line per ended task goes to the terminal (stdout as it was)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    saved_out, saved_err = os.dup(1), os.dup(2)
+    saved_err = os.dup(2)
     terminal = os.fdopen(os.dup(1), "w", buffering=1)
     with log_path.open("ab") as log:
         os.dup2(log.fileno(), 1)
@@ -119,14 +120,13 @@ def task_lines(dag_id: str, run_after: dt.datetime, log_path: Path) -> Iterator[
     lines = TaskLines(dag_id, run_after, terminal)
     lines.start()
     try:
-        yield terminal
+        yield
     finally:
         lines.done.set()
         lines.join(timeout=10)
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved_out, 1)
+        os.dup2(terminal.fileno(), 1)
         os.dup2(saved_err, 2)
-        os.close(saved_out)
         os.close(saved_err)
         terminal.close()
