@@ -183,11 +183,12 @@ class ParallelClusterProvider:
             tags = describe_tags(described)
             found_hash = tags.get(TAG_CONFIG_HASH)
             existing = {"status": described.get("clusterStatus"), "config_hash": found_hash}
-            if found_hash != rendered.config_hash and tags.get(TAG_SHAPE_HASH) == rendered.shape_hash:
-                existing["image_checked_after_bake"] = True
-            elif found_hash != rendered.config_hash:
-                self.check_update(spec, rendered, described, found_hash)
-                existing["update"] = True
+            if found_hash != rendered.config_hash:
+                if tags.get(TAG_SHAPE_HASH) == rendered.shape_hash:
+                    existing["image_checked_after_bake"] = True
+                else:
+                    self.check_update(spec, rendered, described, found_hash)
+                    existing["update"] = True
             existing["file_system_ids"] = self.file_system_ids(spec.name)
         for message in messages:
             log.warning("pcluster %s %s: %s", message.get("level"), message.get("type"), message.get("message"))
