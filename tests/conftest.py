@@ -38,6 +38,14 @@ def pytest_sessionstart(session):
 _STACK: LocalStack | None = None  # set once a test has asked for the local stack
 
 
+def pytest_collection_modifyitems(items):
+    """`stack` on every test that asks for the local stack (the fixture, directly or through another), so
+    that `-m "not stack"` never starts it. A module that reaches the stack some other way marks itself."""
+    for item in items:
+        if "local_stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.stack)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if not _STACK_WAS_UP and (STATE_DIR / "ports.json").exists():
         stack_cli("down")
@@ -145,3 +153,10 @@ def pcluster_cli() -> Path:
         pytest.fail(f"install-pcluster.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     print(f"pcluster ready in {time.monotonic() - started:.1f} s: {proc.stdout.strip()}")
     return REPO / ".venv-pcluster" / "bin" / "pcluster"
+
+
+@pytest.fixture(scope="session")
+def standin_cli(local_stack, pcluster_cli) -> Path:
+    """The local stack's ParallelCluster stand-in (include/local/pcluster-standin: its cluster is the local
+    Slurm; dry runs go to the real CLI), as the stack's environment selects it (PCFLOW_PCLUSTER)."""
+    return REPO / "include" / "local" / "pcluster-standin"

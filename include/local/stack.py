@@ -295,8 +295,9 @@ def ensure_ssh(lay: Layout) -> None:
 def ensure_munge(lay: Layout) -> None:
     d = lay.path("munge")
     d.mkdir(parents=True, exist_ok=True)
-    # Other local users may reach the socket, as /run/munge allows on a real site (tests/security submits
-    # as a second Slurm user); the key stays 0600 and the directory unlistable.
+    # Other local users may reach the socket, as /run/munge allows on a real site
+    # (tests/pcflow/slurm/test_job_user.py submits as a second Slurm user); the key stays 0600 and the
+    # directory unlistable.
     d.chmod(0o711)
     key = d / "munge.key"
     if not key.exists():

@@ -23,7 +23,7 @@ from stacktools import stack_cli, stack_status
 from pcflow.naming import run_key
 from pcflow.slurm.spec import RunDir
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
 # Within what a trigger user may set (launcher, nodes, tasks_per_node) plus the epochs, pinned so that the
 # node dies with epochs still to go whatever the profile's default becomes.
 CONF = {"launcher": "torchrun", "nodes": 2, "tasks_per_node": 1, "hyperparameters": {"epochs": 3}}

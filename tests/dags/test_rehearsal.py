@@ -38,7 +38,7 @@ from pcflow.cluster.operators import DeleteClusterOperator
 from pcflow.dataset.manifest import read_manifest
 from pcflow.naming import run_key
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1500)]
 PARTITION = "e2e"
 
 

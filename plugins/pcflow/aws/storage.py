@@ -8,8 +8,8 @@ message saying what to change. `ensure_shared_bucket` is the dataset bucket stac
 
 FSx data repository tasks import S3 changes into an existing file system before training and export
 results to S3 before the file system is deleted. The moto server (5.2.5, the newest release) answers
-500 for these APIs, so their tests use botocore's Stubber (tests/aws/test_storage.py,
-tests/dataset/test_fsx_import.py); the calls follow the FSx API reference.
+500 for these APIs, so their tests use botocore's Stubber (tests/pcflow/aws/test_storage.py,
+tests/pcflow/dataset/test_fsx_import.py); the calls follow the FSx API reference.
 """
 
 from __future__ import annotations

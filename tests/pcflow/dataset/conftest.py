@@ -6,10 +6,9 @@ from __future__ import annotations
 import collections
 import uuid
 
-import boto3
 import pytest
-from botocore.config import Config
 from dagrun import delete_bucket
+from dataset_s3 import make_client
 
 from pcflow.naming import standard_tags
 
@@ -36,14 +35,6 @@ class RequestCounter:
     def data_puts(self) -> list[str]:
         """Keys of dataset objects uploaded (not the manifest, not the journal)."""
         return [k for _, k in self.keys if not k.endswith("manifest.json") and "/_pcflow/" not in k]
-
-
-def make_client(region: str = "us-east-1"):
-    return boto3.client(
-        "s3",
-        region_name=region,
-        config=Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=32),
-    )
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ from dagrun import REPO
 
 from pcflow.values import Returned
 
+pytestmark = pytest.mark.security
+
 TRAINING_DAGS = ("pretrain", "pretrain_nightly", "pretrain_sweep")
 #: Strings that native rendering turns into something else: a path, numbers, None.
 RETYPED = {

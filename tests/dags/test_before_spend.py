@@ -13,6 +13,8 @@ import boto3
 import pytest
 from dagrun import REPO, run_dag, tagged_resources
 
+pytestmark = pytest.mark.security
+
 NOT_STARTED = ("upstream_failed", "None", "skipped")
 STACK_SSH = os.path.join(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"), "ssh")
 

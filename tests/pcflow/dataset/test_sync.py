@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from boto3.s3.transfer import TransferConfig
+from dataset_s3 import make_client
+from stacktools import REPO
 
 from pcflow.dataset.errors import DestinationError, SourceChangedError, SourceError
 from pcflow.dataset.manifest import JOURNAL_KEY, read_listed_object, read_manifest
 from pcflow.dataset.sources import LocalDirectorySource, S3PrefixSource
 from pcflow.dataset.sync import sync_to_s3
-
-from .conftest import make_client
 
 pytestmark = pytest.mark.stack
 MiB = 2**20
@@ -262,7 +262,7 @@ def test_killed_load_resumes_from_its_journal(s3, bucket, counter, tmp_path):
     good = sync_to_s3(s3, str(src), bucket=bucket, prefix="ds", partition="p", workers=2)
     for p in src.rglob("*.bin"):
         p.write_bytes(os.urandom(64) + p.read_bytes())
-    plugins = str(Path(__file__).resolve().parents[2] / "plugins")
+    plugins = str(REPO / "plugins")
     argv = [sys.executable, "-c", KILLED_LOAD, plugins, str(src), "c1/f001.bin", bucket, "0"]
     killed = subprocess.run(argv, check=False)
     assert killed.returncode == -9
@@ -283,7 +283,7 @@ def test_load_killed_before_its_first_journal_puts_nothing_twice(s3, bucket, cou
     it again, so every object of the partition has exactly one version."""
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     src = make_tree(tmp_path / "src", n=30)
-    plugins = str(Path(__file__).resolve().parents[2] / "plugins")
+    plugins = str(REPO / "plugins")
     argv = [sys.executable, "-c", KILLED_LOAD, plugins, str(src), "c1/f001.bin", bucket, "30"]
     assert subprocess.run(argv, check=False).returncode == -9
     assert not any(o["Key"].endswith(JOURNAL_KEY) for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []))
@@ -323,7 +323,7 @@ def test_load_killed_half_way_uploads_only_what_is_missing_on_resume(s3, bucket,
     journal was rewritten every second, a load shorter than 30 s left no journal: all went up again.)"""
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     src = make_tree(tmp_path / "src", n=200)
-    plugins = str(Path(__file__).resolve().parents[2] / "plugins")
+    plugins = str(REPO / "plugins")
     killed = subprocess.run([sys.executable, "-c", KILLED_HALF_WAY, plugins, str(src), "100", bucket], check=False)
     assert killed.returncode == -9
     present = {k.removeprefix("ds/p/") for k in objects(s3, bucket) if "/_pcflow/" not in k}

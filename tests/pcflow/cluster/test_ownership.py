@@ -1,7 +1,7 @@
 """Ownership: a run adopts, updates or deletes only what its stack (and, for a run's own resources, its
 run) owns. Each test is a hostile situation on the moto server that must have no effect on another
 stack's resources, counted by tag; the clusters come from the ParallelCluster STAND-IN CLI (its stack
-and head node are real moto resources; see tests/cluster/test_standin_lifecycle.py)."""
+and head node are real moto resources; see test_standin_lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import re
 import uuid
 
 import pytest
-from cluster.conftest import site, standin_cli  # noqa: F401 - the stand-in CLI and its moto site
 from taskcontext import make_context
 
 from pcflow.aws.clients import aws_client
@@ -24,7 +23,7 @@ from pcflow.cluster.providers import delete_cluster, ensure_cluster, make_provid
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.naming import run_key, standard_tags
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.security, pytest.mark.stack]
 WAIT = {"waiter_delay": 1, "waiter_max_attempts": 10}
 #: A cluster spec checked without AWS (the spec's own validation and the renderer).
 OFFLINE_SPEC = {"name": "pcflow-research-cluster", "region": "us-east-1", "key_name": "pcflow",
@@ -47,11 +46,11 @@ def owned_by(stack: str) -> list[str]:
 
 
 @pytest.fixture
-def provider(standin_cli):  # noqa: F811 - the fixture imported above
+def provider(standin_cli):
     return make_provider("parallelcluster", pcluster_path=str(standin_cli))
 
 
-def test_another_stacks_cluster_is_never_adopted_updated_or_deleted(provider, site, standin_cli):  # noqa: F811
+def test_another_stacks_cluster_is_never_adopted_updated_or_deleted(provider, site, standin_cli):
     """Same cluster name, other stack: the validate task, the ensure (with and without allow_updates)
     and the delete task all refuse it, and the other stack's cluster is exactly as it was."""
     from airflow.sdk.exceptions import AirflowFailException
@@ -88,7 +87,7 @@ def test_another_stacks_cluster_is_never_adopted_updated_or_deleted(provider, si
     assert owned_by(other) == []
 
 
-def test_a_runs_own_cluster_is_deleted_by_that_run_only(provider, site, standin_cli):  # noqa: F811
+def test_a_runs_own_cluster_is_deleted_by_that_run_only(provider, site, standin_cli):
     """Run-scoped: another run of the same stack can neither adopt nor delete it; its own run can."""
     from airflow.sdk.exceptions import AirflowFailException
 

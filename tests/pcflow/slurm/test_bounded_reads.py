@@ -28,6 +28,8 @@ from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.trigger import LOG_POLL_BYTES, HeadNodeTrigger, SlurmJobTrigger
 from pcflow.slurm.watch import MAX_LINE_BYTES, ArrayWatch, LogCursor, Outcome, WatchPolicy
 
+pytestmark = pytest.mark.security
+
 FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
 GIB = 1 << 30
 MIB = 1 << 20

@@ -12,8 +12,6 @@ import pytest
 from pcflow.aws.clients import aws_client
 from pcflow.aws.teardown import Selector, teardown
 
-pytestmark = pytest.mark.stack
-
 
 @dataclass
 class Clients:

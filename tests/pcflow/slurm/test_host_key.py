@@ -18,7 +18,7 @@ from pcflow.slurm.hook import HostKeyMismatch, SlurmHook
 from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.slurm.trigger import SlurmJobTrigger
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.security, pytest.mark.stack]
 
 
 def ssh_keygen_fingerprint(public_key_file) -> str:

@@ -1,25 +1,17 @@
-"""Fixtures of the cluster stage: the real pcluster CLI (installed by include/cluster/install-pcluster.sh
-into .venv-pcluster), the local stack's stand-in CLI (include/local/pcluster-standin: its cluster is the
-local Slurm; dry runs go to the real CLI), and a network + stand-in AMI + key pair + bucket on moto."""
+"""Fixtures of the cluster stage: a network + stand-in AMI + key pair + bucket on moto. (The real pcluster
+CLI and the local stack's stand-in CLI are tests/conftest.py's `pcluster_cli` and `standin_cli`.)"""
 
 from __future__ import annotations
 
 import os
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from dagrun import REPO, delete_bucket
+from dagrun import delete_bucket
 
 from pcflow.aws.ami import delete_image
 from pcflow.aws.clients import aws_client
-
-
-@pytest.fixture(scope="session")
-def standin_cli(local_stack, pcluster_cli) -> Path:
-    """The stand-in, as the local stack's environment selects it (PCFLOW_PCLUSTER)."""
-    return REPO / "include" / "local" / "pcluster-standin"
 
 
 @dataclass(frozen=True)

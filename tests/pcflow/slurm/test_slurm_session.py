@@ -1,6 +1,6 @@
 """The shared head-node session's bookkeeping, against a stand-in connection: one connection and one
 stat per tick for many waiters, one reconnect for all after a failure, clean leaving on cancellation.
-(tests/slurm/test_shared_session.py runs the real thing against sshd and Slurm.)"""
+(test_shared_session.py runs the real thing against sshd and Slurm.)"""
 
 from __future__ import annotations
 

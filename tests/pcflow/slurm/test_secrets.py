@@ -20,6 +20,8 @@ from pcflow import runspec
 from pcflow.pipeline import resolve_for_run, run_env
 from pcflow.slurm.operators import SlurmJobOperator
 
+pytestmark = pytest.mark.security
+
 SECRET = f"tok-{uuid.uuid4().hex}"
 FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
 

@@ -17,6 +17,8 @@ from taskcontext import first_event, make_context
 from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.slurm.states import JobInfo, JobState, parse_sacct, parse_squeue
 
+pytestmark = pytest.mark.security
+
 OTHER_USER = "pcflow-other"
 FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
 

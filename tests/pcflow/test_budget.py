@@ -2,8 +2,9 @@
 spot from EC2's spot price history, head node, FSx), computes its maximum (x time limit, x trials, plus
 the cluster's create and delete time), logs it in one line and returns it; a run above its budget, one
 that cannot be priced while it has a budget, and a bad budget are refused with what to change. Figures
-are checked against hand-computed ones. Offline (the validate task's function, as tests/security does)
-except the spot price, read from the moto server's history: about 5 s, plus the stack when it is not up."""
+are checked against hand-computed ones. Offline (the validate task's function, as conftest.py's `offline`
+runs it) except the spot price, read from the moto server's history: about 5 s, plus the stack when it is
+not up."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.budget import plan_cost
 from pcflow.runspec import resolve_run_spec
+
+pytestmark = pytest.mark.security
 
 #: include/metrics/prices.json, us-east-1, as of 2026-11-01 (what the hand computations use).
 C5_2XLARGE, G5_12XLARGE = 0.34, 5.672

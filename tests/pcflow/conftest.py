@@ -32,7 +32,7 @@ def validate(conf: dict[str, Any], *, sweep: bool = False, dated: bool = False, 
 @pytest.fixture
 def offline(monkeypatch):
     """`validate` without the checks that ask AWS (instance types, ParallelCluster's EC2 checks, the
-    account preflight: tested against moto in tests/dags and tests/cluster), for unit tests that run
+    account preflight: tested against moto in tests/dags and tests/pcflow/test_preflight.py), for unit tests that run
     without the local stack."""
     import pcflow.pipeline
 

@@ -12,6 +12,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from stacktools import REPO
 
+pytestmark = pytest.mark.security
+
 ADMIN_ONLY = "only the deployment admin may change this (profile 'local')"
 STACK_SSH = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")) / "ssh"
 ADMIN_POLICY = [{"Policy": "arn:aws:iam::aws:policy/AdministratorAccess"}]

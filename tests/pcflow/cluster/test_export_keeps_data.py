@@ -8,7 +8,6 @@ first export ends (moto lacks data repository tasks)."""
 from __future__ import annotations
 
 import pytest
-from cluster.conftest import site, standin_cli  # noqa: F401 - the stand-in CLI and its moto site
 from dagrun import tagged_resources
 from stacktools import tell_standin
 from taskcontext import make_context
@@ -21,7 +20,7 @@ from pcflow.cluster.operators import DeleteClusterOperator
 from pcflow.cluster.providers import ensure_cluster
 from pcflow.naming import run_key
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.security, pytest.mark.stack]
 WAIT = {"waiter_delay": 1, "waiter_max_attempts": 10}
 HANDLERS = ("pcluster", "ec2", "fsx")  # what the pipeline's run-scoped teardown task runs
 
@@ -34,7 +33,7 @@ def live_file_systems(fsx, run: str) -> list[str]:
     ]
 
 
-def test_failed_export_keeps_cluster_file_system_and_network(standin_cli, site, local_stack):  # noqa: F811
+def test_failed_export_keeps_cluster_file_system_and_network(standin_cli, site, local_stack):
     context = make_context("delete_cluster")
     run = run_key(context["ti"].dag_id, context["run_id"])
     ec2 = aws_client("ec2")

@@ -15,6 +15,8 @@ from pcflow.dataset.stage_in import data_dir_on_cluster
 from pcflow.paths import ami_script, include_dir, remote_within, within
 from pcflow.slurm.spec import RunDir
 
+pytestmark = pytest.mark.security
+
 
 @pytest.fixture
 def source(tmp_path):

@@ -13,7 +13,7 @@ from pcflow.aws.buckets import USERS_PREFIX, BucketSettingsDiffer, bucket_users
 from pcflow.aws.clients import aws_client
 from pcflow.aws.storage import ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS, ensure_shared_bucket
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.security, pytest.mark.stack]
 RULES = [ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS]
 
 
