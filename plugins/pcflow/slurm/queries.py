@@ -74,13 +74,32 @@ def jobs_state(
     _collect(found, parse_squeue((yield argv)))
     missing = [j for j in singles if not found[j]] + [a for a, size in arrays.items() if len(found[a]) < size]
     if accounting and missing:
-        argv = ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(missing), "-o", ",".join(SACCT_FIELDS)]
-        history = [job for record in parse_sacct((yield argv)) if record.raw_state for job in record.array_elements()]
-        _collect(found, history)
+        _collect(found, (yield from _history(missing)))
     for job_id in singles:
         if not found[job_id]:
             _collect(found, [parse_scontrol((yield ["scontrol", "show", "job", "-o", job_id]))])
     return {job_id: sorted(jobs.values(), key=lambda j: j.array_index or 0) for job_id, jobs in found.items()}
+
+
+def jobs_accounted(
+    singles: Sequence[str], arrays: Mapping[str, int]
+) -> Generator[list[str], str, dict[str, list[JobInfo]]]:
+    """What accounting (slurmdbd) holds of these jobs, in one sacct: asks slurmctld nothing. Only the ids
+    it answers in full are keyed (a single job it has a record of, an array with every element): one it
+    lags behind on is not "no such job", it waits for the next squeue."""
+    found: dict[str, dict[str, JobInfo]] = {job_id: {} for job_id in (*singles, *arrays)}
+    if not found:
+        return {}
+    _collect(found, (yield from _history(list(found))))
+    whole = [j for j in singles if found[j]] + [a for a, size in arrays.items() if len(found[a]) >= size]
+    return {job_id: sorted(found[job_id].values(), key=lambda j: j.array_index or 0) for job_id in whole}
+
+
+def _history(job_ids: Sequence[str]) -> Generator[list[str], str, list[JobInfo]]:
+    """sacct's record of each job's last attempt (-D: requeues counted), array elements one by one."""
+    argv = ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), "-o", ",".join(SACCT_FIELDS)]
+    records = parse_sacct((yield argv))
+    return [job for record in records if record.raw_state for job in record.array_elements()]
 
 
 def _collect(found: dict[str, dict[str, JobInfo]], jobs: Iterable[JobInfo | None]) -> None:

@@ -5,8 +5,10 @@ loop: N waits meant N connections (sshd's MaxStartups refuses past 10 unauthenti
 per poll and N squeue per confirm interval. A HeadNodeSession (one per event loop and head node: SSH
 connection id, address, host key) owns one connection and one poll loop. Each tick it stats the files
 of every waiter that is due in one `stat` (through a long-lived loop on the head node: statloop.py),
-and once per confirm interval (sooner only when a marker cannot settle a job by itself) it asks
-slurmctld about all their jobs in one `squeue`. Each waiter
+and once per confirm interval it asks slurmctld about all their jobs in one `squeue`. A marker that
+cannot settle its job by itself (a signal, an exit code) has Slurm asked sooner, about that job alone:
+with accounting in one `sacct` (slurmdbd answers; slurmctld is not asked more often, however many jobs
+fail), without it in the next `squeue` brought forward. Each waiter
 then reads its own log and markers and writes its own task log in its own task: the triggerer routes
 a log line by the task that writes it. A dropped connection is reopened once, for all of them, with
 backoff; the last waiter out closes it.
@@ -23,7 +25,7 @@ import math
 import posixpath
 import random
 import weakref
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 CONNECTION_ERRORS = (OSError, asyncssh.Error, TimeoutError)
 #: sshd allows 10 sessions per connection by default (MaxSessions): SFTP and the stat loop hold one each.
 MAX_COMMANDS = 7  # and one for the stat loop
-#: How soon slurmctld is asked again when a marker cannot settle a job by itself (a signal, an exit code).
+#: How soon Slurm is asked again when a marker cannot settle a job by itself (a signal, an exit code).
 FAST_CONFIRM_S = 1.0
 SLURM_QUERIES = frozenset({"squeue", "sacct", "scontrol"})
 #: After an error no retry can mend (a refused host key): waiters that join later try again this much later.
@@ -157,7 +159,7 @@ class Seat:
                                     notice.attempt, attempts, notice.delay, notice.error)  # fmt: skip
 
     def confirm_soon(self) -> None:
-        """Ask slurmctld at the next tick (at most once a FAST_CONFIRM_S for all waiters)."""
+        """Ask Slurm about this waiter's jobs at the next tick (at most once a FAST_CONFIRM_S for all waiters)."""
         self.urgent = True
 
     def confirm_within(self, seconds: float) -> None:
@@ -191,10 +193,12 @@ class HeadNodeSession:
         self.retry_at = 0.0
         self.wake = asyncio.Event()
         self.commands = asyncio.Semaphore(MAX_COMMANDS)
-        self.answer: dict[str, list[JobInfo]] = {}
+        #: Slurm's last word on each waited job id, and the serial of the answer that brought it.
+        self.answers: dict[str, tuple[int, list[JobInfo]]] = {}
         self.answer_serial = 0
         self.next_query = math.inf
         self.last_query = -math.inf
+        self.last_urgent_query = -math.inf
         self.connections_opened = 0
         self.queries_sent = 0
         self.task: asyncio.Task | None = None
@@ -279,17 +283,35 @@ class HeadNodeSession:
             if start:
                 await asyncio.sleep(0)  # the waiters served so far take their turn first
             for seat in due[start : start + DELIVER_BATCH]:
-                jobs = self.answer if self.answer_serial > seat.answered else None
+                jobs = self._fresh_answers(seat)
                 seat.answered, seat.due_at = self.answer_serial, now + seat.waiter.watch_policy.poll_interval
                 seat.answers_seen += jobs is not None
                 seat.deliver(View(now, files, jobs, self.generation))
-        if self._query_due(now) and (self.querying is None or self.querying.done()):
-            self.querying = asyncio.get_running_loop().create_task(self._query(now, self.generation))
+        if self.querying is None or self.querying.done():
+            query = self._query_due(now)
+            if query is not None:
+                self.querying = asyncio.get_running_loop().create_task(query)
 
-    def _query_due(self, now: float) -> bool:
+    def _fresh_answers(self, seat: Seat) -> dict[str, list[JobInfo]] | None:
+        """Slurm's word on the seat's jobs from answers it has not seen yet; None when there is none."""
+        fresh = {}
+        for job_id in seat.waiter.watched_jobs():
+            serial, jobs = self.answers.get(job_id, (0, []))
+            if serial > seat.answered:
+                fresh[job_id] = jobs
+        return fresh or None
+
+    def _query_due(self, now: float) -> Coroutine[Any, Any, None] | None:
+        """The question for Slurm this tick, if one is due: every job at the confirm interval; sooner, the
+        jobs of urgent waiters (sacct where they keep accounting, else everything in squeue)."""
         if now >= self.next_query:
-            return True
-        return now - self.last_query >= FAST_CONFIRM_S and any(s.urgent for s in self.seats)
+            return self._query(now, self.generation)
+        urgent = [s for s in self.seats if s.urgent]
+        if not urgent or now - max(self.last_query, self.last_urgent_query) < FAST_CONFIRM_S:
+            return None
+        if all(s.waiter.accounting for s in urgent):
+            return self._query_accounting(now, self.generation, urgent)
+        return self._query(now, self.generation)
 
     # -- the head node -------------------------------------------------------------------------
 
@@ -334,33 +356,52 @@ class HeadNodeSession:
     async def _query(self, now: float, generation: int) -> None:
         """One question to Slurm for every waiter's jobs (one per Slurm installation and accounting mode);
         its answer reaches each waiter at its next view."""
-        groups: dict[tuple[str | None, bool], tuple[list[str], dict[str, int]]] = {}
-        for seat in self.seats:
-            singles, arrays = groups.setdefault((seat.waiter.slurm_bin, seat.waiter.accounting), ([], {}))
-            for job_id, size in seat.waiter.watched_jobs().items():
-                if size is None:
-                    singles.append(job_id)
-                else:
-                    arrays[job_id] = size
         interval = min((s.waiter.watch_policy.confirm_interval for s in self.seats), default=30.0)
         self.last_query, self.next_query = now, now + interval
         for seat in self.seats:
             seat.urgent = False
+        questions = [
+            (slurm_bin, queries.jobs_state(singles, arrays, accounting))
+            for (slurm_bin, accounting), (singles, arrays) in _jobs_by_installation(self.seats).items()
+        ]
+        answer = await self._ask(questions, generation, f"asking again in {interval:.0f} s")
+        if answer is not None:  # every waited job: the word on jobs no longer waited is dropped
+            self.answer_serial += 1
+            self.answers = {job_id: (self.answer_serial, jobs) for job_id, jobs in answer.items()}
+
+    async def _query_accounting(self, now: float, generation: int, urgent: list[Seat]) -> None:
+        """The urgent waiters' jobs from accounting, in one sacct per Slurm installation: slurmdbd answers,
+        slurmctld is not asked. A job sacct has no record of yet waits for the next squeue."""
+        self.last_urgent_query = now
+        for seat in urgent:
+            seat.urgent = False
+        questions = [
+            (slurm_bin, queries.jobs_accounted(singles, arrays))
+            for (slurm_bin, _), (singles, arrays) in _jobs_by_installation(urgent).items()
+        ]
+        answer = await self._ask(questions, generation, "the next squeue will tell")
+        if answer:
+            self.answer_serial += 1
+            self.answers.update((job_id, (self.answer_serial, jobs)) for job_id, jobs in answer.items())
+
+    async def _ask(
+        self, questions: list[tuple[str | None, queries.Query]], generation: int, then: str
+    ) -> dict[str, list[JobInfo]] | None:
+        """Slurm's answers to `questions` (a query per Slurm installation), merged; None when there is none."""
         answer: dict[str, list[JobInfo]] = {}
         try:
-            for (slurm_bin, accounting), (singles, arrays) in groups.items():
-                ask = functools.partial(self._slurm_stdout, slurm_bin)
-                answer.update(await queries.adrive(queries.jobs_state(sorted(set(singles)), arrays, accounting), ask))
+            for slurm_bin, question in questions:
+                answer.update(await queries.adrive(question, functools.partial(self._slurm_stdout, slurm_bin)))
         except SlurmUnavailable as exc:  # no answer is not "no such job": the waits keep their last word
-            log.warning("Slurm did not answer (%s); asking again in %.0f s", exc, interval)
-            return
+            log.warning("Slurm did not answer (%s); %s", exc, then)
+            return None
         except CONNECTION_ERRORS as exc:
             self.lost(exc, generation)
-            return
+            return None
         except Exception:  # an answer that cannot be read: the waits keep their last word
-            log.exception("Asking Slurm about the waited jobs failed; asking again in %.0f s", interval)
-            return
-        self.answer, self.answer_serial = answer, self.answer_serial + 1
+            log.exception("Asking Slurm about the waited jobs failed; %s", then)
+            return None
+        return answer
 
     async def _slurm_stdout(self, slurm_bin: str | None, argv: list[str]) -> str:
         """A Slurm command's output; SlurmUnavailable when it failed for another reason than an unknown
@@ -396,6 +437,20 @@ class HeadNodeSession:
             self.generation += 1
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _jobs_by_installation(seats: Iterable[Seat]) -> dict[tuple[str | None, bool], tuple[list[str], dict[str, int]]]:
+    """The seats' jobs by Slurm installation and accounting mode (one question each): single job ids,
+    sorted, and arrays' ids with their sizes."""
+    groups: dict[tuple[str | None, bool], tuple[set[str], dict[str, int]]] = {}
+    for seat in seats:
+        singles, arrays = groups.setdefault((seat.waiter.slurm_bin, seat.waiter.accounting), (set(), {}))
+        for job_id, size in seat.waiter.watched_jobs().items():
+            if size is None:
+                singles.add(job_id)
+            else:
+                arrays[job_id] = size
+    return {key: (sorted(singles), arrays) for key, (singles, arrays) in groups.items()}
 
 
 def _text(out: str | bytes | None) -> str:

@@ -4,7 +4,8 @@ head node sharing one SSH connection (pcflow.slurm.session).
 Every `poll_interval` the session stats the waited jobs' files in one `stat` (the head node does a
 stat; slurmctld does nothing): each job's log, whose new lines go to its task log, and the exit marker
 the batch script's wrapper writes. A marker of a clean end (exit code 0, or pcflow's early stop)
-settles the job at once; any other end is Slurm's to explain, so slurmctld is asked at the next tick.
+settles the job at once; any other end is Slurm's to explain, so Slurm is asked at the next tick
+(accounting, where the cluster keeps it: slurmctld's cadence stays one squeue per interval).
 Otherwise slurmctld is asked once every `confirm_interval`, for all the session's jobs in one squeue,
 which also tells each task's log when its job's pending reason changes.
 

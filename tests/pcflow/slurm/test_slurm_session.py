@@ -12,7 +12,7 @@ import pytest
 
 from pcflow.slurm import queries
 from pcflow.slurm.session import current_sessions, joined
-from pcflow.slurm.states import SQUEUE_FORMAT
+from pcflow.slurm.states import SQUEUE_FORMAT, JobState
 from pcflow.slurm.statloop import TERMINATOR, FileStat, parse_stats
 from pcflow.slurm.watch import WatchPolicy
 
@@ -31,6 +31,7 @@ class Server:
     commands: list[str] = field(default_factory=list)
     connections: list[Connection] = field(default_factory=list)
     fail_next: bool = False
+    replies: dict[str, str] = field(default_factory=dict)  # a command's first word -> its stdout
 
     def fail_if_asked(self) -> None:
         if self.fail_next:
@@ -50,7 +51,7 @@ class Connection:
         await asyncio.sleep(0)
         self.server.commands.append(command)
         self.server.fail_if_asked()
-        return Result(0, "")
+        return Result(0, self.server.replies.get(command.split(" ", 1)[0], ""))
 
     async def create_process(self, command: str, **_: object) -> StatProcess:
         return StatProcess(self.server)
@@ -201,3 +202,41 @@ def test_a_waiter_can_have_slurm_asked_sooner_for_everyone():
     assert asked_before == []
     assert len([c for c in server.commands if c.startswith("squeue")]) == 1
     assert any(v.answer("0") is not None for v in views)
+
+
+def test_an_urgent_wait_with_accounting_asks_sacct_about_its_job_alone():
+    """A marker that cannot settle its job has Slurm asked soon: slurmdbd (sacct) about that job only, so
+    slurmctld's one squeue per confirm interval keeps its cadence however many jobs fail."""
+    server = Server(replies={"sacct": "5|j|FAILED|1:0|3|node1||root\n"})
+    patient = WatchPolicy(poll_interval=0.01, confirm_interval=60)
+
+    async def scenario():
+        failed = Waiter(server, "5", accounting=True, watch_policy=patient)
+        running = Waiter(server, "6", accounting=True, watch_policy=patient)
+        async with joined(failed) as seat, joined(running) as other:
+            await asyncio.gather(seat.next_view(), other.next_view())
+            seat.confirm_soon()
+            both = [await asyncio.gather(seat.next_view(), other.next_view()) for _ in range(30)]
+        return both
+
+    both = asyncio.run(scenario())
+    asked = [c.split(" ", 1)[0] for c in server.commands if not c.startswith("stat ")]
+    assert asked == ["sacct"] and " -j 5 " in next(c for c in server.commands if c.startswith("sacct"))
+    answers = [mine.answer("5") for mine, _ in both if mine.answer("5") is not None]
+    assert len(answers) == 1 and answers[0][0].state is JobState.FAILED and answers[0][0].exit_code == 1
+    assert all(theirs.answer("6") is None for _, theirs in both)
+
+
+def test_an_urgent_wait_without_accounting_brings_the_squeue_forward():
+    server = Server()
+    patient = WatchPolicy(poll_interval=0.01, confirm_interval=60)
+
+    async def scenario():
+        async with joined(Waiter(server, "5", watch_policy=patient)) as seat:
+            await seat.next_view()
+            seat.confirm_soon()
+            return [await seat.next_view() for _ in range(30)]
+
+    views = asyncio.run(scenario())
+    asked = [c.split(" ", 1)[0] for c in server.commands if not c.startswith("stat ")]
+    assert asked == ["squeue", "scontrol"] and any(v.answer("5") == [] for v in views)
