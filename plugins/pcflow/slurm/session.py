@@ -204,6 +204,7 @@ class HeadNodeSession:
         self.task: asyncio.Task | None = None
         self.querying: asyncio.Task | None = None
         self.next_tick = -math.inf
+        self.last_files: dict[str, FileStat] = {}  # the last stat's
         self.sleeping_until = -math.inf  # while idle: when it wakes by itself
 
     # -- waiters come and go ------------------------------------------------------------------
@@ -279,6 +280,8 @@ class HeadNodeSession:
                 seat.deliver(exc)
             return
         self.failures = 0
+        due.sort(key=lambda seat: not self._news_for(seat, files))  # stable: the rest keep their order
+        self.last_files = files
         for start in range(0, len(due), DELIVER_BATCH):
             if start:
                 await asyncio.sleep(0)  # the waiters served so far take their turn first
@@ -291,6 +294,11 @@ class HeadNodeSession:
             query = self._query_due(now)
             if query is not None:
                 self.querying = asyncio.get_running_loop().create_task(query)
+
+    def _news_for(self, seat: Seat, files: dict[str, FileStat]) -> bool:
+        """A file the seat watches changed since the last stat (a marker appeared, a log grew): such waiters
+        are served first, so a job that ended waits behind no idle ones."""
+        return any(files.get(path) != self.last_files.get(path) for path in seat.waiter.watched_paths)
 
     def _fresh_answers(self, seat: Seat) -> dict[str, list[JobInfo]] | None:
         """Slurm's word on the seat's jobs from answers it has not seen yet; None when there is none."""

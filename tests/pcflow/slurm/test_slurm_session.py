@@ -32,6 +32,7 @@ class Server:
     connections: list[Connection] = field(default_factory=list)
     fail_next: bool = False
     replies: dict[str, str] = field(default_factory=dict)  # a command's first word -> its stdout
+    sizes: dict[str, int] = field(default_factory=dict)  # a file's size when not 7 bytes
 
     def fail_if_asked(self) -> None:
         if self.fail_next:
@@ -70,7 +71,8 @@ class StatProcess:
     def write(self, data: bytes) -> None:
         paths = [p for p in data.split(b"\n", 1)[1].decode().split("\0") if p]
         self.server.commands.append(f"stat {len(paths)} paths")
-        self.answers.put_nowait("".join(f"7 1 {p}\0" for p in paths).encode() + TERMINATOR)
+        sizes = self.server.sizes
+        self.answers.put_nowait("".join(f"{sizes.get(p, 7)} 1 {p}\0" for p in paths).encode() + TERMINATOR)
 
     async def readuntil(self, separator: bytes) -> bytes:
         self.server.fail_if_asked()
@@ -240,3 +242,23 @@ def test_an_urgent_wait_without_accounting_brings_the_squeue_forward():
     views = asyncio.run(scenario())
     asked = [c.split(" ", 1)[0] for c in server.commands if not c.startswith("stat ")]
     assert asked == ["squeue", "scontrol"] and any(v.answer("5") == [] for v in views)
+
+
+def test_a_waiter_whose_files_changed_is_served_first():
+    """A job that just ended (its marker appeared) does not wait behind a thousand idle waits' views."""
+    server = Server()
+    order: list[str] = []
+
+    async def wait(waiter: Waiter, rounds: int) -> None:
+        async with joined(waiter) as seat:
+            for _ in range(rounds):
+                await seat.next_view()
+                order.append(waiter.name)
+                if len(order) == 150:  # every waiter has its first view: the last one's job ends
+                    server.sizes["/runs/149/exit.json"] = 120
+
+    async def scenario():
+        await asyncio.gather(*(wait(Waiter(server, str(i)), 2) for i in range(150)))
+
+    asyncio.run(scenario())
+    assert order[:150].index("149") >= 100 and order[150:].index("149") < 50
