@@ -27,7 +27,8 @@ wait. Capping the jobs that run at once keeps every wait concurrent and the head
 slurmctld query count and the triggerer's CPU still cover all N waits. The detection goal is read
 from the marker's mtime (`detection_s`: the wrapper wrote it, the event came), which is pcflow's part;
 `latency_s` (from the program's last act) adds the batch wrapper's own end under load and is reported
-beside it.
+beside it. One job in FAIL_EVERY exits 3, as a sweep's diverging trials do: the wait must report it
+failed, with Slurm's word, without asking slurmctld more often (pcflow asks slurmdbd: sacct).
 
 Usage: .venv/bin/python benchmarks/trigger_scale.py [--sizes 50,200,1000] [--peer-sizes 50,200]
            [--job-seconds 20]
@@ -63,6 +64,9 @@ GOAL = (
     "pcflow at N=1000: <= 1 SSH connection per head node per triggerer, <= 1 slurmctld job query per cluster "
     "per 30 s, detection median <= 1 s and p99 <= 3 s, triggerer CPU <= 20% of one core over the wait, 0 jobs lost"
 )
+#: Every FAIL_EVERY-th job exits 3, as a sweep's diverging trials do: a marker that cannot settle its job,
+#: so Slurm must say why, and the wait must say failed.
+FAIL_EVERY = 20
 NOTES = [
     "One machine plays every part (2 cores, shared with other work: see load_avg_1m_start_end per phase).",
     "Every SSH command starts the login shell, and root's ~/.bashrc here runs pyenv init: about 0.5 s and a "
@@ -75,6 +79,8 @@ NOTES = [
     "slurmdbd_job_queries: sacct's questions (slurmdbd, not slurmctld): pcflow asks accounting about a job "
     "whose marker cannot settle it by itself (a non-zero exit, a signal) instead of bringing the squeue forward.",
     "Jobs past running_at_once queue in Slurm (pending) while their waits run: all N waits are concurrent.",
+    f"One job in {FAIL_EVERY} exits 3 (jobs_failed_on_purpose): the wait must say failed, Slurm saying why; "
+    "failure_detection_s is from its marker to the event.",
 ]
 PEER_CLASS = "airflow.providers.ssh.triggers.ssh_remote_job.SSHRemoteJobTrigger"
 PEER_NAME = "SSHRemoteJobTrigger (apache-airflow-providers-ssh 7.0.1, defaults: poll every 5 s)"
@@ -83,8 +89,8 @@ RUNNING_AT_ONCE = 200
 #: Before the jobs are released: every trigger has started and made its connection (the peer's 200 take a while).
 STARTUP_S = 10.0
 JOB_QUERIES = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE", "REQUEST_JOB_USER_INFO")
-#: The job: sleep, stamp its end, write the peer's exit-code file. $1: seconds.
-PROGRAM = 'sleep "$1"; date +%s.%N > "$PCFLOW_RUN_DIR/end"; echo 0 > "$PCFLOW_RUN_DIR/peer_exit"'
+#: The job: sleep, stamp its end, write the peer's exit-code file, exit. $1: seconds, $2: exit code.
+PROGRAM = 'sleep "$1"; date +%s.%N > "$PCFLOW_RUN_DIR/end"; echo "$2" > "$PCFLOW_RUN_DIR/peer_exit"; exit "$2"'
 
 
 # -- the harness side: Slurm, sshd, the phases --------------------------------------------------------
@@ -157,7 +163,8 @@ class SshdWatch:
 def prepare_jobs(shared: Path, label: str, count: int, seconds: float) -> list[dict]:
     """`count` held jobs, each a pcflow run directory with its rendered batch script; their trigger kwargs.
     Job i sleeps `seconds + i % seconds`: ends (and the next jobs' starts) spread as real jobs' do,
-    instead of a few hundred launches at the same instant on the two cores that also run everything else."""
+    instead of a few hundred launches at the same instant on the two cores that also run everything else;
+    one in FAIL_EVERY exits 3."""
     from pcflow.slurm.operators import SlurmJobOperator
     from pcflow.slurm.render import render_batch_script, render_hparams
     from pcflow.slurm.spec import RunDir
@@ -166,7 +173,8 @@ def prepare_jobs(shared: Path, label: str, count: int, seconds: float) -> list[d
     jobs = []
     for i in range(count):
         sleep = seconds + i % max(int(seconds), 1)
-        op = SlurmJobOperator(task_id=f"t{i}", program=["bash", "-c", PROGRAM, "bash", str(sleep)])
+        code = 3 if i % FAIL_EVERY == FAIL_EVERY - 1 else 0
+        op = SlurmJobOperator(task_id=f"t{i}", program=["bash", "-c", PROGRAM, "bash", str(sleep), str(code)])
         run_dir = RunDir.for_job(str(shared), run_key, f"t{i}")
         Path(run_dir.root).mkdir(mode=0o700, parents=True)
         spec = op.job_spec()
@@ -174,7 +182,7 @@ def prepare_jobs(shared: Path, label: str, count: int, seconds: float) -> list[d
         script = Path(run_dir.script)
         script.write_text(render_batch_script(spec, run_dir, job_name=f"{run_key}.t{i}", run_key=run_key))
         script.chmod(0o700)
-        jobs.append({"op": op, "run_dir": run_dir})
+        jobs.append({"op": op, "run_dir": run_dir, "meant_to_fail": code != 0})
     return jobs
 
 
@@ -250,8 +258,8 @@ def run_phase(stack: dict, side: str, count: int, seconds: float) -> dict:
     waited = json.loads((work / "result.json").read_text())
     outcomes = slurm_outcomes(ids)
     slurm("scancel", ",".join(ids), timeout=120)  # held or pending ones: nothing outlives the phase
-    for result, job_id in zip(waited["results"], ids, strict=True):
-        result["slurm"] = outcomes.get(job_id, "UNKNOWN")
+    for result, job_id, job in zip(waited["results"], ids, jobs, strict=True):
+        result["slurm"], result["meant_to_fail"] = outcomes.get(job_id, "UNKNOWN"), job["meant_to_fail"]
     dbd_job_queries = dbd_rpcs.get("DBD_GET_JOBS_COND", 0)
     return summarise(waited, rpcs, window_s, sshd, load_start, dbd_job_queries=dbd_job_queries)
 
@@ -300,10 +308,11 @@ def summarise(
         **spread("latency", [r.get("latency_s") for r in results if r["slurm"] == "COMPLETED"]),
         **spread("end_file_delay", [r.get("end_file_delay_s") for r in results if r["slurm"] == "COMPLETED"]),
         **spread("detection", [r.get("detection_s") for r in results if r["slurm"] == "COMPLETED"]),
+        **spread("failure_detection", [r.get("detection_s") for r in results if r["meant_to_fail"]]),
         **waited.get("ticks", {}),
         "failures": sorted(
             {f"{r['message'][:160]} (Slurm: {r['slurm']})" for r in results if r["status"] != "success"}
-        )[:5],
+        )[:3],
         "load_avg_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
     }
 
@@ -313,17 +322,24 @@ UNFINISHED = {"PENDING", "REQUEUED", "RUNNING", "SUSPENDED"}
 
 
 def verdicts(results: list[dict]) -> dict[str, int]:
-    """Each wait's verdict against Slurm's: lost is a job Slurm ended whose wait said nothing or otherwise."""
-    lost = unfinished = failed = 0
+    """Each wait's verdict against Slurm's: lost is a job Slurm ended whose wait said nothing or otherwise.
+    Failed by Slurm: the jobs that failed without being meant to (a launch failing under load)."""
+    lost = unfinished = failed = on_purpose = 0
     for r in results:
         if r["slurm"] in UNFINISHED and "received" not in r:
             unfinished += 1  # the wait rightly still waits (here: launches failed under load, jobs held)
         elif r["slurm"] == "COMPLETED":
             lost += r["status"] != "success"
         else:
-            failed += 1
+            on_purpose += r["meant_to_fail"]
+            failed += not r["meant_to_fail"]
             lost += r["status"] != "failed"
-    return {"jobs_lost": lost, "jobs_failed_by_slurm": failed, "jobs_slurm_never_finished": unfinished}
+    return {
+        "jobs_lost": lost,
+        "jobs_failed_on_purpose": on_purpose,
+        "jobs_failed_by_slurm": failed,
+        "jobs_slurm_never_finished": unfinished,
+    }
 
 
 def spread(name: str, values: list[float | None]) -> dict[str, float | None]:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
 
 from pcflow.slurm import queries
-from pcflow.slurm.session import current_sessions, joined
+from pcflow.slurm.session import Seat, current_sessions, joined
 from pcflow.slurm.states import SQUEUE_FORMAT, JobState
 from pcflow.slurm.statloop import TERMINATOR, FileStat, parse_stats
 from pcflow.slurm.watch import WatchPolicy
@@ -187,21 +188,23 @@ def test_stat_records_keep_paths_with_spaces():
     assert parse_stats("12 34 /a b/c\0junk\0 0 /x\0") == {"/a b/c": FileStat(12, 34)}
 
 
+#: Slurm is asked once a minute unless a waiter asks sooner.
+PATIENT = WatchPolicy(poll_interval=0.01, confirm_interval=60)
+
+
+async def views_after(waiter: Waiter, ask: Callable[[Seat], None], count: int) -> list:
+    """`count` views after the first one, once `ask` has had its say on the seat."""
+    async with joined(waiter) as seat:
+        await seat.next_view()
+        assert [c for c in waiter.server.commands if not c.startswith("stat ")] == []  # not asked yet
+        ask(seat)
+        return [await seat.next_view() for _ in range(count)]
+
+
 def test_a_waiter_can_have_slurm_asked_sooner_for_everyone():
     """The budget cap's cadence: one waiter's deadline brings the session's one squeue forward."""
     server = Server()
-    patient = WatchPolicy(poll_interval=0.01, confirm_interval=60)
-
-    async def scenario():
-        async with joined(Waiter(server, "0", watch_policy=patient)) as seat:
-            await seat.next_view()
-            asked_before = [c for c in server.commands if c.startswith("squeue")]
-            seat.confirm_within(0.02)
-            views = [await seat.next_view() for _ in range(10)]
-        return asked_before, views
-
-    asked_before, views = asyncio.run(scenario())
-    assert asked_before == []
+    views = asyncio.run(views_after(Waiter(server, "0", watch_policy=PATIENT), lambda s: s.confirm_within(0.02), 10))
     assert len([c for c in server.commands if c.startswith("squeue")]) == 1
     assert any(v.answer("0") is not None for v in views)
 
@@ -210,11 +213,10 @@ def test_an_urgent_wait_with_accounting_asks_sacct_about_its_job_alone():
     """A marker that cannot settle its job has Slurm asked soon: slurmdbd (sacct) about that job only, so
     slurmctld's one squeue per confirm interval keeps its cadence however many jobs fail."""
     server = Server(replies={"sacct": "5|j|FAILED|1:0|3|node1||root\n"})
-    patient = WatchPolicy(poll_interval=0.01, confirm_interval=60)
 
     async def scenario():
-        failed = Waiter(server, "5", accounting=True, watch_policy=patient)
-        running = Waiter(server, "6", accounting=True, watch_policy=patient)
+        failed = Waiter(server, "5", accounting=True, watch_policy=PATIENT)
+        running = Waiter(server, "6", accounting=True, watch_policy=PATIENT)
         async with joined(failed) as seat, joined(running) as other:
             await asyncio.gather(seat.next_view(), other.next_view())
             seat.confirm_soon()
@@ -231,15 +233,7 @@ def test_an_urgent_wait_with_accounting_asks_sacct_about_its_job_alone():
 
 def test_an_urgent_wait_without_accounting_brings_the_squeue_forward():
     server = Server()
-    patient = WatchPolicy(poll_interval=0.01, confirm_interval=60)
-
-    async def scenario():
-        async with joined(Waiter(server, "5", watch_policy=patient)) as seat:
-            await seat.next_view()
-            seat.confirm_soon()
-            return [await seat.next_view() for _ in range(30)]
-
-    views = asyncio.run(scenario())
+    views = asyncio.run(views_after(Waiter(server, "5", watch_policy=PATIENT), lambda s: s.confirm_soon(), 30))
     asked = [c.split(" ", 1)[0] for c in server.commands if not c.startswith("stat ")]
     assert asked == ["squeue", "scontrol"] and any(v.answer("5") == [] for v in views)
 
