@@ -13,14 +13,15 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.teardown import (
     DEFAULT_HANDLER_SETS,
     ClientSource,
     Resource,
     Selector,
+    TeardownOperator,
     TeardownReport,
     build_handlers,
     teardown,
@@ -49,16 +50,10 @@ def reapable(now: dt.datetime, active_run_keys: Collection[str] | None = None) -
 
 
 def kept_resources(
-    clients: ClientSource,
-    *,
-    now: dt.datetime,
-    active_run_keys: Collection[str] | None = None,
-    stack: str | None = None,
-    handler_sets: Sequence[str] = DEFAULT_HANDLER_SETS,
+    clients: ClientSource, selector: Selector, handler_sets: Sequence[str] = DEFAULT_HANDLER_SETS
 ) -> list[Resource]:
-    """Every pcflow resource the janitor leaves (not reapable), images included: what keeps billing."""
-    rule = reapable(now, active_run_keys)
-    selector = Selector(stack=stack, predicate=lambda tags: not rule(tags))
+    """Every resource `selector` picks in `handler_sets` and the images: given the janitor's rule negated,
+    what it leaves and what keeps billing."""
     handlers = build_handlers(clients, dict.fromkeys([*handler_sets, "images"]))
     return [resource for handler in handlers for resource in handler.list(selector)]
 
@@ -104,15 +99,18 @@ def resolve_dry_run(dry_run: bool | None, context: Any) -> bool:
     return str(getattr(dag_run, "run_type", "manual")) in ("manual", "DagRunType.MANUAL")
 
 
-class JanitorOperator(PcflowAwsOperator):
-    """The `janitor` DAG's task. `dry_run=None` means: report only when triggered by hand, delete when
-    scheduled (hourly). Returns `TeardownReport.to_xcom()`; fails with the report if something is left.
+class JanitorOperator(TeardownOperator):
+    """The `janitor` DAG's task: the teardown operator over every pcflow stack (or `stack`), selecting what
+    `reapable` picks. `dry_run=None` means: report only when triggered by hand, delete when scheduled
+    (hourly). Returns `TeardownReport.to_xcom()` with what is kept and its cost per day; fails with the
+    report if something is left.
 
     :param active_run_keys: run keys of DAG runs still running (e.g. pushed by an upstream task that
         lists running DAG runs and maps them with `naming.run_key`); None = decide by expiry alone.
     """
 
-    template_fields = (*PcflowAwsOperator.template_fields, "stack", "active_run_keys", "dry_run")
+    template_fields = (*TeardownOperator.template_fields, "active_run_keys")
+    every_stack = True
 
     def __init__(
         self,
@@ -120,35 +118,20 @@ class JanitorOperator(PcflowAwsOperator):
         stack: str | None = None,
         active_run_keys: Collection[str] | None = None,
         dry_run: bool | None = None,
-        handler_sets: Sequence[str] = DEFAULT_HANDLER_SETS,
-        pass_delay: float = 5.0,
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
-        self.stack = stack
+        super().__init__(stack=stack, dry_run=dry_run, **kwargs)
         self.active_run_keys = active_run_keys
-        self.dry_run = dry_run
-        self.handler_sets = tuple(handler_sets)
-        self.pass_delay = pass_delay
+
+    def is_dry_run(self, context: Any) -> bool:
+        return resolve_dry_run(self.dry_run, context)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        dry_run = resolve_dry_run(self.dry_run, context)
-        self.log.info("janitor: stack %s, dry run %s", self.stack or "<all>", dry_run)
-        now = dt.datetime.now(dt.UTC)
-        report = run_janitor(
-            self.client,
-            now=now,
-            active_run_keys=self.active_run_keys,
-            stack=self.stack or None,
-            dry_run=bool(dry_run),
-            handler_sets=self.handler_sets,
-            pass_delay=self.pass_delay,
-            logger=self.log,
-        )
-        kept = kept_resources(
-            self.client, now=now, active_run_keys=self.active_run_keys, stack=self.stack or None,
-            handler_sets=self.handler_sets,
-        )  # fmt: skip
+        dry_run, selection = self.is_dry_run(context), self.selector(context)
+        self.log.info("janitor: stack %s, dry run %s", selection.stack or "<all>", dry_run)
+        rule = reapable(dt.datetime.now(dt.UTC), self.active_run_keys)
+        report = self.converge(replace(selection, predicate=rule), dry_run=dry_run)
+        kept = kept_resources(self.client, replace(selection, predicate=lambda tags: not rule(tags)), self.handler_sets)
         costs = kept_report(kept, self.hook.region_name)
         self.log_kept(costs)
         return {**report.to_xcom(), **costs}
@@ -159,7 +142,5 @@ class JanitorOperator(PcflowAwsOperator):
             usd = f"${line['usd_per_day']:,.2f}/day" if line["usd_per_day"] is not None else "not priced"
             self.log.info("kept: %s %s (stack %s): %s, %s", line["kind"], line["id"], line["stack"], usd, line["basis"])
         unpriced = f", {costs['kept_unpriced']} not priced" if costs["kept_unpriced"] else ""
-        self.log.info(
-            "kept: %d resource(s), $%.2f per day%s (%s)", len(costs["kept"]), costs["kept_usd_per_day"], unpriced,
-            costs["prices"],
-        )  # fmt: skip
+        count, total = len(costs["kept"]), costs["kept_usd_per_day"]
+        self.log.info("kept: %d resource(s), $%.2f per day%s (%s)", count, total, unpriced, costs["prices"])

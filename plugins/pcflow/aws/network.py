@@ -15,13 +15,13 @@ import datetime as dt
 import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import find_one, refresh_expiry, tag_equals, tag_specifications
-from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, teardown
+from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, TeardownOperator, teardown
 from pcflow.naming import (
     TAG_EXPIRES,
     TAG_RUN,
@@ -29,6 +29,7 @@ from pcflow.naming import (
     Component,
     digest,
     resource_name,
+    run_key_from_context,
     standard_tags,
     validate_stack_name,
 )
@@ -472,12 +473,16 @@ def _adopt(step: _Ensurer, spec: NetworkSpec) -> NetworkIds:
     )
 
 
+#: What the network-only teardown selects: resources tagged `pcflow:component=network`.
+NETWORK_COMPONENTS = frozenset({str(Component.NETWORK)})
+
+
 def delete_network(clients: Any, *, stack: str, run: str | None = None, dry_run: bool = False, **loop_options: Any):
     """The network's convergent teardown: everything tagged `pcflow:component=network` for the stack (or run).
 
     Instances in the VPC (also tagged by their own stage) must be selected to go first, so the whole stack
     is usually torn down together with `teardown`; this is the network-only shortcut."""
-    selector = Selector(stack=stack, run=run, components=frozenset({str(Component.NETWORK)}))
+    selector = Selector(stack=stack, run=run, components=NETWORK_COMPONENTS)
     return teardown(clients, selector, handler_sets=DEFAULT_HANDLER_SETS, dry_run=dry_run, **loop_options)
 
 
@@ -515,8 +520,6 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         self.waiter_delay = waiter_delay
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from pcflow.naming import run_key_from_context
-
         spec = NetworkSpec.from_mapping(self.stack, self.hook.region_name, self.network)
         run = run_key_from_context(context) if self.run_scoped else None
         ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
@@ -525,27 +528,14 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         return ids.to_xcom()
 
 
-class DeleteNetworkOperator(PcflowAwsOperator):
-    """Convergent teardown of the stack's network (adopted VPCs and subnets are untagged, so kept)."""
+class DeleteNetworkOperator(TeardownOperator):
+    """Convergent teardown of the stack's network (adopted VPCs and subnets are untagged, so kept): the
+    teardown operator narrowed to the network component, and to this run's network when `run_scoped`."""
 
-    template_fields = (*PcflowAwsOperator.template_fields, "stack", "dry_run")
-    ui_color = "#f4a6a6"
-
-    def __init__(
-        self, *, stack: str, run_scoped: bool = False, dry_run: bool = False, pass_delay: float = 5.0, **kwargs
-    ):
-        super().__init__(**kwargs)
-        self.stack = stack
+    def __init__(self, *, run_scoped: bool = False, **kwargs: Any):
+        super().__init__(components=sorted(NETWORK_COMPONENTS), **kwargs)
         self.run_scoped = run_scoped
-        self.dry_run = dry_run
-        self.pass_delay = pass_delay
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from pcflow.naming import run_key_from_context
-
-        run = run_key_from_context(context) if self.run_scoped else None
-        report = delete_network(
-            self.client, stack=self.stack, run=run, dry_run=bool(self.dry_run),
-            pass_delay=self.pass_delay, logger=self.log,
-        )  # fmt: skip
-        return report.to_xcom()
+    def selector(self, context: Any) -> Selector:
+        selector = super().selector(context)
+        return replace(selector, run=run_key_from_context(context)) if self.run_scoped else selector

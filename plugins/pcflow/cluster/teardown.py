@@ -10,28 +10,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcflow.aws.tags import tag_dict
-from pcflow.aws.teardown import Handler, Resource, Selector, _paginate, register_handlers, registered_handler_sets
+from pcflow.aws.teardown.handlers import ListByTagHandler, paginate
+from pcflow.aws.teardown.model import Resource, Selector
+from pcflow.aws.teardown.registry import register_handlers, registered_handler_sets
 
 TAG_PCLUSTER_VERSION = "parallelcluster:version"
 TAG_PCLUSTER_NAME = "parallelcluster:cluster-name"
 HANDLER_SET = "pcluster"
 
 
-class ParallelClusterStackHandler(Handler):
+class ParallelClusterStackHandler(ListByTagHandler):
     kind, order = "pcluster-cluster", 5  # before the network: the cluster sits in its subnets
+    operation, result_key, id_key, state_key = "describe_stacks", "Stacks", "StackName", "StackStatus"
 
     def __init__(self, cloudformation: Any, ec2: Any):
-        self.cfn = cloudformation
+        super().__init__(cloudformation)
         self.ec2 = ec2
 
-    def list(self, selector: Selector) -> list[Resource]:
-        out = []
-        for stack in _paginate(self.cfn, "describe_stacks", "Stacks"):
-            tags = tag_dict(stack.get("Tags"))
-            if TAG_PCLUSTER_VERSION in tags and selector.matches(tags) and stack["StackStatus"] != "DELETE_COMPLETE":
-                out.append(Resource(self.kind, stack["StackName"], tags, stack["StackStatus"]))
-        return out
+    def arguments(self, selector: Selector) -> dict[str, Any]:
+        return {}  # CloudFormation has no tag filter: the selector decides on each stack's tags
+
+    def selects(self, selector: Selector, item: dict[str, Any], tags: dict[str, str]) -> bool:
+        return TAG_PCLUSTER_VERSION in tags and selector.matches(tags) and item["StackStatus"] != "DELETE_COMPLETE"
 
     def delete(self, resource: Resource) -> None:
         filters = [
@@ -40,13 +40,13 @@ class ParallelClusterStackHandler(Handler):
         ]
         ids = [
             i["InstanceId"]
-            for r in _paginate(self.ec2, "describe_instances", "Reservations", Filters=filters)
+            for r in paginate(self.ec2, "describe_instances", "Reservations", Filters=filters)
             for i in r["Instances"]
         ]
         if ids:
             self.ec2.terminate_instances(InstanceIds=ids)
         if resource.state != "DELETE_IN_PROGRESS":
-            self.cfn.delete_stack(StackName=resource.id)
+            self.client.delete_stack(StackName=resource.id)
 
 
 if HANDLER_SET not in registered_handler_sets():
