@@ -11,15 +11,15 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from pcflow.aws.teardown import (
+from pcflow.aws.teardown.handlers import (
     FsxFileSystemHandler,
     ListByTagHandler,
     NatGatewayHandler,
     NetworkInterfaceHandler,
-    Selector,
     SubnetHandler,
     VpcHandler,
 )
+from pcflow.aws.teardown.model import Selector
 
 STACK, OTHER = "demo", "other"
 SELECTOR = Selector(stack=STACK)

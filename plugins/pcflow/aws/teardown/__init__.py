@@ -7,29 +7,13 @@
 - `model`, `report`, `errors`: the selected resources, what a teardown did, how an AWS error is read;
 - `operators`: the one teardown operator, which the janitor and the network delete specialise.
 
-`pcflow.aws.teardown.<name>` keeps working for every name this package had as one module.
+Every name other modules imported from `pcflow.aws.teardown` when it was one module is exported here;
+the handlers of each kind are in `pcflow.aws.teardown.handlers`.
 """
 
 from pcflow.aws.teardown.engine import converge, teardown
 from pcflow.aws.teardown.errors import RETRYABLE_CODES, is_gone, is_retryable
-from pcflow.aws.teardown.handlers import (
-    ElasticIpHandler,
-    FsxFileSystemHandler,
-    Handler,
-    ImageHandler,
-    InstanceHandler,
-    InternetGatewayHandler,
-    ListByTagHandler,
-    NatGatewayHandler,
-    NetworkInterfaceHandler,
-    ResourceHandler,
-    RouteTableHandler,
-    SecurityGroupHandler,
-    SnapshotHandler,
-    SubnetHandler,
-    VpcEndpointHandler,
-    VpcHandler,
-)
+from pcflow.aws.teardown.handlers import Handler, ListByTagHandler, ResourceHandler
 from pcflow.aws.teardown.model import Resource, Selector
 from pcflow.aws.teardown.operators import TeardownOperator
 from pcflow.aws.teardown.registry import (
@@ -46,28 +30,15 @@ __all__ = [
     "DEFAULT_HANDLER_SETS",
     "RETRYABLE_CODES",
     "ClientSource",
-    "ElasticIpHandler",
-    "FsxFileSystemHandler",
     "Handler",
     "HandlerFactory",
-    "ImageHandler",
-    "InstanceHandler",
-    "InternetGatewayHandler",
     "ListByTagHandler",
-    "NatGatewayHandler",
-    "NetworkInterfaceHandler",
     "Resource",
     "ResourceHandler",
-    "RouteTableHandler",
-    "SecurityGroupHandler",
     "Selector",
-    "SnapshotHandler",
-    "SubnetHandler",
     "TeardownIncomplete",
     "TeardownOperator",
     "TeardownReport",
-    "VpcEndpointHandler",
-    "VpcHandler",
     "build_handlers",
     "converge",
     "is_gone",

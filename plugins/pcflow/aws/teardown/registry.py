@@ -8,20 +8,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pcflow.aws.teardown.handlers import (
-    ElasticIpHandler,
+    NETWORK_HANDLERS,
     FsxFileSystemHandler,
     ImageHandler,
-    InstanceHandler,
-    InternetGatewayHandler,
-    NatGatewayHandler,
-    NetworkInterfaceHandler,
     ResourceHandler,
-    RouteTableHandler,
-    SecurityGroupHandler,
     SnapshotHandler,
-    SubnetHandler,
-    VpcEndpointHandler,
-    VpcHandler,
 )
 
 #: `service name -> boto3 client`; handler factories take one so they can reach any service.
@@ -35,20 +26,6 @@ _REGISTERED_BY = {"pcluster": "pcflow.cluster.teardown"}
 
 #: What a stage's teardown deletes unless its policy says more: AMIs are kept (reused by recipe hash).
 DEFAULT_HANDLER_SETS = ("ec2", "fsx")
-
-#: The network's kinds in cloud-nuke's order (what runs in it first); `order` sorts them in the loop.
-NETWORK_HANDLERS = (
-    InstanceHandler,
-    VpcEndpointHandler,
-    NatGatewayHandler,
-    ElasticIpHandler,
-    RouteTableHandler,
-    NetworkInterfaceHandler,
-    SecurityGroupHandler,
-    SubnetHandler,
-    InternetGatewayHandler,
-    VpcHandler,
-)
 
 
 def register_handlers(name: str, factory: HandlerFactory, *, replace: bool = False) -> None:

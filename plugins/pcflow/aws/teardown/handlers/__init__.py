@@ -2,6 +2,7 @@
 
 from pcflow.aws.teardown.handlers.base import Handler, ListByTagHandler, ResourceHandler, paginate
 from pcflow.aws.teardown.handlers.ec2 import (
+    NETWORK_HANDLERS,
     ElasticIpHandler,
     InstanceHandler,
     InternetGatewayHandler,
@@ -17,6 +18,7 @@ from pcflow.aws.teardown.handlers.fsx import FsxFileSystemHandler
 from pcflow.aws.teardown.handlers.images import ImageHandler, SnapshotHandler
 
 __all__ = [
+    "NETWORK_HANDLERS",
     "ElasticIpHandler",
     "FsxFileSystemHandler",
     "Handler",

@@ -194,3 +194,18 @@ class VpcHandler(ListByTagHandler):
 
     def delete(self, resource: Resource) -> None:
         self.client.delete_vpc(VpcId=resource.id)
+
+
+#: The network's kinds in cloud-nuke's order (what runs in it first); `order` sorts them in the loop.
+NETWORK_HANDLERS = (
+    InstanceHandler,
+    VpcEndpointHandler,
+    NatGatewayHandler,
+    ElasticIpHandler,
+    RouteTableHandler,
+    NetworkInterfaceHandler,
+    SecurityGroupHandler,
+    SubnetHandler,
+    InternetGatewayHandler,
+    VpcHandler,
+)
