@@ -52,8 +52,8 @@ def reapable(now: dt.datetime, active_run_keys: Collection[str] | None = None) -
 def kept_resources(
     clients: ClientSource, selector: Selector, handler_sets: Sequence[str] = DEFAULT_HANDLER_SETS
 ) -> list[Resource]:
-    """Every resource `selector` picks in `handler_sets` and the images: given the janitor's rule negated,
-    what it leaves and what keeps billing."""
+    """What `selector` picks in `handler_sets` and among the images; given the janitor's rule negated, what
+    the janitor leaves, which keeps billing."""
     handlers = build_handlers(clients, dict.fromkeys([*handler_sets, "images"]))
     return [resource for handler in handlers for resource in handler.list(selector)]
 

@@ -65,13 +65,7 @@ def converge(
     while listed and report.passes < max_passes:
         report.passes += 1
         logger.info("teardown pass %s: %s resource(s) listed", report.passes, len(listed))
-        for handler in ordered:
-            batch = [r for r in listed.values() if r.kind == handler.kind]
-            if not batch:
-                continue
-            _attempt(lambda h=handler, b=batch: h.prepare(b), batch, report, logger)
-            for resource in batch:
-                _attempt(lambda h=handler, r=resource: h.delete(r), [resource], report, logger)
+        _delete_all(ordered, listed, report, logger)
         relisted = _without_held(_list_all(ordered, selector), held_owners)
         gone = [r for key, r in listed.items() if key not in relisted]
         for resource in gone:
@@ -90,6 +84,22 @@ def converge(
     report.remaining = sorted(listed.values(), key=lambda r: _order_of(ordered, r))
     logger.info("%s", report.summary())
     return report
+
+
+def _delete_all(
+    ordered: Sequence[ResourceHandler],
+    listed: Mapping[tuple[str, str], Resource],
+    report: TeardownReport,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> None:
+    """One pass's deletions, kind by kind in order; an error goes in the report, not up."""
+    for handler in ordered:
+        batch = [r for r in listed.values() if r.kind == handler.kind]
+        if not batch:
+            continue
+        _attempt(lambda h=handler, b=batch: h.prepare(b), batch, report, logger)
+        for resource in batch:
+            _attempt(lambda h=handler, r=resource: h.delete(r), [resource], report, logger)
 
 
 def _owner(resource: Resource) -> tuple[str | None, str | None]:
