@@ -1,7 +1,7 @@
 """What a run may cost, known before anything is created: its price per hour and its maximum, against its
 budget.
 
-The first task prices the run from its region's dated price table (include/metrics/prices.json) and,
+The first task prices the run from its region's dated price table (pcflow/metrics/prices.json) and,
 for spot capacity, EC2's spot price history: the compute nodes (nodes x type), and for ParallelCluster
 the head node and FSx for Lustre. The maximum is that price per hour over the job's time limit, once
 per trial of a sweep, plus the head node and FSx while the cluster is created and deleted. A run whose
@@ -180,7 +180,7 @@ def refuse_over_budget(cost: Mapping[str, Any], run: Mapping[str, Any]) -> None:
         raise BudgetRefused(
             f"budget.usd: this run has a budget of {usd(budget)}, but it cannot be priced: no price for "
             f"{'; '.join(cost['unknown'])}. An unknown price cannot be capped: choose a priced instance type or "
-            "region, or add the price to include/metrics/prices.json (the deployment admin)"
+            "region, or add the price to pcflow's table (plugins/pcflow/metrics/prices.json, in a pcflow release)"
         )
     if cost["maximum_usd"] is None:
         raise BudgetRefused(

@@ -1,6 +1,6 @@
 """What each resource pcflow keeps costs per day, for the janitor's report: the nightly's cluster, network
 and image, a run kept for debugging until its TTL, the shared bucket's neighbours. Priced from the
-region's dated table (include/metrics/prices.json) and what the listing shows (instance type and state,
+region's dated table (pcflow/metrics/prices.json) and what the listing shows (instance type and state,
 file system size, endpoint subnets, snapshot sizes); free kinds cost 0, and what the table cannot price
 says so instead of counting as 0.
 """

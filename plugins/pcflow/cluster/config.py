@@ -1,6 +1,6 @@
 """Render a ParallelCluster config from a `ClusterSpec`, and the hash that identifies it.
 
-The Jinja template (`include/cluster/<template>.yaml.j2`) emits every value through `tojson`; the result
+The Jinja template (package data: `templates/<template>.yaml.j2`) emits every value through `tojson`; the result
 is parsed back with `yaml.safe_load`, `extra_config` is deep-merged, and the document is dumped with
 `yaml.safe_dump`. So user values never become YAML structure, and the text is deterministic.
 """
@@ -18,7 +18,6 @@ import yaml
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.merge import deep_merge
 from pcflow.naming import TAG_RUN, TAG_STACK, digest
-from pcflow.paths import include_dir
 
 DEFAULT_TEMPLATE = "gpu-training.yaml.j2"
 TAG_CONFIG_HASH = "pcflow:config-hash"
@@ -31,7 +30,7 @@ CONFIG_HASH_LEN = 16
 @cache
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(include_dir() / "cluster")),
+        loader=jinja2.PackageLoader("pcflow.cluster", "templates"),
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # YAML, not HTML; values are escaped by `tojson`
         keep_trailing_newline=True,

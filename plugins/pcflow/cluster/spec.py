@@ -104,7 +104,7 @@ def _tag_keys(node: Any, where: str) -> list[tuple[str, str]]:
 
 
 class ClusterSpec(BaseModel):
-    """The inputs of `include/cluster/gpu-training.yaml.j2`; unknown keys are refused."""
+    """The inputs of `pcflow/cluster/templates/gpu-training.yaml.j2`; unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

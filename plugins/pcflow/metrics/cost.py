@@ -1,6 +1,6 @@
 """What a run cost, as an estimate: node-hours x price, plus the head node and FSx over the run's window.
 
-Prices come from a dated table bundled in include/metrics/prices.json, one section per region
+Prices come from a dated table bundled with pcflow (pcflow/metrics/prices.json), one section per region
 (overridable per call); a region the table lacks is unpriced (`NoPrices`), never priced as another
 region. A run on spot capacity is priced from EC2's spot price history for its window when the API
 answers, else at the table's on-demand price less its typical spot discount. Every figure says where
@@ -15,10 +15,9 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 from statistics import fmean
 from typing import Any
-
-from pcflow.paths import include_dir
 
 CAPACITY_TYPES = ("ondemand", "spot")
 log = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ class NoPrices(LookupError):
 
 @cache
 def bundled_prices() -> dict[str, Any]:
-    return json.loads((include_dir() / "metrics" / "prices.json").read_text())
+    return json.loads(resources.files("pcflow.metrics").joinpath("prices.json").read_text())
 
 
 def price_table(overrides: Mapping[str, Any] | None = None, region: str = DEFAULT_REGION) -> dict[str, Any]:
@@ -45,7 +44,7 @@ def price_table(overrides: Mapping[str, Any] | None = None, region: str = DEFAUL
     if regional is None and not (overrides or {}).get("on_demand_per_hour"):
         priced = ", ".join(sorted(bundled["regions"]))
         raise NoPrices(
-            f"the price table (include/metrics/prices.json, as of {bundled['as_of']}) has no prices for region "
+            f"the price table (pcflow/metrics/prices.json, as of {bundled['as_of']}) has no prices for region "
             f"{region} (it has {priced}); add the region's prices there"
         )
     common = {k: v for k, v in bundled.items() if k not in ("regions", "_about")}

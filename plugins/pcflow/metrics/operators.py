@@ -49,7 +49,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param head_instance_type, fsx_storage_gib, fsx_deployment_type: priced over the run's window.
     :param cluster_provider, cluster: the cluster stage's provider and settings; for `parallelcluster`
         the head node type and FSx size are taken from them (unless given above).
-    :param prices: overrides of include/metrics/prices.json (e.g. `{"on_demand_per_hour": {...}}`).
+    :param prices: overrides of pcflow/metrics/prices.json (e.g. `{"on_demand_per_hour": {...}}`).
     :param cost_before: the first task's `cost` section (pcflow.budget: maximum, budget, prices): the
         report shows it beside the final estimate, with the cost so far at each evaluation.
     :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).

@@ -10,7 +10,6 @@ import jinja2
 from markupsafe import Markup
 
 from pcflow.metrics.svg import line_chart
-from pcflow.paths import include_dir
 
 MAX_METRIC_CHARTS = 12
 
@@ -18,7 +17,7 @@ MAX_METRIC_CHARTS = 12
 @cache
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(include_dir() / "metrics"),
+        loader=jinja2.PackageLoader("pcflow.metrics", "templates"),
         undefined=jinja2.ChainableUndefined,
         autoescape=True,
         trim_blocks=True,

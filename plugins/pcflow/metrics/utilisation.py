@@ -1,4 +1,4 @@
-"""Utilisation samples the sampler (include/metrics/sampler.py) wrote during the job, summarised.
+"""Utilisation samples the sampler (pcflow/metrics/sampler.py) wrote during the job, summarised.
 
 GPU use is reported as the seeds state it: the sum over all GPUs of the job, in percent of one GPU
 (eight GPUs each 80% busy: 640% of 800%). CPU use is the node's, averaged over the job's nodes.
@@ -12,10 +12,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cache
+from importlib import resources
 from statistics import fmean, median
 from typing import Any
-
-from pcflow.paths import include_dir
 
 SAMPLER = "sampler.py"
 
@@ -23,7 +22,7 @@ SAMPLER = "sampler.py"
 @cache
 def sampler_source() -> bytes:
     """The sampler script, as SlurmJobOperator uploads it beside the batch script."""
-    return (include_dir() / "metrics" / SAMPLER).read_bytes()
+    return resources.files("pcflow.metrics").joinpath(SAMPLER).read_bytes()
 
 
 @dataclass

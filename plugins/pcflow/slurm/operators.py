@@ -45,7 +45,7 @@ class SlurmJobOperator(BaseOperator):
 
     :param program: the program and its arguments, one list element each (never shell text), interpreter
         included: every launcher's workers run it as given, so changing the launcher never changes it.
-    :param launcher: `srun`, `torchrun`, `vissl` or `mpirun` (templates in include/jobs/).
+    :param launcher: `srun`, `torchrun`, `vissl` or `mpirun` (templates in pcflow/slurm/templates/).
     :param allocation: the Slurm resources (BaseOperator already owns `resources`): nodes,
         tasks_per_node, gpus_per_node, cpus_per_task, partition, time_limit, exclusive, requeue,
         extra_sbatch (allow-listed options).

@@ -1,4 +1,4 @@
-"""Render a JobSpec into a batch script from the launcher's Jinja template in `include/jobs/`."""
+"""Render a JobSpec into a batch script from the launcher's Jinja template (package data: `templates/`)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ from functools import cache
 
 import jinja2
 
-from pcflow.paths import include_dir
 from pcflow.slurm.spec import NAME, SBATCH_VALUE, JobSpec, RunDir
+
+#: The batch templates' directory in the package (`<launcher>.sbatch.j2`, and `_base.sbatch.j2` they extend).
+TEMPLATES = "templates"
 
 
 @cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(include_dir() / "jobs"),
+        loader=jinja2.PackageLoader("pcflow.slurm", TEMPLATES),
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # shell, not HTML: quoting is explicit through the filters below
         trim_blocks=True,
@@ -68,8 +70,8 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
         template = _environment().get_template(f"{spec.launcher}.sbatch.j2")
     except jinja2.TemplateNotFound as exc:
         raise FileNotFoundError(
-            f"no batch template for launcher {spec.launcher!r} in {include_dir() / 'jobs'}; "
-            "set PCFLOW_INCLUDE_DIR to pcflow's include/ directory"
+            f"no batch template for launcher {spec.launcher!r} in pcflow.slurm's {TEMPLATES}/: "
+            "the pcflow installation is incomplete (reinstall the package)"
         ) from exc
     return template.render(
         directives=sbatch_directives(spec, run_dir, job_name),

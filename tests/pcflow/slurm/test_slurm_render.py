@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
+import jinja2
 import pytest
 from pydantic import ValidationError
 
@@ -98,13 +99,9 @@ def test_hparams_are_json():
     )
 
 
-def test_missing_template_is_a_clear_error(monkeypatch, tmp_path):
+def test_missing_template_is_a_clear_error(monkeypatch):
     from pcflow.slurm import render as render_module
 
-    monkeypatch.setenv("PCFLOW_INCLUDE_DIR", str(tmp_path))
-    render_module._environment.cache_clear()
-    try:
-        with pytest.raises(FileNotFoundError, match="no batch template for launcher 'srun'"):
-            render()
-    finally:
-        render_module._environment.cache_clear()
+    monkeypatch.setattr(render_module, "_environment", lambda: jinja2.Environment(loader=jinja2.DictLoader({})))
+    with pytest.raises(FileNotFoundError, match="no batch template for launcher 'srun'"):
+        render()
