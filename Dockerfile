@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # pcflow's Airflow image: the official slim Airflow 3.3.2 image (Python 3.11, as constraints.txt is
 # resolved for; no providers of its own) + pcflow's runtime requirements at exactly the versions the
-# tests run (constraints.txt) + the ParallelCluster CLI in its own virtual environment with Node.js
+# tests run (constraints.txt) + the pcflow wheel + the ParallelCluster CLI in its own virtual environment with Node.js
 # (AWS CDK synthesises the cluster's CloudFormation template on Node.js).
 #   docker compose build          (docker-compose.yaml builds this file for every Airflow service)
 ARG AIRFLOW_BASE_IMAGE=apache/airflow:slim-3.3.2-python3.11
@@ -30,5 +30,14 @@ RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /opt/pcfl
       -c /opt/pcflow/constraints.txt \
  && pip check
 
-# dags/, plugins/ and include/ are mounted by docker-compose.yaml (the triggerer imports pcflow's
-# triggers from plugins/, which Airflow puts on sys.path).
+# -- layer 3: pcflow itself, built into a wheel from this checkout and installed (not editable) without
+# dependencies: layer 2 installed them at the tested versions, and pip check confirms they meet the
+# wheel's own ranges. Airflow finds the provider (connection type, triggers, links) by its entry point.
+COPY --chown=airflow:0 pyproject.toml README.md /opt/pcflow/src/
+COPY --chown=airflow:0 plugins/pcflow /opt/pcflow/src/plugins/pcflow
+RUN pip install --no-cache-dir --no-deps /opt/pcflow/src -c /opt/pcflow/constraints.txt \
+ && pip check
+
+# dags/, plugins/ and include/ are mounted by docker-compose.yaml. pcflow is imported from the installed
+# wheel, also by the triggerer: site-packages come before the plugins folder Airflow appends to sys.path,
+# so the mounted plugins/pcflow/ is never imported here and a change to it needs `docker compose build`.

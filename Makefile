@@ -30,8 +30,12 @@ $(VENV)/bin/uv:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt | $(VENV)/bin/uv
+# pcflow itself goes in editable, without dependencies (the line above pins them): the environment imports
+# it from plugins/pcflow, the one copy, and Airflow finds the provider by its entry point. The checkout
+# installed is the one the environment lives in (.venv resolved), also when .venv is a link to another's.
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml | $(VENV)/bin/uv
 	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements-dev.txt -c constraints.txt
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e "$(dir $(realpath $(VENV)))"
 	@touch $@
 
 payload-env:  ## the training payload's environment (PyTorch CPU build), as a baked image holds it

@@ -19,7 +19,7 @@ from dagrun import REPO
 
 SCRIPT = """
 import datetime as dt, json, sys
-sys.path.insert(0, {local!r})
+sys.path[:0] = [{local!r}, {plugins!r}]  # this checkout's pcflow, as pytest and demo.py import it
 from dagrun import resume_dag_run, run_dag, unfinished_tasks
 action, dag_id, run_id, when, conf = sys.argv[1:6]
 when = dt.datetime.fromisoformat(when)
@@ -38,7 +38,7 @@ def manual_run(dag_id: str) -> tuple[str, dt.datetime]:
 
 def spawn(action: str, dag_id: str, run_id: str, when: dt.datetime, *, log: Path, conf: dict | None = None):
     """`start` the run, or `resume` it (its unfinished tasks retried), in a child process logging to `log`."""
-    code = SCRIPT.format(local=str(REPO / "include" / "local"))
+    code = SCRIPT.format(local=str(REPO / "include" / "local"), plugins=str(REPO / "plugins"))
     argv = [sys.executable, "-c", code, action, dag_id, run_id, when.isoformat(), json.dumps(conf or {})]
     with log.open("ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

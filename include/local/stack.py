@@ -394,7 +394,7 @@ def node_hosts() -> str:
 def ssh_connection(lay: Layout) -> dict:
     host_pub = " ".join(lay.host_key.with_suffix(".pub").read_text().split()[:2])
     return {
-        "conn_type": "ssh",
+        "conn_type": "slurm",  # pcflow's connection type (its form shows the extras below); "ssh" works too
         "host": "127.0.0.1",
         "port": lay.ports["sshd"],
         "login": lay.user,

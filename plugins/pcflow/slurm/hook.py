@@ -4,6 +4,8 @@ Built on the SSH provider's `SSHHook` (paramiko), so host keys, key files and pr
 Airflow connection as usual. Two connection extras are pcflow's own:
 `shared_root` (a directory every node sees, e.g. `/fsx` on ParallelCluster) and `slurm_bin`
 (where sbatch & co. live when they are not on a non-login shell's PATH, e.g. `/opt/slurm/bin`).
+The `slurm` connection type shows them, and the SSH provider's `host_key`, as form fields
+(pcflow.provider_info); a connection of type `ssh` with the same extras works the same.
 
 A cluster pcflow created itself has an address and a host key known only at run time: both can be
 passed over the connection's (`remote_host`, `host_key`), so the key is still pinned, never trusted
@@ -176,7 +178,7 @@ class SlurmHook(BaseHook):
 
     conn_name_attr = "ssh_conn_id"
     default_conn_name = DEFAULT_SSH_CONN_ID
-    conn_type = "ssh"
+    conn_type = "slurm"  # its form: pcflow.provider_info
     hook_name = "Slurm (SSH)"
 
     def __init__(
@@ -213,7 +215,8 @@ class SlurmHook(BaseHook):
 
     @cached_property
     def extras(self) -> dict[str, Any]:
-        return self.get_connection(self.ssh_conn_id).extra_dejson
+        """The connection's extras; a form field left empty (null or "") counts as not set."""
+        return {k: v for k, v in self.get_connection(self.ssh_conn_id).extra_dejson.items() if v not in (None, "")}
 
     @property
     def login(self) -> str:
