@@ -21,6 +21,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
+from pcflow.compat import read_state
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm import DEFAULT_SSH_CONN_ID
 from pcflow.slurm.states import JobInfo, JobState
@@ -197,8 +198,7 @@ class SlurmJobOperator(BaseOperator):
 
     def find_previous_job(self, context: Context, run_dir: RunDir) -> tuple[JobInfo | None, int]:
         """The newest job this task instance submitted, if any, and the log offset it started at."""
-        store = context.get("task_state_store")
-        saved = store.get(STATE_KEY) if store is not None else None
+        saved = read_state(context.get("task_state_store"), STATE_KEY)
         if saved:
             info = self.job_status(saved["job_id"], run_dir)
             if info is not None:
