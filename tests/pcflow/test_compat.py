@@ -81,10 +81,11 @@ def exercise(trigger: BaseTrigger) -> None:
 
 def test_this_release_has_its_stored_triggers_captured():
     """A new version captures what it stores (tests/pcflow/stored/capture.py), so the next one is tested
-    against it; every class path it stores is registered."""
+    against it; every class path a release stored stays registered."""
     captured = STORED / f"{pcflow.__version__}.json"
     assert captured.is_file(), f"run tests/pcflow/stored/capture.py for pcflow {pcflow.__version__}"
-    assert {e["classpath"] for e in json.loads(captured.read_text())["triggers"]} == set(compat.STORED_TRIGGERS)
+    for release in STORED.glob("*.json"):
+        assert {e["classpath"] for e in json.loads(release.read_text())["triggers"]} <= set(compat.STORED_TRIGGERS)
 
 
 def test_every_trigger_class_is_registered_and_every_registered_path_imports():
@@ -95,7 +96,7 @@ def test_every_trigger_class_is_registered_and_every_registered_path_imports():
         if issubclass(cls, BaseTrigger) and cls.__module__ == module
     }
     bases = {p for p, cls in found.items() if any(o is not cls and issubclass(o, cls) for o in found.values())}
-    assert set(found) - bases == set(compat.STORED_TRIGGERS) - bases
+    assert set(found) - bases <= set(compat.STORED_TRIGGERS), "register every trigger class in pcflow.compat"
     for classpath in compat.STORED_TRIGGERS:
         assert issubclass(import_string(classpath), BaseTrigger), classpath
 
