@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 # pcflow's Airflow image: the official slim Airflow 3.3.2 image (Python 3.11, as constraints.txt is
 # resolved for; no providers of its own) + pcflow's runtime requirements at exactly the versions the
-# tests run (constraints.txt) + the pcflow wheel + the ParallelCluster CLI in its own virtual environment with Node.js
-# (AWS CDK synthesises the cluster's CloudFormation template on Node.js).
+# tests run (constraints.txt) + the pcflow wheel + the ParallelCluster CLI in its own virtual environment
+# with Node.js (AWS CDK synthesises the cluster's CloudFormation template on Node.js).
 #   docker compose build          (docker-compose.yaml builds this file for every Airflow service)
 ARG AIRFLOW_BASE_IMAGE=apache/airflow:slim-3.3.2-python3.11
 FROM ${AIRFLOW_BASE_IMAGE}
