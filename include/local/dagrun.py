@@ -116,10 +116,12 @@ def run_dag(
     conf: dict[str, Any] | None = None,
     logical_date: dt.datetime | None = None,
     run_after: dt.datetime | None = None,
+    only: Sequence[str] | None = None,
 ) -> DagRunResult:
     """Run the DAG to the end in this process (tasks, deferrals and teardowns included).
 
-    The run id is `manual__<run_after>` (now, unless given): give it to know the run's key beforehand."""
+    The run id is `manual__<run_after>` (now, unless given): give it to know the run's key beforehand.
+    `only`: run these tasks and mark the others successful without running them (`mark_success_pattern`)."""
     import time
 
     from airflow.dag_processing.dagbag import DagBag
@@ -127,8 +129,17 @@ def run_dag(
     dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
     started = time.monotonic()
     with resume_as_the_triggerer():
-        dag_run = dag.test(run_conf=conf or {}, logical_date=logical_date, run_after=run_after)
+        dag_run = dag.test(
+            run_conf=conf or {}, logical_date=logical_date, run_after=run_after, mark_success_pattern=_others(only)
+        )
     return _result(dag_id, dag_run, time.monotonic() - started)
+
+
+def _others(only: Sequence[str] | None) -> str | None:
+    """A `mark_success_pattern` matching every task id but those in `only` (None: run every task)."""
+    import re
+
+    return None if only is None else rf"(?!(?:{'|'.join(re.escape(task) for task in only)})$).*"
 
 
 def unfinished_tasks(dag_id: str, run_id: str) -> list[str]:
@@ -154,33 +165,37 @@ def resume_dag_run(dag_id: str, run_id: str, *, retry: Sequence[str]) -> DagRunR
     failed, as the scheduler does with a dead worker's task, and cleared for another try, as a retry or
     a user's "Clear" does; then the run goes on to its end. It keeps its run id (so its run key), its
     finished tasks and what they returned, and its tasks' state stores."""
-    import time
-    from unittest import mock
-
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import clear_task_instances
-    from airflow.serialization.definitions.dag import SerializedDAG
     from airflow.utils.session import create_session
-    from airflow.utils.state import DagRunState, TaskInstanceState
-    from sqlalchemy import select
-
-    def find(session: Any) -> DagRun:
-        return session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
-
-    def existing(*, dag: Any, session: Any, **_: Any) -> DagRun:
-        dag_run = find(session)
-        dag_run.dag = dag
-        return dag_run
+    from airflow.utils.state import TaskInstanceState
 
     with create_session() as session:
-        dag_run = find(session)
-        if dag_run is None:
-            raise ValueError(f"no run {run_id!r} of DAG {dag_id!r} to resume")
+        dag_run = _find_run(session, dag_id, run_id)
         tis = [ti for ti in dag_run.get_task_instances(session=session) if ti.task_id in retry]
         for ti in tis:
             ti.state = TaskInstanceState.FAILED
         clear_task_instances(tis, session, dag_run_state=False)
+    return run_existing_dag_run(dag_id, run_id)
+
+
+def run_existing_dag_run(dag_id: str, run_id: str, only: Sequence[str] | None = None) -> DagRunResult:
+    """Run, in this process, a run that exists already (one the scheduler created, one being resumed) to
+    its end, as it is: its run id, type, conf and the asset events it consumed. `only`: as for run_dag."""
+    import time
+    from unittest import mock
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.definitions.dag import SerializedDAG
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+
+    def existing(*, dag: Any, session: Any, **_: Any) -> Any:
+        dag_run = _find_run(session, dag_id, run_id)
+        dag_run.dag = dag
+        return dag_run
+
+    with create_session() as session:
+        dag_run = _find_run(session, dag_id, run_id)
         dag_run.state = DagRunState.RUNNING
         logical_date, run_after = dag_run.logical_date, dag_run.run_after
     dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
@@ -192,8 +207,18 @@ def resume_dag_run(dag_id: str, run_id: str, *, retry: Sequence[str]) -> DagRunR
         mock.patch.object(SerializedDAG, "clear_dags"),
         resume_as_the_triggerer(),
     ):
-        dag_run = dag.test(logical_date=logical_date, run_after=run_after)
+        dag_run = dag.test(logical_date=logical_date, run_after=run_after, mark_success_pattern=_others(only))
     return _result(dag_id, dag_run, time.monotonic() - started)
+
+
+def _find_run(session: Any, dag_id: str, run_id: str) -> Any:
+    from airflow.models.dagrun import DagRun
+    from sqlalchemy import select
+
+    dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    if dag_run is None:
+        raise ValueError(f"no run {run_id!r} of DAG {dag_id!r}")
+    return dag_run
 
 
 def _result(dag_id: str, dag_run: Any, seconds: float) -> DagRunResult:

@@ -16,6 +16,7 @@ from typing import Any
 from airflow.sdk import Asset, AssetAlias, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
+from pcflow.lineage import DATASET
 from pcflow.paths import default_profile, profile_names
 from pcflow.patterns import INSTANCE_TYPE, PARTITION
 from pcflow.values import Returned
@@ -51,7 +52,7 @@ PRETRAINED_ENCODER = AssetAlias(name="pcflow-pretrained-encoder")
 
 def pretrained_encoder(stack: str) -> Asset:
     """The trained encoder of one stack (the Asset a DAG that uses the model schedules on)."""
-    from pcflow.metrics.outputs import stack_asset
+    from pcflow.lineage import stack_asset
 
     return stack_asset(PRETRAINED_ENCODER.name, stack)
 
@@ -669,6 +670,7 @@ def build_training_pipeline(
         mode=run_value("dataset.mode"),
         # A cluster kept from an earlier run already has its file system: import the new partition.
         fsx_file_system_id=EXISTING_FILE_SYSTEM,
+        outlets=[DATASET],  # new content in the partition: an event of the stack's dataset (pcflow.lineage)
     )
     bucket >> dataset
     image = BakeImageOperator(
@@ -736,6 +738,7 @@ def build_training_pipeline(
         "pending_timeout": run_value("training.pending_timeout_s"),
         "payload_dir": payload["dir"],
         "budget": run_value("cost"),  # the wait logs the cost so far and stops the job at the budget
+        "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }
     if sweep:
         train = SlurmArrayJobOperator(
@@ -765,6 +768,8 @@ def build_training_pipeline(
         ssh_conn_id=inputs["ssh_conn_id"],
         remote_host=inputs["remote_host"],
         host_key=inputs["host_key"],
+        dataset=dataset.output,
+        inlets=[DATASET],
         outlets=[PRETRAINED_ENCODER],
     )
 

@@ -250,6 +250,26 @@ class AlertsSettings(_Section):
     )  # fmt: skip
 
 
+class NightlySettings(_Section):
+    """When `pretrain_nightly` starts: read from the deployment's default profile (the one its scheduled
+    runs use) when the DAG file is parsed (`pcflow.lineage.nightly_schedule`)."""
+
+    schedule: Literal["clock", "data"] = Field(
+        "clock", description="clock: at `cron`; data: when a partition of the stack's dataset gets new content "
+        "(an event of its dataset Asset, `pcflow-dataset-<stack>`), training on that partition",
+    )  # fmt: skip
+    cron: str = Field("0 2 * * *", description="the clock's cron expression (UTC)")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        from croniter import croniter  # what Airflow's cron timetables use
+
+        if not croniter.is_valid(value):
+            raise ValueError(f"{value!r} is not a cron expression (five fields, e.g. '0 2 * * *')")
+        return value
+
+
 class RunSpec(_Section):
     profile: str
     stack: str
@@ -267,6 +287,7 @@ class RunSpec(_Section):
     preflight: PreflightSettings = Field(default_factory=PreflightSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
+    nightly: NightlySettings = Field(default_factory=NightlySettings)
 
     @field_validator("stack")
     @classmethod
@@ -331,6 +352,18 @@ def with_parent(document: dict[str, Any], chain: tuple[str, ...]) -> dict[str, A
     if parent in chain:
         raise RunSpecError(f"profile {chain[-1]!r}: `extends` loops ({' -> '.join([*chain, parent])})")
     return deep_merge(load_profile(parent, chain), document)
+
+
+def nightly_settings(name: str) -> tuple[str, NightlySettings]:
+    """The stack and `nightly` section of a profile, validated alone: what parsing the nightly's DAG file
+    needs (one small local file; the whole profile is validated by each run's first task)."""
+    document = load_profile(name)
+    try:
+        return validate_stack_name(document.get("stack")), NightlySettings.model_validate(document.get("nightly") or {})
+    except ValidationError as exc:
+        raise RunSpecError(format_errors(exc).replace("\n  ", "\n  nightly.")) from None
+    except ValueError as exc:
+        raise RunSpecError(f"profile {name!r}: stack: {exc}") from None
 
 
 def profile_rules(name: str) -> dict[str, Rule]:

@@ -44,7 +44,9 @@ class DatasetLoadOperator(PcflowAwsOperator):
     :param deferrable: wait for the FSx import in the triggerer (default) rather than in the worker.
 
     Returns (XCom) the load summary: manifest_uri, uri, bucket, root, partition, mode, content_hash,
-    object_count, bytes, samples, uploaded, skipped, manifest_written, fsx_import_task_id.
+    object_count, bytes, samples, uploaded, skipped, manifest_written, committed_by, fsx_import_task_id.
+    Outlets get an event when the run committed new content (`pcflow.lineage`): an AssetAlias, one of
+    the stack's own dataset Asset, with the partition, its location and content hash as extra.
     """
 
     template_fields: Sequence[str] = (
@@ -152,7 +154,22 @@ class DatasetLoadOperator(PcflowAwsOperator):
             result = sync_to_s3(self.hook.conn, self.source, prune=bool(self.prune), **common)
         result["fsx_import_task_id"] = None
         if self.fsx_file_system_id:
-            return self._import_into_fsx(result, tags, linked)
+            result = self._import_into_fsx(result, tags, linked)
+        return self._announce(context, result)
+
+    def _announce(self, context: Context, result: dict[str, Any]) -> dict[str, Any]:
+        """An event on each outlet (an AssetAlias: the stack's own dataset Asset) when this run committed
+        new content to the partition; a load that found the same bytes there announces nothing."""
+        from pcflow.lineage import dataset_extra, emit, is_new_content
+
+        if is_new_content(result, run_key_from_context(context)):
+            emit(context, self.outlets or [], self.stack, dataset_extra(result))
+        elif self.outlets:
+            self.log.info(
+                "partition %s holds the content run %s committed: no asset event (nothing new)",
+                result["partition"],
+                result.get("committed_by"),
+            )
         return result
 
     def _fsx_links(self) -> list[str]:
@@ -219,7 +236,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
         with self._import_failure_explained(result):
             data_repository_task_result(self.fsx_hook.conn, task_id)
         self.log.info("FSx import task %s succeeded", task_id)
-        return result
+        return self._announce(context, result)
 
     @contextlib.contextmanager
     def _import_failure_explained(self, result: dict[str, Any]) -> Iterator[None]:

@@ -1,7 +1,8 @@
 """Which partition a run loads: its logical date when scheduled, an explicit one when triggered by hand.
 
 Nightly runs train on the data of their date and backfills re-read old dates, so the logical date is
-the natural key; a manual run has no meaningful date and must say which partition it wants.
+the natural key; a nightly scheduled on new data trains on the partition the data's event names; a
+manual run has no meaningful date and must say which partition it wants.
 """
 
 from __future__ import annotations
@@ -38,9 +39,16 @@ def validate_partition(partition: str) -> str:
 
 
 def resolve_partition(context: Mapping[str, Any], explicit: str | None = None) -> str:
-    """Explicit partition if given; else the logical date (`YYYY-MM-DD`) of a scheduled or backfill run."""
+    """Explicit partition if given; else the one the newest event that started the run names (a run
+    scheduled on new data: `pcflow.lineage`); else the logical date (`YYYY-MM-DD`) of a scheduled or
+    backfill run."""
+    from pcflow.lineage import announced_partition
+
     if explicit:
         return validate_partition(explicit)
+    announced = announced_partition(context)
+    if announced:
+        return validate_partition(announced)
     dag_run = context.get("dag_run")
     run_type = str(getattr(dag_run, "run_type", "") or "").lower()
     logical_date = context.get("logical_date")

@@ -26,7 +26,7 @@ from typing import IO, Any
 from boto3.s3.transfer import TransferConfig
 
 from pcflow.dataset.errors import SourceChangedError
-from pcflow.dataset.manifest import build_manifest, partition_root, summary
+from pcflow.dataset.manifest import build_manifest, partition_root
 from pcflow.dataset.progress import Progress
 from pcflow.dataset.sources import Source, SourceFile, open_source
 from pcflow.dataset.writer import DEFAULT_TRANSFER, PartitionWriter
@@ -244,7 +244,7 @@ def shard_to_s3(
     finally:
         writer.close()
     progress.report(final=True)
-    return {**summary(manifest, uploaded=writer.uploaded, skipped=writer.skipped), "manifest_written": committed}
+    return writer.outcome(manifest, committed)
 
 
 @dataclass(frozen=True)

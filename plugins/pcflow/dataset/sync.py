@@ -18,7 +18,7 @@ from typing import IO, Any
 from boto3.s3.transfer import TransferConfig
 
 from pcflow.dataset.errors import SourceChangedError
-from pcflow.dataset.manifest import build_manifest, partition_root, summary
+from pcflow.dataset.manifest import build_manifest, partition_root
 from pcflow.dataset.progress import Progress
 from pcflow.dataset.sources import LocalDirectorySource, Source, SourceFile, iter_chunks, open_source
 from pcflow.dataset.writer import DEFAULT_TRANSFER, HashingReader, PartitionWriter
@@ -75,10 +75,7 @@ def sync_to_s3(
     finally:
         writer.close()
     progress.report(final=True)
-    return {
-        **summary(manifest, uploaded=writer.uploaded, skipped=writer.skipped),
-        "manifest_written": committed,
-    }
+    return writer.outcome(manifest, committed)
 
 
 def _sync_one(writer: PartitionWriter, src: Source, item: SourceFile, progress: Progress) -> None:

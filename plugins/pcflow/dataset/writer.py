@@ -27,7 +27,7 @@ from s3transfer.manager import TransferManager
 from s3transfer.subscribers import BaseSubscriber
 
 from pcflow.dataset.errors import DestinationError
-from pcflow.dataset.manifest import FORMAT, JOURNAL_KEY, MANIFEST_NAME, read_json_object, read_manifest
+from pcflow.dataset.manifest import FORMAT, JOURNAL_KEY, MANIFEST_NAME, read_json_object, read_manifest, summary
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +317,13 @@ class PartitionWriter:
         if prune:
             self.prune({o["key"] for o in manifest["objects"]})
         return not unchanged
+
+    def outcome(self, manifest: dict[str, Any], committed: bool) -> dict[str, Any]:
+        """The load's summary (`manifest.summary`), whether this load wrote the manifest, and which run's
+        load committed the content the partition now holds (`committed_by`: the lineage's new-data test)."""
+        current = manifest if committed else (self.previous or {})
+        counters = summary(manifest, uploaded=self.uploaded, skipped=self.skipped)
+        return {**counters, "manifest_written": committed, "committed_by": current.get("run")}
 
     def prune(self, keep: set[str]) -> int:
         """Delete objects of the partition the committed manifest does not list (older shards, removed files)."""

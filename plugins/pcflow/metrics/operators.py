@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, AssetAlias
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.aws.base import PcflowAwsOperator
@@ -54,10 +53,11 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         report shows it beside the final estimate, with the cost so far at each evaluation.
     :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).
     :param ssh_conn_id, remote_host, host_key: the head node, as for SlurmJobOperator.
+    :param dataset: the dataset stage's XCom (DatasetLoadOperator): the partition the model event names.
 
     The job's `model.pt` and newest checkpoint are copied to `s3://<bucket>/runs/<run key>/model/`
     (`outputs.py`) before the report, which links them. Outlets that are Assets get an event whose extra
-    is the summary; an AssetAlias gets an event of the stack's own Asset (`outputs.stack_asset`).
+    is the summary; an AssetAlias gets an event of the stack's own Asset (`pcflow.lineage`).
     """
 
     template_fields: Sequence[str] = (
@@ -82,6 +82,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         "prices",
         "cost_before",
         "cloudwatch",
+        "dataset",
     )
     template_fields_renderers = {"job": "json", "metric_definitions": "json", "prices": "json"}  # noqa: RUF012
     operator_extra_links = (MetricsReportLink(), MetricsDashboardLink())
@@ -110,10 +111,12 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         remote_host: str | None = None,
         host_key: str | None = None,
+        dataset: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.job = job
+        self.dataset = dataset
         self.bucket = bucket
         self.stack = stack
         self.objective = objective
@@ -310,16 +313,12 @@ class HarvestMetricsOperator(PcflowAwsOperator):
 
     def asset_events(self, context: Context, extra: Mapping[str, Any]) -> None:
         """An Asset outlet gets the event's extra; an AssetAlias, an event of this stack's own Asset
-        behind it (`outputs.stack_asset`), so one stack's runs never update another stack's model."""
-        from pcflow.metrics.outputs import stack_asset
+        behind it (`pcflow.lineage`), so one stack's runs never update another stack's model. The extra
+        names the partition the model was trained on (`dataset`): the link partition -> model."""
+        from pcflow.lineage import dataset_extra, emit
 
-        events = context.get("outlet_events")
-        extra = json.loads(json.dumps(extra, default=str))
-        for outlet in self.outlets or []:
-            if events is not None and isinstance(outlet, Asset):
-                events[outlet].extra.update(extra)
-            elif events is not None and isinstance(outlet, AssetAlias):
-                events[outlet].add(stack_asset(outlet.name, self.stack), extra=extra)
+        trained_on = {"dataset": dataset_extra(self.dataset)} if isinstance(self.dataset, Mapping) else {}
+        emit(context, self.outlets or [], self.stack, {**extra, **trained_on})
 
     # -- execute -----------------------------------------------------------------------------------
 

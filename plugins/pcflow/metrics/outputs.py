@@ -13,9 +13,7 @@ model). A file already in S3 with the same size and modification time is not cop
 harvest). A sweep keeps every trial's model, each beside its own report: a trial that is not the best
 by the objective may still be the one wanted, and the cluster's copy is gone with its teardown.
 
-The asset: each stack's trained encoder is its own Asset (`stack_asset`), reached through one
-AssetAlias, so a demo stack's runs never update a production stack's asset; the event carries the
-model's S3 URI.
+The asset event that announces the model (its S3 URI, and the partition it was trained on): pcflow/lineage.py.
 """
 
 from __future__ import annotations
@@ -48,13 +46,6 @@ class RemoteFile:
     path: str  # relative to the run directory
     size: int
     mtime: str  # as find printed it: compared, never computed with
-
-
-def stack_asset(alias: str, stack: str) -> Any:
-    """The Asset of one stack's model behind `alias` (what a consumer DAG schedules on)."""
-    from airflow.sdk import Asset
-
-    return Asset(name=f"{alias}-{stack}", uri=f"x-pcflow://{stack}/{alias}")
 
 
 def list_outputs(hook: SlurmHook, run_dir: str) -> list[RemoteFile]:
