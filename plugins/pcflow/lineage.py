@@ -28,6 +28,9 @@ from airflow.sdk import Asset, AssetAlias
 
 #: The alias the dataset stage emits through: an event of the stack's own dataset Asset.
 DATASET = AssetAlias(name="pcflow-dataset")
+#: When the nightly runs (a profile's `nightly.schedule`): at `nightly.cron`, or when its stack's data is new.
+NIGHTLY_SCHEDULES = ("clock", "data")
+DEFAULT_CRON = "0 2 * * *"
 #: What a dataset event (and the model event's `dataset`) says about the partition, from the load's summary.
 DATASET_FIELDS = ("partition", "uri", "manifest_uri", "content_hash", "mode", "object_count", "bytes", "samples")
 
@@ -43,18 +46,28 @@ def dataset_asset(stack: str) -> Asset:
 
 
 def nightly_schedule(profile: str | None = None) -> str | Asset:
-    """The nightly's schedule, as its profile's `nightly` section says: a cron expression, or the stack's
-    dataset Asset (a run when a partition gets new content). The profile is the deployment's default, the
-    one the nightly's scheduled runs use; without one, the clock's default. Called when the DAG file is
-    parsed: it reads that one small local file (no network, no database)."""
+    """The nightly's schedule, as its profile's `nightly` section says: a cron expression (Airflow checks
+    it), or the stack's dataset Asset (a run when a partition gets new content). The profile is the
+    deployment's default, the one the nightly's scheduled runs use; without one, the clock's default.
+    Called when the DAG file is parsed: it reads that profile's file (no network, no database, no settings
+    models: each run's first task validates the whole profile, this section included)."""
+    from pcflow.naming import validate_stack_name
     from pcflow.paths import default_profile
-    from pcflow.runspec import NightlySettings, nightly_settings
+    from pcflow.profiles import RunSpecError, load_profile
 
     name = profile or default_profile()
-    if name is None:
-        return NightlySettings().cron
-    stack, nightly = nightly_settings(name)
-    return dataset_asset(stack) if nightly.schedule == "data" else nightly.cron
+    document = load_profile(name) if name else {}
+    nightly = {"schedule": "clock", "cron": DEFAULT_CRON, **(document.get("nightly") or {})}
+    if nightly["schedule"] not in NIGHTLY_SCHEDULES:
+        raise RunSpecError(
+            f"profile {name!r}: nightly.schedule: {nightly['schedule']!r} is not one of {', '.join(NIGHTLY_SCHEDULES)}"
+        )
+    if nightly["schedule"] == "data":
+        try:
+            return dataset_asset(validate_stack_name(document.get("stack")))
+        except ValueError as exc:
+            raise RunSpecError(f"profile {name!r}: stack: {exc}") from None
+    return nightly["cron"]
 
 
 def emit(context: Mapping[str, Any], outlets: Iterable[Any], stack: str, extra: Mapping[str, Any]) -> None:

@@ -12,20 +12,17 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pcflow.lineage import DEFAULT_CRON, NIGHTLY_SCHEDULES
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
-from pcflow.paths import ami_script, include_dir, profile_dirs, profile_names, within
-from pcflow.patterns import INSTANCE_TYPE, PARTITION, PROFILE_NAME
+from pcflow.paths import ami_script, include_dir, profile_names, within
+from pcflow.patterns import INSTANCE_TYPE, PARTITION
+from pcflow.profiles import RunSpecError, load_profile, with_parent  # noqa: F401 - where callers found them
 from pcflow.trust import ConfRefused, Rule, parse_rules, refusals
 
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-
-
-class RunSpecError(ValueError):
-    """The run's settings are invalid; the message lists every field that is wrong and why."""
 
 
 class _Section(BaseModel):
@@ -252,13 +249,13 @@ class AlertsSettings(_Section):
 
 class NightlySettings(_Section):
     """When `pretrain_nightly` starts: read from the deployment's default profile (the one its scheduled
-    runs use) when the DAG file is parsed (`pcflow.lineage.nightly_schedule`)."""
+    runs use) when its DAG file is parsed (`pcflow.lineage.nightly_schedule`), checked here by each run."""
 
-    schedule: Literal["clock", "data"] = Field(
+    schedule: Literal[NIGHTLY_SCHEDULES] = Field(
         "clock", description="clock: at `cron`; data: when a partition of the stack's dataset gets new content "
         "(an event of its dataset Asset, `pcflow-dataset-<stack>`), training on that partition",
     )  # fmt: skip
-    cron: str = Field("0 2 * * *", description="the clock's cron expression (UTC)")
+    cron: str = Field(DEFAULT_CRON, description="the clock's cron expression (UTC)")
 
     @field_validator("cron")
     @classmethod
@@ -329,41 +326,6 @@ def profiles_dir() -> Path:
 
 def available_profiles() -> list[str]:
     return profile_names()
-
-
-def load_profile(name: str, _children: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The profile's document as its admin wrote it (`overridable` included), from the first profile
-    directory that has it; one with `extends: <profile>` is laid over that profile (an overlay)."""
-    if not isinstance(name, str) or not PROFILE_NAME.match(name):
-        raise RunSpecError(f"profile: {name!r} is not a profile name; available: {', '.join(available_profiles())}")
-    for directory in profile_dirs():
-        path = directory / f"{name}.yaml"
-        if path.is_file():
-            return with_parent(yaml.safe_load(path.read_text()) or {}, (*_children, name))
-    searched = ", ".join(str(d) for d in profile_dirs())
-    raise RunSpecError(f"profile: no profile {name!r} in {searched}; available: {', '.join(available_profiles())}")
-
-
-def with_parent(document: dict[str, Any], chain: tuple[str, ...]) -> dict[str, Any]:
-    """`document` over the profile it `extends` (itself resolved the same way), without the `extends` key."""
-    parent = document.pop("extends", None)
-    if parent is None:
-        return document
-    if parent in chain:
-        raise RunSpecError(f"profile {chain[-1]!r}: `extends` loops ({' -> '.join([*chain, parent])})")
-    return deep_merge(load_profile(parent, chain), document)
-
-
-def nightly_settings(name: str) -> tuple[str, NightlySettings]:
-    """The stack and `nightly` section of a profile, validated alone: what parsing the nightly's DAG file
-    needs (one small local file; the whole profile is validated by each run's first task)."""
-    document = load_profile(name)
-    try:
-        return validate_stack_name(document.get("stack")), NightlySettings.model_validate(document.get("nightly") or {})
-    except ValidationError as exc:
-        raise RunSpecError(format_errors(exc).replace("\n  ", "\n  nightly.")) from None
-    except ValueError as exc:
-        raise RunSpecError(f"profile {name!r}: stack: {exc}") from None
 
 
 def profile_rules(name: str) -> dict[str, Rule]:

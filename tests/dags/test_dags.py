@@ -13,6 +13,8 @@ import boto3
 import pytest
 from dagrun import REPO, remove_stack, run_dag, tagged_resources
 
+from pcflow.lineage import dataset_extra, is_new_content
+
 DAG_IDS = {"pretrain", "pretrain_nightly", "pretrain_sweep", "janitor"}
 FAST = {"hyperparameters": {"epochs": 1}}
 #: Digits only, valid per the form: it reaches the dataset stage as this string (no native re-typing).
@@ -69,12 +71,25 @@ def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
     model = out["metrics"]["model"]["model"]
     assert model == f"s3://{report[0]}/runs/{result.run_key}/model/model.pt"
     assert boto3.client("s3").head_object(Bucket=report[0], Key=model.split("/", 3)[3])["ContentLength"] > 0
-    assert out["metrics"]["model"]["checkpoint"].startswith(f"s3://{report[0]}/runs/{result.run_key}/model/checkpoints/")
+    assert out["metrics"]["model"]["checkpoint"].startswith(
+        f"s3://{report[0]}/runs/{result.run_key}/model/checkpoints/"
+    )
     assert model_events("pcflow-pretrained-encoder-local", result.run_id) == [model]  # the stack's own asset
+    # Lineage: the model's event names the partition it was trained on; the partition's own event is this
+    # run's when its load committed the content (a stack reused from an earlier session already holds it).
+    (trained_on,) = asset_events("pcflow-pretrained-encoder-local", result.run_id)
+    assert trained_on["dataset"] == dataset_extra(out["dataset"]) and trained_on["dataset"]["partition"] == PARTITION
+    announced = [dataset_extra(out["dataset"])] if is_new_content(out["dataset"], result.run_key) else []
+    assert asset_events("pcflow-dataset-local", result.run_id) == announced
 
 
 def model_events(asset_name: str, run_id: str) -> list[str]:
     """The model URIs of the events a DAG run emitted for an asset."""
+    return [extra["model"]["model"] for extra in asset_events(asset_name, run_id)]
+
+
+def asset_events(asset_name: str, run_id: str) -> list[dict]:
+    """The extras of the events a DAG run emitted for an asset."""
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
 
@@ -85,7 +100,7 @@ def model_events(asset_name: str, run_id: str) -> list[str]:
             .filter(AssetModel.name == asset_name, AssetEvent.source_run_id == run_id)
             .all()
         )
-        return [event.extra["model"]["model"] for event in events]
+        return [event.extra for event in events]
 
 
 def test_training_failure_still_tears_down_and_fails_the_run(airflow):

@@ -12,6 +12,7 @@ and hostname. One deployment for the module:
   first night's dataset stage is SIGKILLed mid-load; the stage is retried on the other worker,
   nothing is created twice, and both nights succeed on the shared network and image.
 - the trigger form of `pretrain` in headless Chromium, after logging in as the first user.
+- lineage, read from the api-server as the UI's Assets view reads it: each night's partition and model.
 
 The evidence (task states and Slurm elements over time, sacct spans, who ran what) is kept in
 tests/artifacts/<test>/."""
@@ -375,6 +376,38 @@ def test_a_killed_worker_s_stage_is_retried_elsewhere_creating_nothing_twice(air
     )
 
 
+def test_each_night_s_partition_and_model_are_in_the_assets_view(airflow, backfill, artifacts_dir):
+    """Lineage through the api-server, as the UI's Assets view reads it: the stack's dataset Asset has one
+    event per night, from the night's `dataset` task (the killed try sent none, its retry one), naming its
+    partition; the stack's model Asset one per night, naming the partition and content it was trained on.
+    A screenshot of the dataset Asset's page is kept."""
+    runs = airflow.api("GET", "/dags/pretrain_nightly/dagRuns?run_type=backfill")["dag_runs"]
+    nights = {r["dag_run_id"]: r["logical_date"][:10] for r in runs}
+
+    def events(name: str) -> tuple[dict, list[dict]]:
+        (asset,) = [a for a in airflow.api("GET", f"/assets?name_pattern={name}")["assets"] if a["name"] == name]
+        found = airflow.api("GET", f"/assets/events?asset_id={asset['id']}&source_dag_id=pretrain_nightly&limit=100")
+        return asset, [e for e in found["asset_events"] if e["source_run_id"] in nights]
+
+    dataset, announced = events("pcflow-dataset-local")
+    _, models = events("pcflow-pretrained-encoder-local")
+    (artifacts_dir / "asset-events.json").write_text(json.dumps({"dataset": announced, "model": models}, indent=1))
+    assert sorted((nights[e["source_run_id"]], e["source_task_id"], e["extra"]["partition"]) for e in announced) == [
+        (night, "dataset", night) for night in NIGHTS
+    ]
+    content = {e["source_run_id"]: e["extra"]["content_hash"] for e in announced}
+    assert sorted((nights[e["source_run_id"]], e["extra"]["dataset"]["partition"]) for e in models) == [
+        (night, night) for night in NIGHTS
+    ]
+    assert all(e["extra"]["dataset"]["content_hash"] == content[e["source_run_id"]] for e in models)
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is not None:
+        with Chromium(chromium) as browser:
+            log_in(browser, airflow, f"/assets/{dataset['id']}")
+            browser.wait_for("document.body.innerText.includes('pcflow-dataset-local')")
+            browser.screenshot(artifacts_dir / "assets-view-dataset.png")
+
+
 #: One field of the trigger form as the page shows it: the Param it edits (from the input's name/id
 #: `element_<param>`), its label and help text, whether it is a select, a number input's bounds.
 READ_SECTION = """(section => {
@@ -393,15 +426,20 @@ READ_SECTION = """(section => {
 })"""
 
 
-def open_trigger_form(browser, airflow: Deployment) -> None:
-    """Log in on the FAB auth manager's page as the first user (the UI sends an unknown visitor there),
-    then open the DAG's trigger form."""
-    browser.navigate(f"{airflow.url}/dags/pretrain")
+def log_in(browser, airflow: Deployment, page: str) -> None:
+    """Open a page of the UI, logging in on the FAB auth manager's page as the first user on the way (the
+    UI sends an unknown visitor there)."""
+    browser.navigate(f"{airflow.url}{page}")
     browser.wait_for("document.querySelector('input[name=username]')")
     fill = "document.querySelector('input[name={}]').value = {};"
     browser.evaluate(fill.format("username", json.dumps(airflow.username)))
     browser.evaluate(fill.format("password", json.dumps(airflow.password)))
     browser.evaluate("document.querySelector('input[name=password]').form.submit()")
+
+
+def open_trigger_form(browser, airflow: Deployment) -> None:
+    """Log in, then open the DAG's trigger form."""
+    log_in(browser, airflow, "/dags/pretrain")
     trigger = "[...document.querySelectorAll('button')].find(b => b.innerText.trim() === 'Trigger')"
     browser.wait_for(trigger)
     browser.click(trigger)

@@ -8,11 +8,13 @@ import datetime as dt
 from types import SimpleNamespace
 
 import pytest
+from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from pcflow.dataset.digits import materialize_digits
 from pcflow.dataset.manifest import read_manifest
 from pcflow.dataset.operators import DatasetLoadOperator
-from pcflow.naming import run_key
+from pcflow.lineage import DATASET, dataset_extra
+from pcflow.naming import run_key, run_key_from_context
 
 pytestmark = pytest.mark.stack
 
@@ -56,3 +58,46 @@ def test_bad_input_fails_before_any_request(bucket, digits, stack_name, s3):
             task_id="l", source=str(digits), bucket=bucket, prefix="d", stack=stack_name, mode="copy"
         ).execute(context())
     assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def load_events(op: DatasetLoadOperator, ctx: dict) -> tuple[dict, list]:
+    """What a load returned, and the events it sent through its alias (as (asset name, extra) pairs)."""
+    ctx["outlet_events"] = OutletEventAccessors()
+    result = op.execute(ctx)
+    events = ctx["outlet_events"][DATASET].asset_alias_events
+    return result, [(event.dest_asset_key.name, event.extra) for event in events]
+
+
+def test_a_partition_with_new_content_is_announced_once(bucket, stack_name, tmp_path):
+    """The stack's dataset Asset gets an event with the partition's extras when the run commits new content,
+    and again from that run's retry (it may have died after the commit); another run's load of the same
+    bytes announces nothing, so a nightly scheduled on data does not start itself again."""
+    (tmp_path / "a.txt").write_text("a")
+    op = DatasetLoadOperator(
+        task_id="load", source=str(tmp_path), bucket=bucket, prefix="d", stack=stack_name, outlets=[DATASET]
+    )
+    first, events = load_events(op, context())
+    assert events == [(f"pcflow-dataset-{stack_name}", dataset_extra(first))]
+    assert events[0][1]["partition"] == "2026-11-29" and events[0][1]["content_hash"] == first["content_hash"]
+    assert load_events(op, context())[1] == events  # the same run again: its retry
+    other = context()
+    other["ti"].run_id = "manual__2026-11-30T00:00:00+00:00"
+    op.partition = "2026-11-29"
+    again, none = load_events(op, other)
+    assert none == [] and again["committed_by"] == first["committed_by"] != run_key_from_context(other)
+
+
+def test_a_run_started_by_new_data_loads_the_partition_its_event_names(bucket, stack_name, tmp_path):
+    (tmp_path / "a.txt").write_text("a")
+
+    def event(partition: str, hour: int) -> SimpleNamespace:
+        return SimpleNamespace(extra={"partition": partition}, timestamp=dt.datetime(2026, 11, 29, hour, tzinfo=dt.UTC))
+
+    announced = [event("p-old", 1), event("p-new", 2)]
+    ctx = context("asset_triggered", logical_date=None)
+    ctx["triggering_asset_events"] = {"the stack's dataset": announced}
+    op = DatasetLoadOperator(task_id="load", source=str(tmp_path), bucket=bucket, prefix="d", stack=stack_name)
+    assert op.execute(ctx)["partition"] == "p-new"  # the newest
+    announced.append(event("../x", 3))
+    with pytest.raises(ValueError, match=r"invalid partition '\.\./x'"):  # an event's extra is data: validated
+        op.execute(ctx)

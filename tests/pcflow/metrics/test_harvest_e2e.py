@@ -159,6 +159,7 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
         head_instance_type="c5.xlarge",
         fsx_storage_gib=1200,
         cost_before=COST_BEFORE,
+        dataset={"partition": "2026-11-29", "content_hash": "c0ffee", "uploaded": 3},  # the load's XCom
         outlets=[model],
     )
     metrics_context = make_context("metrics", run_id=context["run_id"])
@@ -193,6 +194,7 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     extra = event.extra
     assert extra["run_key"] == summary["run_key"] and extra["objective"]["value"] == pytest.approx(0.65)
     assert extra["report"] == summary["report"] and extra["model"]["model"] == summary["model"]["model"]
+    assert extra["dataset"] == {"partition": "2026-11-29", "content_hash": "c0ffee"}  # what it was trained on
 
     # S3: metrics.json and report.html under runs/<run key>/.
     document = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "metrics.json")["Body"].read())
