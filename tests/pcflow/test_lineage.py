@@ -63,6 +63,18 @@ def test_a_run_started_by_new_data_trains_on_the_newest_partition_announced():
     assert announced_partition({}) is None and announced_partition({"triggering_asset_events": None}) is None
 
 
+def test_who_announces_a_partition_chooses_it_as_a_trigger_user_would(admin_profiles):
+    profile = admin_profiles.make("local", {"overridable": {"dataset.partition": {"one_of": ["2026-11-29"]}}})
+    context = {
+        "params": {"profile": profile},
+        "triggering_asset_events": {"asset": [event({"partition": "2026-11-29"}, 1)]},
+    }
+    assert announced_partition(context) == "2026-11-29"
+    context["triggering_asset_events"]["asset"].append(event({"partition": "2026-11-30"}, 2))
+    with pytest.raises(RunSpecError, match=r"dataset\.partition: '2026-11-30' is not one the profile allows"):
+        announced_partition(context)
+
+
 def test_new_content_is_what_this_run_committed():
     assert is_new_content({"manifest_written": True, "committed_by": "run-a"}, "run-a")
     assert is_new_content({"manifest_written": False, "committed_by": "run-a"}, "run-a")  # its retry
