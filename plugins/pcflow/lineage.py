@@ -1,4 +1,5 @@
-"""The lineage pcflow records as Airflow asset events, so the Assets view reads partition -> model.
+"""The lineage pcflow records as Airflow asset events: the Assets view lists each partition's event and
+each model's, which names its partition (partition -> model).
 
 Each stack has Assets of its own, reached through one AssetAlias per kind, because the stack is the
 profile's and known when a run starts, not when a DAG file is parsed; so a demo stack's runs never
@@ -16,7 +17,8 @@ nor does the nightly's own load of the partition that started it.
 
 Airflow 3.3's partitioned assets (AIP-76: an event's `partition_key`, PartitionedAssetTimetable) attach
 keys only to Assets declared when the DAG is parsed (alias events take the DagRun's key); pcflow's are
-decided at run time, so the partition travels in the event's extra.
+decided at run time, so the partition travels in the event's extra. For the same reason the Assets
+view's graph (drawn from the Assets tasks declare at parse time) shows no task edges for them.
 """
 
 from __future__ import annotations
