@@ -183,13 +183,13 @@ class StopIdleFleetsOperator(PcflowAwsOperator):
     def slurm_for(self, settings: KeptClusterSettings) -> Callable[[Mapping[str, Any]], Any]:
         """The head node of a described cluster, over the profile's SSH connection, its host key pinned
         from the instance's console output (never trusted on first use)."""
-        from pcflow.slurm.hook import SlurmHook
+        from pcflow.slurm.head_node import HeadNode
 
-        def connect(described: Mapping[str, Any]) -> SlurmHook:
+        def connect(described: Mapping[str, Any]) -> Any:
             head = described.get("headNode") or {}
             address = head.get("publicIpAddress") or head.get("privateIpAddress")
             host_key = self.provider.head_node_host_key(head.get("instanceId"))
-            return SlurmHook(settings.ssh_conn_id, remote_host=address, host_key=host_key)
+            return HeadNode(settings.ssh_conn_id, address, host_key).hook()
 
         return connect
 

@@ -15,7 +15,7 @@ import json
 import math
 import posixpath
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from pcflow.metrics.harvest import EARLY_STOP_FILE
 from pcflow.metrics.jsonlines import from_line_start, read_metric_lines
 from pcflow.metrics.series import Objective, group
 from pcflow.naming import run_key_from_context, slug
+from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import RunDir
 from pcflow.slurm.trigger import HeadNodeTrigger
@@ -151,7 +152,7 @@ class EarlyStoppingOperator(BaseOperator):
     :param element: the trial's index when the train task is a job array.
     """
 
-    template_fields: Sequence[str] = ("objective", "patience", "min_delta", "element", "remote_host", "host_key")
+    template_fields: Sequence[str] = ("objective", "patience", "min_delta", "element", "head_node")
 
     def __init__(
         self,
@@ -161,9 +162,8 @@ class EarlyStoppingOperator(BaseOperator):
         patience: int = 5,
         min_delta: float = 0.0,
         element: int | None = None,
-        ssh_conn_id: str = SlurmHook.default_conn_name,
-        remote_host: str | None = None,
-        host_key: str | None = None,
+        head_node: HeadNode | Mapping[str, Any] | str | None = None,
+        ssh_conn_id: str | None = None,
         shared_root: str | None = None,
         poll_interval: float = 30.0,
         **kwargs: Any,
@@ -174,9 +174,7 @@ class EarlyStoppingOperator(BaseOperator):
         self.patience = patience
         self.min_delta = min_delta
         self.element = element
-        self.ssh_conn_id = ssh_conn_id
-        self.remote_host = remote_host
-        self.host_key = host_key
+        self.head_node = head_node_argument(head_node, ssh_conn_id)
         self.shared_root = shared_root
         self.poll_interval = poll_interval
         if not known_at_run_time(objective):
@@ -184,19 +182,15 @@ class EarlyStoppingOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> SlurmHook:
-        return SlurmHook(
-            ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
-        )
+        return HeadNode.of(self.head_node).hook()
 
     def make_trigger(self, context: Context) -> EarlyStoppingTrigger:
         root = self.shared_root or self.hook.shared_root
         run_dir = RunDir.for_job(root, run_key_from_context(context), slug(self.train_task_id, 64) or "job")
         return EarlyStoppingTrigger(
-            ssh_conn_id=self.ssh_conn_id,
+            head_node=self.hook.head_node,
             job_id="",
             run_dir=run_dir.root,
-            remote_host=self.hook.remote_host,
-            host_key=self.hook.host_key,
             slurm_bin=self.hook.extras.get("slurm_bin"),
             policy={"poll_interval": self.poll_interval},
             early_stopping={

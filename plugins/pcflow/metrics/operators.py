@@ -24,7 +24,7 @@ from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.report import render_report
 from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, validate_stack_name
-from pcflow.slurm import DEFAULT_SSH_CONN_ID
+from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.values import known_at_run_time
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param cost_before: the first task's `cost` section (pcflow.budget: maximum, budget, prices): the
         report shows it beside the final estimate, with the cost so far at each evaluation.
     :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).
-    :param ssh_conn_id, remote_host, host_key: the head node, as for SlurmJobOperator.
+    :param head_node: the head node, as for SlurmJobOperator (`ssh_conn_id`: its connection id alone).
     :param dataset: the dataset stage's XCom (DatasetLoadOperator): the partition the model event names.
 
     The job's `model.pt` and newest checkpoint are copied to `s3://<bucket>/runs/<run key>/model/`
@@ -76,9 +76,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         "fsx_deployment_type",
         "cluster_provider",
         "cluster",
-        "ssh_conn_id",
-        "remote_host",
-        "host_key",
+        "head_node",
         "prices",
         "cost_before",
         "cloudwatch",
@@ -108,9 +106,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         prices: Mapping[str, Any] | None = None,
         cost_before: Mapping[str, Any] | None = None,
         cloudwatch: bool = True,
-        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
-        remote_host: str | None = None,
-        host_key: str | None = None,
+        head_node: HeadNode | Mapping[str, Any] | str | None = None,
+        ssh_conn_id: str | None = None,
         dataset: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -133,9 +130,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         self.prices = prices
         self.cost_before = cost_before
         self.cloudwatch = cloudwatch
-        self.ssh_conn_id = ssh_conn_id
-        self.remote_host = remote_host
-        self.host_key = host_key
+        self.head_node = head_node_argument(head_node, ssh_conn_id)
         # Refuse bad definitions and objectives when the DAG is parsed, not after the training ran.
         if not known_at_run_time(self.metric_definitions):
             parse_definitions(self.metric_definitions)
@@ -144,11 +139,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
 
     @cached_property
     def slurm(self) -> SlurmHook:
-        from pcflow.slurm.hook import SlurmHook  # paramiko: not when the DAG file is parsed
-
-        return SlurmHook(
-            ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
-        )
+        return HeadNode.of(self.head_node).hook()  # paramiko: imported then, not when the DAG file is parsed
 
     # -- the parts -------------------------------------------------------------------------------
 

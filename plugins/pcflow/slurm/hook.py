@@ -7,16 +7,16 @@ Airflow connection as usual. Two connection extras are pcflow's own:
 The `slurm` connection type shows them, and the SSH provider's `host_key`, as form fields
 (pcflow.provider_info); a connection of type `ssh` with the same extras works the same.
 
-A cluster pcflow created itself has an address and a host key known only at run time: both can be
-passed over the connection's (`remote_host`, `host_key`), so the key is still pinned, never trusted
-on first use.
+A cluster pcflow created itself has an address and a host key known only at run time: both travel
+with the connection id as one `HeadNode` (pcflow.slurm.head_node), so the key is still pinned, never
+trusted on first use. The provider's hooks are given them through their own inputs (the connection they
+read, their `known_hosts`), never by changing a hook after it is made.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import hashlib
 import json
 import posixpath
@@ -26,12 +26,13 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import IO, TYPE_CHECKING, Any
 
+import attrs
 import paramiko
 from airflow.providers.common.compat.connection import get_async_connection
 from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
@@ -39,10 +40,12 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.slurm import DEFAULT_SSH_CONN_ID, queries
+from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.states import JobInfo
 
 if TYPE_CHECKING:
     import asyncssh
+    from airflow.sdk import Connection
     from paramiko.sftp_client import SFTPClient
 
 DEADLINE_GRACE_S = 5.0
@@ -109,54 +112,64 @@ def json_object(data: bytes | None, max_bytes: int = SMALL_FILE_BYTES) -> dict |
     return value if isinstance(value, dict) else None
 
 
-def parse_host_key(text: str) -> paramiko.PKey:
-    """`ssh-ed25519 AAAA...` (as in known_hosts or cloud-init's console output) -> a paramiko key."""
-    parts = text.split()
-    if len(parts) < 2:
-        raise ValueError(f"a host key is '<type> <base64>', got {text!r}")
+def head_node_connection(conn: Connection, head_node: HeadNode) -> Connection:
+    """The connection as this head node amends it: its address instead of the connection's host, and its
+    key pinned where the connection pins none (an admin's own `host_key` extra always wins), checked."""
+    extra = conn.extra_dejson
+    if head_node.host_key and not extra.get("host_key"):
+        extra = {**extra, "host_key": head_node.host_key, "no_host_key_check": False}
+    return attrs.evolve(conn, host=head_node.address or conn.host, extra=json.dumps(extra))
+
+
+class HeadNodeSSHHook(SSHHook):
+    """The provider's SSH hook reading the connection as the head node amends it: the provider itself
+    parses and checks the pinned key (strictly: an unknown host is refused, never added)."""
+
+    def __init__(self, head_node: HeadNode, **kwargs: Any) -> None:
+        self.head_node = head_node  # read by get_connection, which the provider's __init__ calls
+        super().__init__(ssh_conn_id=head_node.conn_id, remote_host=head_node.address or "", **kwargs)
+
+    def get_connection(self, conn_id: str) -> Connection:  # type: ignore[override]
+        return head_node_connection(super().get_connection(conn_id), self.head_node)
+
+
+async def pinned_known_hosts(head_node: HeadNode) -> tuple[bytes | None, Connection]:
+    """The known_hosts line pinning the head node's key (None when it pins none), and its connection."""
+    conn = await get_async_connection(head_node.conn_id)
+    if not head_node.host_key:
+        return None, conn
+    return f"{head_node.address or conn.host} {head_node.host_key}".encode(), conn
+
+
+async def connect_async(head_node: HeadNode) -> asyncssh.SSHClientConnection:
+    """An asyncssh connection to the head node through the provider's async hook, the runtime key given
+    as its `known_hosts` (the connection's own `host_key` extra, if any, wins there as in the sync hook)."""
+    import asyncssh
+
+    known_hosts, conn = await pinned_known_hosts(head_node)
+    pinned = {"known_hosts": known_hosts} if known_hosts else {}
+    hook = SSHHookAsync(ssh_conn_id=head_node.conn_id, host=head_node.address, **pinned)
     try:
-        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1], validate=True))
-    except (binascii.Error, paramiko.SSHException, ValueError) as exc:
-        raise ValueError(f"unreadable SSH host key {text[:40]!r}...: {exc}") from exc
+        return await hook.get_conn()
+    except asyncssh.HostKeyNotVerifiable as exc:
+        raise HostKeyMismatch(await async_mismatch_message(head_node, conn)) from exc
 
 
-class PinnedSSHHookAsync(SSHHookAsync):
-    """The provider's async hook, with a host key given at run time taking the connection's place."""
+async def async_mismatch_message(head_node: HeadNode, conn: Any) -> str:
+    """asyncssh's refusal names no key: ask the server for its key of the pinned type to show both."""
+    import asyncssh
 
-    def __init__(self, *args: Any, host_key: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pinned_host_key = " ".join(host_key.split()[:2]) if host_key else None
-
-    def _parse_extras(self, conn: Any) -> None:
-        super()._parse_extras(conn)
-        if self.pinned_host_key:
-            self.known_hosts = f"{self.host or conn.host} {self.pinned_host_key}".encode()
-
-    async def get_conn(self) -> asyncssh.SSHClientConnection:
-        import asyncssh
-
-        try:
-            return await super().get_conn()
-        except asyncssh.HostKeyNotVerifiable as exc:
-            raise HostKeyMismatch(await self._mismatch_message()) from exc
-
-    async def _mismatch_message(self) -> str:
-        """asyncssh's refusal names no key: ask the server for its key of the pinned type to show both."""
-        import asyncssh
-
-        conn = await get_async_connection(self.ssh_conn_id)
-        host, port = self.host or conn.host, self.port or conn.port or 22
-        pinned = self.known_hosts.decode().split()[1:3] if isinstance(self.known_hosts, bytes) else []
-        served = None
-        try:
-            key = await asyncio.wait_for(
-                asyncssh.get_server_host_key(host, port, server_host_key_algs=pinned[:1] or ()), 30
-            )
-            served = key.get_fingerprint("sha256") if key is not None else None
-        except (OSError, asyncssh.Error, TimeoutError):
-            pass
-        expected = fingerprint(base64.b64decode(pinned[1])) if len(pinned) == 2 else None
-        return host_key_message(self.ssh_conn_id, host, served, expected)
+    host, port = head_node.address or conn.host, conn.port or 22
+    pinned = (conn.extra_dejson.get("host_key") or head_node.host_key or "").split()[:2]
+    served = None
+    try:
+        asked = asyncssh.get_server_host_key(host, port, server_host_key_algs=pinned[:1] or ())
+        key = await asyncio.wait_for(asked, 30)
+        served = key.get_fingerprint("sha256") if key is not None else None
+    except (OSError, asyncssh.Error, TimeoutError):
+        pass
+    expected = fingerprint(base64.b64decode(pinned[1])) if len(pinned) == 2 else None
+    return host_key_message(head_node.conn_id, host, served, expected)
 
 
 def fingerprint(key_blob: bytes) -> str:
@@ -183,35 +196,33 @@ class SlurmHook(BaseHook):
 
     def __init__(
         self,
-        ssh_conn_id: str = default_conn_name,
+        head_node: HeadNode | Mapping[str, Any] | str | None = None,
         *,
-        remote_host: str | None = None,
-        host_key: str | None = None,
+        ssh_conn_id: str | None = None,
         command_timeout: float = 120,
         connect_attempts: int = 3,
         **kwargs: Any,
     ) -> None:
+        """`head_node`: a HeadNode (or its dict), or just a connection id; `ssh_conn_id` is the same as
+        the latter (the name Airflow's connection form and `Connection.get_hook` pass it by)."""
         super().__init__(**kwargs)
-        self.ssh_conn_id = ssh_conn_id
-        self.remote_host = remote_host
-        self.host_key = host_key
+        self.head_node = HeadNode.of(head_node if head_node is not None else ssh_conn_id).normalized()
         self.command_timeout = command_timeout
         self.connect_attempts = connect_attempts
         self._client: paramiko.SSHClient | None = None
         self._sftp: SFTPClient | None = None
 
+    @property
+    def ssh_conn_id(self) -> str:
+        return self.head_node.conn_id
+
     @cached_property
     def ssh_hook(self) -> SSHHook:
-        hook = SSHHook(
-            ssh_conn_id=self.ssh_conn_id,
-            remote_host=self.remote_host or "",
+        return HeadNodeSSHHook(
+            self.head_node,
             cmd_timeout=self.command_timeout,
             conn_retry_attempts=1,  # _connect retries, except on a host key mismatch
         )
-        if self.host_key:
-            hook.host_key = parse_host_key(self.host_key)
-            hook.no_host_key_check = False
-        return hook
 
     @cached_property
     def extras(self) -> dict[str, Any]:

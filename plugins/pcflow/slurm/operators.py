@@ -13,7 +13,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from pcflow.compat import read_state
 from pcflow.naming import run_key_from_context, slug
-from pcflow.slurm import DEFAULT_SSH_CONN_ID
+from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.watch import ENDED_ON_PURPOSE, Outcome, WatchPolicy
 
@@ -56,9 +56,9 @@ class SlurmJobOperator(BaseOperator):
         shipped payload's script under every launcher, and torchrun's per-node agent.
     :param payload_dir: the run's shipped payload on the cluster (`pcflow.slurm.payload`): `program[0]` is
         then a script inside it, run with `python`; None runs `program` as it is, interpreter included.
-    :param ssh_conn_id: SSH connection to the head node (extras: shared_root, slurm_bin).
-    :param remote_host: head node address overriding the connection's (a cluster made by this run).
-    :param host_key: that head node's pinned host key, `<type> <base64>`.
+    :param head_node: the head node (`pcflow.slurm.head_node.HeadNode`, its dict, or an SSH connection id;
+        connection extras: shared_root, slurm_bin): a cluster made by this run gives its address and
+        pinned host key with the connection id. `ssh_conn_id`: the connection id alone, as before HeadNode.
     :param shared_root: a directory all nodes see; defaults to the connection's `shared_root` extra.
     :param pending_timeout: seconds a job may stay pending before pcflow cancels it and fails.
     :param max_restarts: Slurm requeues (node failure, preemption) tolerated before pcflow gives up.
@@ -79,9 +79,7 @@ class SlurmJobOperator(BaseOperator):
         "env",
         "python",
         "shared_root",
-        "ssh_conn_id",
-        "remote_host",
-        "host_key",
+        "head_node",
         "max_restarts",
         "pending_timeout",
         "early_stopping",
@@ -100,9 +98,8 @@ class SlurmJobOperator(BaseOperator):
         hyperparameters: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         python: str = "python3",
-        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
-        remote_host: str | None = None,
-        host_key: str | None = None,
+        head_node: HeadNode | Mapping[str, Any] | str | None = None,
+        ssh_conn_id: str | None = None,
         shared_root: str | None = None,
         poll_interval: float = 1.0,
         confirm_interval: float = 30.0,
@@ -122,9 +119,7 @@ class SlurmJobOperator(BaseOperator):
         self.hyperparameters = hyperparameters or {}
         self.env = env or {}
         self.python = python
-        self.ssh_conn_id = ssh_conn_id
-        self.remote_host = remote_host
-        self.host_key = host_key
+        self.head_node = head_node_argument(head_node, ssh_conn_id)
         self.shared_root = shared_root
         self.poll_interval = poll_interval
         self.confirm_interval = confirm_interval
@@ -138,11 +133,11 @@ class SlurmJobOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> SlurmHook:
-        from pcflow.slurm.hook import SlurmHook
+        return HeadNode.of(self.head_node).hook()
 
-        return SlurmHook(
-            ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host or None, host_key=self.host_key or None
-        )
+    @property
+    def ssh_conn_id(self) -> str:
+        return HeadNode.of(self.head_node).conn_id
 
     def render_template_fields(self, context: Context, jinja_env: Any = None) -> None:
         """Every value of the environment is masked once rendered, whatever its name: in this task's log
@@ -288,9 +283,7 @@ class SlurmJobOperator(BaseOperator):
 
     def trigger_kwargs(self, run_dir: RunDir) -> dict[str, Any]:
         return {
-            "ssh_conn_id": self.ssh_conn_id,
-            "remote_host": self.hook.remote_host,
-            "host_key": self.hook.host_key,
+            "head_node": self.hook.head_node.as_dict(),
             "job_id": self.job_id,
             "run_dir": run_dir.root,
             "accounting": self.hook.accounting_enabled,

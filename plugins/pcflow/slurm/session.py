@@ -36,6 +36,7 @@ from pcflow.slurm.hook import SlurmError, quote_command, with_slurm_bin
 from pcflow.slurm.statloop import FileStat, StatLoop
 
 if TYPE_CHECKING:
+    from pcflow.slurm.head_node import HeadNode
     from pcflow.slurm.states import JobInfo
     from pcflow.slurm.watch import WatchPolicy
 
@@ -95,9 +96,7 @@ class Trouble:
 class Waiter(Protocol):
     """What a session needs of a wait (HeadNodeTrigger is one)."""
 
-    ssh_conn_id: str
-    remote_host: str | None
-    host_key: str | None
+    head_node: HeadNode
     slurm_bin: str | None
     accounting: bool
     command_timeout: float
@@ -474,7 +473,8 @@ _SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, 
 
 def session_key(waiter: Waiter) -> tuple[str, str, str]:
     """Same connection, address and host key: the same head node, reached the same way."""
-    return waiter.ssh_conn_id, waiter.remote_host or "", " ".join((waiter.host_key or "").split()[:2])
+    conn_id, address, host_key = waiter.head_node.normalized()
+    return conn_id, address or "", host_key or ""
 
 
 @contextlib.asynccontextmanager

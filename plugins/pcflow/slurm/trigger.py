@@ -30,11 +30,12 @@ import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.budget import CostMeter
-from pcflow.slurm import session
+from pcflow.slurm import DEFAULT_SSH_CONN_ID, session
+from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.hook import (
     SMALL_FILE_BYTES,
     HostKeyMismatch,
-    PinnedSSHHookAsync,
+    connect_async,
     json_object,
     quote_command,
     with_slurm_bin,
@@ -77,9 +78,10 @@ class HeadNodeTrigger(BaseTrigger):
     def __init__(
         self,
         *,
-        ssh_conn_id: str,
         job_id: str,
         run_dir: str,
+        head_node: HeadNode | dict[str, Any] | str | None = None,
+        ssh_conn_id: str | None = None,
         remote_host: str | None = None,
         host_key: str | None = None,
         accounting: bool = False,
@@ -91,11 +93,11 @@ class HeadNodeTrigger(BaseTrigger):
         budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.ssh_conn_id = ssh_conn_id
+        # ssh_conn_id, remote_host, host_key: how a trigger stored before HeadNode (pcflow 0.x) names it.
+        legacy = HeadNode(ssh_conn_id or DEFAULT_SSH_CONN_ID, remote_host, host_key)
+        self.head_node = HeadNode.of(head_node if head_node is not None else legacy).normalized()
         self.job_id = job_id
         self.run_dir = run_dir
-        self.remote_host = remote_host
-        self.host_key = host_key
         self.accounting = accounting
         self.slurm_bin = slurm_bin
         self.policy = dict(policy or {})
@@ -113,11 +115,9 @@ class HeadNodeTrigger(BaseTrigger):
 
     def kwargs(self) -> dict[str, Any]:
         return {
-            "ssh_conn_id": self.ssh_conn_id,
+            "head_node": self.head_node.as_dict(),
             "job_id": self.job_id,
             "run_dir": self.run_dir,
-            "remote_host": self.remote_host,
-            "host_key": self.host_key,
             "accounting": self.accounting,
             "slurm_bin": self.slurm_bin,
             "policy": self.policy,
@@ -152,8 +152,7 @@ class HeadNodeTrigger(BaseTrigger):
     # -- remote access -------------------------------------------------------------------------
 
     async def connect(self) -> asyncssh.SSHClientConnection:
-        hook = PinnedSSHHookAsync(ssh_conn_id=self.ssh_conn_id, host=self.remote_host, host_key=self.host_key)
-        return await hook.get_conn()
+        return await connect_async(self.head_node)
 
     async def run_command(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> str:
         argv = with_slurm_bin(argv, self.slurm_bin)

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import psutil
 import pytest
 
-from pcflow.slurm.hook import HostKeyMismatch, PinnedSSHHookAsync, SlurmConnectionError, SlurmHook, parse_host_key
+from pcflow.slurm.head_node import HeadNode
+from pcflow.slurm.hook import HostKeyMismatch, SlurmConnectionError, SlurmHook, connect_async
 
 pytestmark = pytest.mark.stack
 
@@ -30,22 +31,25 @@ def unpinned_connection(local_stack, monkeypatch) -> tuple[str, str]:
 
 def test_runtime_host_and_key_override_the_connection(unpinned_connection):
     conn_id, real_key = unpinned_connection
-    hook = SlurmHook(conn_id, remote_host="127.0.0.1", host_key=real_key, connect_attempts=1)
+    hook = HeadNode(conn_id, "127.0.0.1", real_key).hook(connect_attempts=1)
     assert hook.run(["echo", "pinned"]).stdout == "pinned\n"
     hook.close()
+    # Given to the provider's hook when it is made (the connection as the head node amends it), not after.
+    assert hook.ssh_hook.remote_host == "127.0.0.1" and hook.ssh_hook.no_host_key_check is False
+    assert hook.ssh_hook.host_key.get_base64() == real_key.split()[1]
 
 
 def test_runtime_key_mismatch_is_refused(unpinned_connection, local_stack):
     conn_id, _ = unpinned_connection
     wrong = (local_stack.state_dir / "ssh" / "id_ed25519.pub").read_text()
     with pytest.raises(SlurmConnectionError, match="does not match the key pinned"):
-        SlurmHook(conn_id, remote_host="127.0.0.1", host_key=wrong, connect_attempts=1).run(["true"])
+        HeadNode(conn_id, "127.0.0.1", wrong).hook(connect_attempts=1).run(["true"])
 
 
 def test_no_key_at_all_is_refused_not_trusted_on_first_use(unpinned_connection):
     conn_id, _ = unpinned_connection
     with pytest.raises(SlurmConnectionError):
-        SlurmHook(conn_id, remote_host="127.0.0.1", connect_attempts=1).run(["true"])
+        HeadNode(conn_id, "127.0.0.1").hook(connect_attempts=1).run(["true"])
 
 
 def test_async_hook_pins_the_runtime_key(unpinned_connection, local_stack):
@@ -53,7 +57,7 @@ def test_async_hook_pins_the_runtime_key(unpinned_connection, local_stack):
     wrong = (local_stack.state_dir / "ssh" / "id_ed25519.pub").read_text()
 
     async def connect(key: str) -> str:
-        conn = await PinnedSSHHookAsync(ssh_conn_id=conn_id, host="127.0.0.1", host_key=key).get_conn()
+        conn = await connect_async(HeadNode(conn_id, "127.0.0.1", key))
         async with conn:
             return (await conn.run("echo async", check=True)).stdout
 
@@ -62,11 +66,11 @@ def test_async_hook_pins_the_runtime_key(unpinned_connection, local_stack):
         asyncio.run(connect(wrong))
 
 
-def test_parse_host_key_refuses_garbage():
+def test_a_malformed_host_key_is_refused():
     with pytest.raises(ValueError, match="<type> <base64>"):
-        parse_host_key("AAAA")
+        HeadNode("slurm_default", "10.0.0.1", "AAAA").hook()
     with pytest.raises(ValueError, match="unreadable"):
-        parse_host_key("ssh-ed25519 not-base64!")
+        SlurmHook({"conn_id": "slurm_default", "host_key": "ssh-ed25519 not-base64!"})
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from pcflow.slurm import queries
+from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.session import Seat, current_sessions, joined
 from pcflow.slurm.states import SQUEUE_FORMAT, JobState
 from pcflow.slurm.statloop import TERMINATOR, FileStat, parse_stats
@@ -87,9 +88,7 @@ class StatProcess:
 class Waiter:
     server: Server
     name: str
-    ssh_conn_id: str = "slurm_default"
-    remote_host: str | None = None
-    host_key: str | None = "ssh-ed25519 AAAA"
+    head_node: HeadNode = field(default_factory=lambda: HeadNode("slurm_default", None, "ssh-ed25519 AAAA"))
     slurm_bin: str | None = None
     accounting: bool = False
     command_timeout: float = 5.0

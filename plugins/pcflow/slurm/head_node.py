@@ -1,0 +1,104 @@
+"""`HeadNode`: how to reach a Slurm head node, as one value (connection id, address, pinned host key).
+
+A cluster pcflow created itself has an address and a host key known only at run time: both travel
+with the connection id in this one value, from the cluster task's XCom to every task and trigger that
+talks to the head node, so the key is always pinned, never trusted on first use. A host key is public:
+the value may be stored in XCom, a trigger's kwargs or a rendered field.
+
+A NamedTuple, so an operator's template field holding one is rendered field by field (Airflow rebuilds
+named tuples) and stays immutable. Nothing here imports paramiko: DAG files use it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pcflow.slurm import DEFAULT_SSH_CONN_ID
+
+if TYPE_CHECKING:
+    from pcflow.slurm.hook import SlurmHook
+
+FIELDS = ("conn_id", "address", "host_key")
+
+
+class HeadNode(NamedTuple):
+    """The SSH connection to use, and what this run knows better than the connection: the head node's
+    address and its host key (`<type> <base64>`); None leaves the connection's own."""
+
+    conn_id: str = DEFAULT_SSH_CONN_ID
+    address: str | None = None
+    host_key: str | None = None
+
+    @classmethod
+    def of(cls, value: HeadNode | Mapping[str, Any] | str | None) -> HeadNode:
+        """A HeadNode from what a template field or XCom holds: a HeadNode, its dict, or a connection id."""
+        if isinstance(value, HeadNode):
+            return value.normalized()
+        if value is None or value == "":
+            return cls()
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, Mapping):
+            unknown = set(value) - set(FIELDS)
+            if unknown:
+                raise ValueError(f"head_node: unknown fields {sorted(unknown)} (fields: {', '.join(FIELDS)})")
+            return cls(**value).normalized()
+        if isinstance(value, (list, tuple)) and 1 <= len(value) <= len(FIELDS):
+            return cls(*value).normalized()
+        raise TypeError(f"head_node: a HeadNode, a dict of {', '.join(FIELDS)} or a connection id, got {value!r}")
+
+    @classmethod
+    def from_cluster(cls, cluster: Mapping[str, Any]) -> HeadNode:
+        """The head node of a cluster task's XCom (`pcflow.cluster.info.ClusterInfo.to_xcom`)."""
+        head = cluster.get("head_node") or {}
+        return cls(cluster["ssh_conn_id"], head.get("address"), head.get("host_key")).normalized()
+
+    def normalized(self) -> HeadNode:
+        """Empty strings (a rendered None) read as "the connection's own"; the key as `<type> <base64>`
+        (a known_hosts or console line's comment dropped), refused when it is not one."""
+        key = host_key_text(self.host_key) if self.host_key else None
+        return HeadNode(self.conn_id or DEFAULT_SSH_CONN_ID, self.address or None, key)
+
+    def as_dict(self) -> dict[str, str | None]:
+        """For XCom and trigger kwargs (JSON)."""
+        return dict(zip(FIELDS, self.normalized(), strict=True))
+
+    def hook(self, **kwargs: Any) -> SlurmHook:
+        """The Slurm hook reaching this head node: the one place a HeadNode becomes a hook."""
+        from pcflow.slurm.hook import SlurmHook  # paramiko: not when a DAG file is parsed
+
+        return SlurmHook(self.normalized(), **kwargs)
+
+
+def host_key_text(text: str) -> str:
+    """`ssh-ed25519 AAAA...` (as in known_hosts or cloud-init's console output), without what follows."""
+    parts = text.split()
+    if len(parts) < 2:
+        raise ValueError(f"a host key is '<type> <base64>', got {text!r}")
+    try:
+        base64.b64decode(parts[1], validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"unreadable SSH host key {text[:40]!r}...: {exc}") from None
+    return f"{parts[0]} {parts[1]}"
+
+
+def head_node_argument(head_node: Any = None, ssh_conn_id: str | None = None) -> Any:
+    """An operator's `head_node` argument, checked when the DAG is parsed if it is known then.
+    `ssh_conn_id` (the name operators used before HeadNode) gives the connection id alone."""
+    from pcflow.values import known_at_run_time
+
+    if ssh_conn_id is not None:
+        if head_node is not None:
+            raise ValueError("give head_node or ssh_conn_id, not both")
+        head_node = ssh_conn_id
+    if head_node is None:
+        return HeadNode()
+    fields = head_node.values() if isinstance(head_node, Mapping) else [head_node]
+    if isinstance(head_node, HeadNode):
+        fields = list(head_node)
+    if not any(known_at_run_time(field) for field in fields):
+        HeadNode.of(head_node)
+    return head_node
