@@ -4,7 +4,7 @@ What this run creates for itself (its network and, with ParallelCluster, its clu
 it ends, also when training fails; the run then still ends failed. What it keeps: the model and last
 checkpoint in S3 (`s3://<bucket>/runs/<run key>/model/`), the stack's image (reused by later runs of
 the same recipe; it expires `teardown.keep_hours` after the last run that used it) and the data
-bucket. A static cluster is the site's and is never deleted. The stages: plugins/pcflow/pipeline.py.
+bucket. A static cluster is the site's and is never deleted. The stages: plugins/pcflow/pipeline/.
 """
 
 from airflow.sdk import DAG

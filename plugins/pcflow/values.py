@@ -14,14 +14,16 @@ from typing import Any
 @dataclass(frozen=True)
 class Returned:
     """The value task `task_id` returned, or the item at `path` inside it; `optional`: a missing step
-    gives None instead of an error."""
+    gives None instead of an error. `task_id` names a task of the same task group as the operator that
+    resolves it (the DAG's root group for most), so a pipeline declared in a task group reads its own."""
 
     task_id: str
     path: tuple[str | int, ...] = ()
     optional: bool = False
 
     def resolve(self, context: Any) -> Any:
-        value = context["ti"].xcom_pull(task_ids=self.task_id)
+        group = getattr(context.get("task"), "task_group", None)
+        value = context["ti"].xcom_pull(task_ids=group.child_id(self.task_id) if group else self.task_id)
         for step in self.path:
             if self.optional and not _has(value, step):
                 return None

@@ -34,10 +34,10 @@ def offline(monkeypatch):
     """`validate` without the checks that ask AWS (instance types, ParallelCluster's EC2 checks, the
     account preflight: tested against moto in tests/dags and tests/pcflow/test_preflight.py), for unit tests that run
     without the local stack."""
-    import pcflow.pipeline
+    from pcflow.pipeline import validation
 
-    monkeypatch.setattr(pcflow.pipeline, "check_against_aws", lambda run: None)
-    monkeypatch.setattr(pcflow.pipeline, "account_preflight", lambda run: None)
+    monkeypatch.setattr(validation, "check_against_aws", lambda run: None)
+    monkeypatch.setattr(validation, "account_preflight", lambda run: None)
     monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")
     return validate
 

@@ -9,6 +9,7 @@ import jinja2.nativetypes
 import pytest
 from dagrun import REPO
 
+from pcflow.slurm.head_node import HeadNode
 from pcflow.values import Returned
 
 pytestmark = pytest.mark.security
@@ -85,9 +86,7 @@ def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_pro
     conf = {"profile": profile, "partition": "p1", "hyperparameters": {"tag": "1e5"}}
     run = offline(conf)
     inputs = {
-        "ssh_conn_id": "slurm_default",
-        "remote_host": None,
-        "host_key": None,
+        "head_node": {"conn_id": "slurm_default", "address": None, "host_key": None},
         "shared_root": "/shared",
         "hyperparameters": {**run["training"]["hyperparameters"], "data_dir": "/shared/20261129"},
         "trials": [],
@@ -101,6 +100,7 @@ def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_pro
     assert task.hyperparameters["tag"] == "1e5" and task.hyperparameters["data_dir"] == "/shared/20261129"
     assert task.allocation == run["training"]["allocation"] and task.program == run["training"]["program"]
     assert isinstance(task.max_restarts, int) and task.early_stopping is None
+    assert HeadNode.of(task.head_node) == HeadNode("slurm_default")  # one value, from the cluster's XCom
 
 
 def test_a_missing_optional_value_is_none():

@@ -1,0 +1,303 @@
+"""The training pipeline's stages, declared once and shared by every DAG (pretrain, nightly, sweep), or
+as a task group inside someone else's DAG.
+
+validate -> approve_cost (skipped below the profile's cost threshold) -> (network, bucket -> dataset)
+-> image -> cluster -> (stage_in, ship_payload) -> train -> metrics, with the cluster and (for run-scoped
+infrastructure) the network as setups whose teardowns run even when training fails. Each phase is a
+function below; nothing here does I/O when a DAG file is parsed: the functions only declare tasks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+from airflow.sdk import Asset, AssetAlias, TaskGroup
+
+from pcflow.lineage import DATASET
+from pcflow.pipeline.settings import EXISTING_FILE_SYSTEM, RunEnv, run_value, task_value
+from pcflow.pipeline.tasks import (
+    cluster_settings,
+    dataset_source,
+    ensure_dataset_bucket,
+    ship_payload,
+    stage_in,
+    training_inputs,
+)
+from pcflow.pipeline.validation import validate_run
+
+#: Every stage is idempotent, so a retry is always safe: it adopts what the failed attempt made. Training
+#: is the exception (a retry costs GPU hours): Slurm requeues lost nodes itself, a user retries the rest.
+DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
+#: What a DAG built with `build_training_pipeline` must set. No native rendering: Jinja's native mode
+#: literal-evaluates strings (`'..''/''..''/x'` becomes `../../x`, `"0x10"` becomes 16); operators get
+#: their values through `run_value`/`task_value` instead, as data.
+TRAINING_DAG_ARGS: dict[str, Any] = {"render_template_as_native_obj": False, "default_args": DEFAULT_ARGS}
+#: Each stage's execution_timeout, by task id (others: DEFAULT_STAGE_TIMEOUT). Generous, several times a slow run
+#: on aws-gpu, so only a hung stage meets it: it then fails and its retry or the teardown takes over, instead of
+#: holding a slot (or a deferred wait) for ever. Training has none: its Slurm time limit bounds the job.
+STAGE_TIMEOUTS = {
+    "network": dt.timedelta(minutes=45),
+    "dataset": dt.timedelta(hours=6),  # a first upload of a large dataset
+    "validate_cluster": dt.timedelta(minutes=45),
+    "image": dt.timedelta(hours=3),  # builder, bootstrap, AMI snapshot
+    "cluster": dt.timedelta(hours=2),  # ParallelCluster takes 15-40 minutes
+    "stage_in": dt.timedelta(hours=6),
+    "metrics": dt.timedelta(hours=1),
+    "delete_cluster": dt.timedelta(hours=6),  # includes the FSx export of the checkpoints
+    "teardown": dt.timedelta(hours=2),
+    "janitor": dt.timedelta(hours=1),
+}
+DEFAULT_STAGE_TIMEOUT = dt.timedelta(minutes=30)
+#: Every successful training run emits an event of its stack's own model Asset through this alias, with
+#: the model's S3 URI and the metrics summary as extra: `pretrained_encoder(stack)` is what a consumer
+#: DAG schedules on, so a demo stack's runs never update a production stack's model.
+PRETRAINED_ENCODER = AssetAlias(name="pcflow-pretrained-encoder")
+#: Pools that bound spend across all runs of all pcflow DAGs (created from include/pools.json): a cluster
+#: task holds a `pcflow_clusters` slot while it creates or adopts its cluster, a train task a `pcflow_trials`
+#: slot while its Slurm job (or a sweep's job array) runs, deferred included. Teardowns take no slot.
+CLUSTER_POOL = "pcflow_clusters"
+TRIAL_POOL = "pcflow_trials"
+
+
+def pretrained_encoder(stack: str) -> Asset:
+    """The trained encoder of one stack (the Asset a DAG that uses the model schedules on)."""
+    from pcflow.lineage import stack_asset
+
+    return stack_asset(PRETRAINED_ENCODER.name, stack)
+
+
+#: The stages `build_training_pipeline` returns (the others are the small tasks between them).
+PUBLIC_STAGES = (
+    *("validate", "approve_cost", "network", "validate_cluster", "dataset", "image", "cluster"),
+    *("train", "metrics", "delete_cluster", "teardown"),
+)
+
+
+def build_training_pipeline(
+    *, run_scoped: bool = True, sweep: bool = False, dated_partitions: bool = False
+) -> dict[str, Any]:
+    """Declare the stages in the DAG (or task group) being defined; returns its tasks by name.
+
+    `run_scoped=False` (nightly) keeps the network and cluster for the next run instead: no teardown, and
+    every run stamps their `pcflow:expires` again (`teardown.keep_hours` ahead), so the next night adopts
+    them and the janitor reaps them once the nights stop. The image is the stack's in both cases: reused
+    by recipe, its expiry stamped again by every run that uses it.
+    """
+    run = validate_run(dated_partitions)
+    stages: dict[str, Any] = {"validate": run}
+    stages |= infrastructure(run, run_scoped=run_scoped)
+    stages |= training(run, stages, sweep=sweep)
+    if run_scoped:
+        stages |= teardown(stages)
+    # Operators read the resolved settings through templates: they must run after validate.
+    tasks = {name: stage for name, stage in stages.items() if name in PUBLIC_STAGES}
+    run >> [task for name, task in tasks.items() if name != "validate"]
+    set_stage_timeouts(operator_of(stage) for name, stage in stages.items() if name != "train")
+    return tasks
+
+
+def infrastructure(run: Any, *, run_scoped: bool) -> dict[str, Any]:
+    """Cost approval, network, data bucket and dataset, the config's dry run, image and cluster."""
+    from pcflow.approval import AFTER_APPROVAL, CostApprovalOperator
+    from pcflow.aws.network import EnsureNetworkOperator
+    from pcflow.cluster.operators import EnsureClusterOperator, ValidateClusterConfigOperator
+
+    ttl_hours = run_value("ttl_hours") if run_scoped else run_value("teardown.keep_hours")
+    scope = {"run_scoped": run_scoped, "ttl_hours": ttl_hours}
+    # Above the profile's threshold a person approves the cost first; below it, this task is skipped.
+    approval = CostApprovalOperator(task_id="approve_cost", cost=run_value("cost"))
+    network = EnsureNetworkOperator(
+        task_id="network", stack=run_value("stack"), network=run_value("network"), trigger_rule=AFTER_APPROVAL, **scope
+    )
+    bucket = ensure_dataset_bucket.override(trigger_rule=AFTER_APPROVAL)(run)
+    source = dataset_source.override(trigger_rule=AFTER_APPROVAL)(run)
+    approval >> [network, bucket, source]
+    dataset = dataset_stage(source)
+    bucket >> dataset
+    image = image_stage()
+    # Validate before spend: ParallelCluster's dry run needs real subnets (it resolves them while loading
+    # the config), so it runs once the network (free) exists, before the bake, the data or the cluster.
+    dry_run_settings = cluster_settings.override(task_id="dry_run_settings")(run, network.output)
+    dry_run = ValidateClusterConfigOperator(
+        task_id="validate_cluster", cluster=dry_run_settings, **scope, **cluster_args()
+    )
+    bucket >> dry_run >> [dataset, image]
+    settings = cluster_settings(run, network.output, image.output)
+    cluster = EnsureClusterOperator(task_id="cluster", cluster=settings, pool=CLUSTER_POOL, **scope, **cluster_args())
+    # The cluster is made once its data is in S3: a file system linked at creation lists the whole
+    # partition (FSx imports the linked prefix's listing then), and a failed load makes no cluster.
+    dataset >> cluster
+    return {
+        **{"approve_cost": approval, "network": network, "ensure_dataset_bucket": bucket, "dataset_source": source},
+        **{"dataset": dataset, "image": image, "dry_run_settings": dry_run_settings, "validate_cluster": dry_run},
+        **{"cluster_settings": settings, "cluster": cluster},
+    }
+
+
+def dataset_stage(source: Any) -> Any:
+    from pcflow.dataset.operators import DatasetLoadOperator
+
+    return DatasetLoadOperator(
+        task_id="dataset",
+        source=source,
+        bucket=run_value("dataset.bucket"),
+        prefix=run_value("dataset.prefix"),
+        stack=run_value("stack"),
+        partition=run_value("dataset.partition"),
+        mode=run_value("dataset.mode"),
+        # A cluster kept from an earlier run already has its file system: import the new partition.
+        fsx_file_system_id=EXISTING_FILE_SYSTEM,
+        outlets=[DATASET],  # new content in the partition: an event of the stack's dataset (pcflow.lineage)
+    )
+
+
+def image_stage() -> Any:
+    from pcflow.aws.ami import BakeImageOperator
+
+    return BakeImageOperator(
+        task_id="image",
+        stack=run_value("stack"),
+        pcluster_version=run_value("ami.pcluster_version"),
+        bootstrap_script_path=run_value("ami.bootstrap_script"),
+        instance_profile=run_value("ami.instance_profile"),
+        subnet_id=task_value("network", "head_subnet_id"),
+        security_group_ids=[task_value("network", "cluster_security_group_id")],
+        instance_type=run_value("ami.instance_type"),
+        base_image_id=run_value("ami.base_image_id"),
+        base_image_owners=run_value("ami.base_image_owners"),
+        os=run_value("ami.os"),
+        wait_for_ssm_agent=run_value("ami.wait_for_ssm_agent"),
+        enabled=run_value("ami.enabled"),
+        environment_file=run_value("ami.environment"),
+        ttl_hours=run_value("teardown.keep_hours"),
+    )
+
+
+def cluster_args() -> dict[str, Any]:
+    """What every cluster operator of the pipeline (dry run, ensure, delete) is given alike."""
+    return {
+        "provider": run_value("cluster.provider"),
+        "stack": run_value("stack"),
+        "ssh_conn_id": run_value("cluster.ssh_conn_id"),
+        "suppress_validators": run_value("cluster.suppress_validators"),
+        "config_bucket": run_value("dataset.bucket"),
+    }
+
+
+def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]:
+    """The data and code on the cluster, the Slurm job (a job array for a sweep), and its metrics."""
+    from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
+
+    cluster = stages["cluster"].output
+    data_dir = stage_in(run, cluster, stages["dataset"].output)
+    payload = ship_payload(run, cluster)
+    inputs = training_inputs(run, cluster, data_dir, run_value("trials") if sweep else None)
+    job = {
+        "program": run_value("training.program"),
+        "launcher": run_value("training.launcher"),
+        "python": run_value("training.python"),
+        "allocation": run_value("training.allocation"),
+        "env": RunEnv(),
+        "head_node": inputs["head_node"],
+        "shared_root": inputs["shared_root"],
+        "max_restarts": run_value("training.max_restarts"),
+        "early_stopping": run_value("early_stopping"),
+        "pending_timeout": run_value("training.pending_timeout_s"),
+        "payload_dir": payload["dir"],
+        "budget": run_value("cost"),  # the wait logs the cost so far and stops the job at the budget
+        "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
+    }
+    if sweep:
+        trials = {"trials": inputs["trials"], "min_success_ratio": 0.5}
+        train = SlurmArrayJobOperator(task_id="train", retries=0, pool=TRIAL_POOL, **trials, **job)
+    else:
+        hyperparameters = inputs["hyperparameters"]
+        train = SlurmJobOperator(task_id="train", hyperparameters=hyperparameters, retries=0, pool=TRIAL_POOL, **job)
+    inputs >> train
+    metrics = metrics_stage(train, stages, inputs["head_node"], sweep=sweep)
+    return {
+        **{"stage_in": data_dir, "ship_payload": payload, "training_inputs": inputs},
+        **{"train": train, "metrics": metrics},
+    }
+
+
+def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: bool) -> Any:
+    from pcflow.metrics.operators import HarvestMetricsOperator, SweepLeaderboardOperator
+
+    harvest = SweepLeaderboardOperator if sweep else HarvestMetricsOperator
+    return harvest(
+        task_id="metrics",
+        job=train.output,
+        bucket=run_value("dataset.bucket"),
+        stack=run_value("stack"),
+        objective=run_value("objective"),
+        instance_type=run_value("instance_type"),
+        capacity_type=run_value("capacity_type"),
+        nodes=run_value("training.nodes"),
+        metric_definitions=run_value("metrics.metric_definitions"),
+        cluster_provider=run_value("cluster.provider"),
+        cluster=stages["cluster_settings"],  # ParallelCluster's head node and FSx are priced from these
+        cost_before=run_value("cost"),
+        region_name=run_value("region"),  # priced with the run's region's prices
+        cloudwatch=run_value("metrics.publish_cloudwatch"),
+        head_node=head_node,
+        dataset=stages["dataset"].output,
+        inlets=[DATASET],
+        outlets=[PRETRAINED_ENCODER],
+    )
+
+
+def teardown(stages: dict[str, Any]) -> dict[str, Any]:
+    """The run's cluster, then the rest of what it tagged, as teardowns of their setups: they run when
+    training fails too."""
+    from pcflow.aws.teardown import TeardownOperator
+    from pcflow.cluster.operators import DeleteClusterOperator
+
+    delete_cluster = DeleteClusterOperator(
+        task_id="delete_cluster",
+        cluster=stages["cluster_settings"],
+        cluster_name=task_value("cluster", "name"),
+        export_fsx=run_value("teardown.export_fsx"),
+        keep=run_value("keep_resources"),
+        run_scoped=True,  # deletes only a cluster tagged with this stack and run
+        **cluster_args(),
+    )
+    stages["metrics"] >> delete_cluster.as_teardown(setups=stages["cluster"])
+    remains = TeardownOperator(
+        task_id="teardown",
+        stack=run_value("stack"),
+        run=run_value("run_key"),
+        handler_sets=("pcluster", "ec2", "fsx"),
+        dry_run=run_value("keep_resources"),
+    )
+    delete_cluster >> remains.as_teardown(setups=stages["network"])
+    return {"delete_cluster": delete_cluster, "teardown": remains}
+
+
+def operator_of(stage: Any) -> Any:
+    """The operator behind a stage (a @task call returns its XComArg)."""
+    return getattr(stage, "operator", stage)
+
+
+def set_stage_timeouts(operators: Iterable[Any]) -> None:
+    for operator in operators:
+        operator.execution_timeout = STAGE_TIMEOUTS.get(operator.label, DEFAULT_STAGE_TIMEOUT)
+
+
+def training_pipeline_group(
+    group_id: str = "training",
+    *,
+    run_scoped: bool = True,
+    sweep: bool = False,
+    dated_partitions: bool = False,
+    tooltip: str = "pcflow: validate, infrastructure, training, metrics, teardown",
+) -> TaskGroup:
+    """The pipeline as one task group in a DAG of your own, to put your tasks before and after it:
+    `first >> training_pipeline_group() >> last`. Your DAG's params must include the training form
+    (`training_params()`, plus `sweep_params()` for a sweep): the group's first task reads them, and
+    leaves your DAG's other params alone. Its tasks retry as the pipeline's DAGs do (`DEFAULT_ARGS`)."""
+    with TaskGroup(group_id, tooltip=tooltip, default_args=DEFAULT_ARGS) as group:
+        build_training_pipeline(run_scoped=run_scoped, sweep=sweep, dated_partitions=dated_partitions)
+    return group

@@ -1,0 +1,186 @@
+"""The trigger form: the Params (JSON schema) a person fills in to start a training run.
+
+Every field is optional except the profile; empty means "as the profile says". Which settings a field may
+change is the profile's call (its `overridable` section), checked by the first task (`settings.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+
+from pcflow.paths import default_profile, profile_names
+from pcflow.patterns import INSTANCE_TYPE, PARTITION
+
+#: The form's fields that change a run setting, by the setting's dotted path. Whether a trigger user
+#: may change it is the profile's call (its `overridable` section), like everything in `overrides`.
+FORM_FIELDS = {
+    "dataset_source": "dataset.source",
+    "partition": "dataset.partition",
+    "instance_type": "instance_type",
+    "capacity_type": "capacity_type",
+    "nodes": "training.nodes",
+    "gpus_per_node": "training.gpus_per_node",
+    "tasks_per_node": "training.tasks_per_node",
+    "launcher": "training.launcher",
+    "hyperparameters": "training.hyperparameters",
+    "teardown_policy": "teardown.policy",
+    "early_stopping_patience": "metrics.early_stopping.patience",
+    "budget_usd": "budget.usd",
+}
+#: The form's other fields: which profile, the sweep's trials and grid, and the advanced overrides.
+OTHER_FIELDS = ("profile", "trials", "grid", "overrides")
+
+
+def profile_param() -> Param:
+    """Which profile: the deployment's default (`PCFLOW_DEFAULT_PROFILE`), chosen among those that exist.
+    Without a default the field starts empty, and a run that leaves it so (a scheduled one too) is
+    refused by the first task: no run falls back to a profile nobody chose."""
+    choices = profile_names()
+    chosen = default_profile()
+    schema: dict[str, Any] = {"type": "string", "enum": choices}
+    if chosen is None:
+        schema = {"type": ["null", "string"], "enum": [None, *choices], "values_display": {"null": "choose one"}}
+    return Param(
+        chosen,
+        **schema,
+        title="Profile",
+        description=f"Where the run happens and what it may change (the admin's profiles: {', '.join(choices)}).",
+        section="Where",
+    )
+
+
+def training_params(*, partition: str | None = None, extra: dict[str, Param] | None = None) -> dict[str, Param]:
+    """The trigger form: every field optional except the profile; empty means "as the profile says".
+    A field the chosen profile does not list as overridable is refused by the first task when set.
+    `extra` (a DAG's own fields) comes after the training fields, before cleanup and overrides."""
+
+    def optional(kind: str, **schema: Any) -> dict[str, Any]:
+        return {"type": ["null", kind], **schema}
+
+    def optional_choice(*values: str) -> dict[str, Any]:
+        """A select whose empty choice reads as what it means (the UI labels None by the key "null")."""
+        return {"type": ["null", "string"], "enum": [None, *values], "values_display": {"null": "as the profile says"}}
+
+    return {
+        "profile": profile_param(),
+        "dataset_source": Param(
+            None,
+            **optional("string", maxLength=1024),
+            title="Dataset source",
+            description="A directory under one of the profile's dataset roots, `s3://bucket/prefix`, or "
+            "`builtin:digits`; empty: the profile's.",
+            section="Data",
+        ),
+        "partition": Param(
+            partition,
+            **optional("string", pattern=PARTITION.pattern),
+            title="Data partition",
+            description="Folder of this run's data under the dataset prefix; scheduled runs use their date.",
+            section="Data",
+        ),
+        "instance_type": Param(
+            None,
+            **optional("string", pattern=INSTANCE_TYPE.pattern),
+            title="Instance type",
+            description="EC2 type of the compute nodes, e.g. g5.12xlarge or p4d.24xlarge.",
+            examples=["g5.12xlarge", "g5.48xlarge", "p4d.24xlarge", "p5.48xlarge"],
+            section="Resources",
+        ),
+        "capacity_type": Param(
+            None,
+            **optional_choice("spot", "ondemand"),
+            title="Capacity",
+            description="Spot (cheaper, may be interrupted: jobs requeue and resume) or on-demand.",
+            section="Resources",
+        ),
+        "nodes": Param(None, **optional("integer", minimum=1, maximum=512), title="Nodes", section="Resources"),
+        "gpus_per_node": Param(
+            None, **optional("integer", minimum=0, maximum=16), title="GPUs per node", section="Resources"
+        ),
+        "tasks_per_node": Param(
+            None,
+            **optional("integer", minimum=1, maximum=128),
+            title="Processes per node",
+            description="One per GPU for DDP; on CPU, the number of workers per node.",
+            section="Resources",
+        ),
+        "launcher": Param(
+            None,
+            **optional_choice("srun", "torchrun", "vissl", "mpirun"),
+            title="Launcher",
+            section="Training",
+        ),
+        "hyperparameters": Param(
+            {},
+            type="object",
+            title="Hyperparameters",
+            description="Merged over the profile's (epochs, batch_size, lr, temperature, ...). Written to a JSON "
+            "file the job reads; never passed through a shell.",
+            section="Training",
+        ),
+        "early_stopping_patience": Param(
+            None,
+            **optional("integer", minimum=1, maximum=10000),
+            title="Early stopping patience",
+            description="Stop a trial (scancel, recorded as stopped early, not failed) whose objective has not "
+            "improved for this many evaluations, or has become NaN/inf; empty: as the profile says (off).",
+            section="Training",
+        ),
+        **(extra or {}),
+        "budget_usd": Param(
+            None,
+            **optional("number", exclusiveMinimum=0, maximum=1_000_000),
+            title="Budget (USD)",
+            description="The most this run may cost (compute nodes, head node, FSx). The first task refuses a run "
+            "whose maximum (price per hour x time limit x trials) is above it; empty: the profile's budget.",
+            section="Cost",
+        ),
+        "teardown_policy": Param(
+            None,
+            **optional_choice("always", "never"),
+            title="Teardown",
+            description="`always`: delete this run's resources when it ends, failed or not; `never`: keep them "
+            "(the janitor removes them when their TTL expires).",
+            section="Cleanup",
+        ),
+        "overrides": Param(
+            {},
+            type="object",
+            title="Advanced overrides",
+            description="Other settings by their path, deep-merged last, e.g. "
+            '{"metrics": {"early_stopping": {"min_delta": 0.01}}}: only those the profile lists as overridable.',
+            section="Advanced",
+        ),
+    }
+
+
+MAX_TRIALS = 1000
+
+
+def sweep_params() -> dict[str, Param]:
+    """The sweep's own fields: a list of trials, each crossed with every point of a grid."""
+    return {
+        "trials": Param(
+            [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.004}],
+            type="array",
+            minItems=1,
+            maxItems=MAX_TRIALS,
+            items={"type": "object"},
+            title="Trials",
+            description='One hyperparameter object per trial, e.g. [{"lr": 0.001}, {"lr": 0.01}]; laid over the '
+            "profile's hyperparameters.",
+            section="Sweep",
+        ),
+        "grid": Param(
+            {},
+            type="object",
+            additionalProperties={"type": "array", "minItems": 1},
+            title="Grid",
+            description='Values to try per hyperparameter, e.g. {"lr": [0.001, 0.01], "temperature": [0.1, 0.5]}: '
+            "every trial above is crossed with every combination (grid values win), so trials [{}] runs the "
+            f"plain grid. At most {MAX_TRIALS} trials in all.",
+            section="Sweep",
+        ),
+    }

@@ -1,0 +1,197 @@
+"""The run's settings: the form's Params mapped onto the run spec, resolved and checked by the first task,
+then handed to every later stage as data.
+
+Operators receive the validated document's values through `run_value("dotted.path")`: picked in Python
+when the operator renders its fields, never rendered again by Jinja, so a value reaches its stage
+exactly as validated. Every path asked for is recorded in `RUN_VALUE_PATHS`, which a test checks
+against the run spec of every profile.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from pcflow.pipeline.form import FORM_FIELDS, MAX_TRIALS, OTHER_FIELDS
+from pcflow.values import Returned
+
+VALIDATE_TASK = "validate"
+#: Every `run_value` path the pipeline's tasks read (filled as the pipeline is declared).
+RUN_VALUE_PATHS: set[str] = set()
+#: Stands for the subnets the network task will make, in the checks the first task runs on the
+#: ParallelCluster settings (ParallelCluster itself resolves subnets, so its dry run waits for them).
+PLANNED_SUBNET = "subnet-00000000"
+
+
+def run_value(path: str) -> Returned:
+    """One value of the resolved run settings, e.g. `run_value("dataset.bucket")`."""
+    RUN_VALUE_PATHS.add(path)
+    return Returned(VALIDATE_TASK, tuple(path.split(".")))
+
+
+def task_value(task_id: str, key: str) -> Returned:
+    """One key of another task's returned dict."""
+    return Returned(task_id, (key,))
+
+
+#: The FSx file system of a cluster that exists before this run (the dry run reports it), else None.
+EXISTING_FILE_SYSTEM = Returned("validate_cluster", ("existing", "file_system_ids", 0), optional=True)
+
+
+def expand_trials(trials: list[dict[str, Any]], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every trial crossed with every point of the grid, in a stable order (trial-major)."""
+    for name, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"grid.{name}: needs a non-empty list of values, got {values!r}")
+    points = [dict(zip(grid, combination, strict=True)) for combination in itertools.product(*grid.values())]
+    expanded = [{**trial, **point} for trial in trials for point in points]
+    if len(expanded) > MAX_TRIALS:
+        raise ValueError(
+            f"trials: {len(trials)} trials x {len(points)} grid points = {len(expanded)} trials, more than "
+            f"{MAX_TRIALS}; split the sweep or shrink the grid"
+        )
+    return expanded
+
+
+def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The run's Params as a partial run-spec document (empty fields leave the profile's value)."""
+    from pcflow.merge import deep_merge
+
+    document: dict[str, Any] = {}
+    for param, path in FORM_FIELDS.items():
+        value = params.get(param)
+        if value is None or (param == "hyperparameters" and not value):
+            continue
+        *parents, leaf = path.split(".")
+        node = document
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return deep_merge(document, params.get("overrides") or {})
+
+
+def check_conf_fields(params: dict[str, Any]) -> None:
+    """Refuse, before anything is merged, what the conf changes beyond what the profile lets a trigger
+    user change: unknown fields, settings not listed as overridable, values outside their bounds. A
+    sweep's trials and grid change hyperparameters, so they are checked as such."""
+    from pcflow.runspec import RunSpecError, check_conf
+
+    unknown = sorted(set(params) - set(FORM_FIELDS) - set(OTHER_FIELDS))
+    if unknown:
+        fields = ", ".join(sorted([*FORM_FIELDS, *OTHER_FIELDS]))
+        raise AirflowFailException(f"{', '.join(unknown)}: not a field of this DAG's form (fields: {fields})")
+    grid = params.get("grid") or {}
+    swept = [*(params.get("trials") or []), *({k: v} for k, values in grid.items() for v in _listed(values))]
+    changes = [overrides_from_params(params), *({"training": {"hyperparameters": trial}} for trial in swept)]
+    labels = {path: param for param, path in FORM_FIELDS.items()}
+    try:
+        check_conf(params.get("profile"), *changes, labels=labels)
+    except RunSpecError as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def _listed(values: Any) -> list[Any]:
+    return values if isinstance(values, list) else [values]
+
+
+def resolve_for_run(
+    params: dict[str, Any], context: dict[str, Any], *, dated_partitions: bool = False
+) -> dict[str, Any]:
+    """The resolved settings plus what the run itself contributes (run key, partition).
+
+    `dated_partitions`: the DAG trains on the partition of its logical date (a scheduled DAG), also
+    when one of its runs is started by hand or by a backfill."""
+    from pcflow.naming import run_key_from_context
+    from pcflow.runspec import RunSpecError, resolve_run_spec
+
+    if not params.get("profile"):
+        raise AirflowFailException(
+            "profile: none chosen, and the deployment sets no default (the admin sets PCFLOW_DEFAULT_PROFILE)"
+        )
+    check_conf_fields(params)
+    try:
+        spec = resolve_run_spec(params["profile"], overrides_from_params(params))
+    except RunSpecError as exc:
+        raise AirflowFailException(str(exc)) from None
+    document = spec.model_dump(mode="json")
+    document["training"]["allocation"] = spec.training.allocation()
+    # XCom is readable by whoever can see the run: the train task resolves the values itself (RunEnv).
+    document["training"]["env"] = sorted(spec.training.env)
+    document["dataset"]["partition"] = run_partition(spec, context, dated_partitions)
+    document["run_key"] = run_key_from_context(context)
+    document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}
+    document["early_stopping"] = early_stopping_rule(spec.metrics)
+    if "trials" in params:  # a sweep
+        try:
+            document["trials"] = expand_trials(params["trials"], params.get("grid") or {})
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
+    document["keep_resources"] = spec.teardown.policy == "never"
+    return document
+
+
+def run_partition(spec: Any, context: dict[str, Any], dated_partitions: bool) -> str:
+    """The data partition: the conf's or profile's, else (a scheduled DAG) the logical date's."""
+    from pcflow.dataset.partition import resolve_partition
+
+    explicit = spec.dataset.partition
+    if explicit is None and dated_partitions and context.get("logical_date"):
+        explicit = context["logical_date"].strftime("%Y-%m-%d")
+    try:
+        return resolve_partition(context, explicit)
+    except ValueError as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def run_env(params: dict[str, Any]) -> dict[str, str]:
+    """training.env as the first task validated it (same profile, same conf)."""
+    from pcflow.runspec import resolve_run_spec
+
+    return resolve_run_spec(params["profile"], overrides_from_params(params)).training.env
+
+
+class RunEnv:
+    """The train task's `env`: resolved from the run's params when the task renders its fields (Airflow
+    calls `resolve` on a template field's value), so its values never travel through XCom."""
+
+    def resolve(self, context: Any) -> dict[str, str]:
+        return run_env(context["params"])
+
+    def __str__(self) -> str:  # what the UI and the serialized DAG show
+        return "<training.env, resolved by the train task>"
+
+
+def early_stopping_rule(metrics: Any) -> dict[str, Any] | None:
+    """The train task's early-stopping rule (its trigger applies it while the job runs), or None."""
+    stopping = metrics.early_stopping
+    if stopping is None:
+        return None
+    objective = {"name": stopping.metric or metrics.objective, "mode": stopping.mode or metrics.mode}
+    return {"objective": objective, "patience": stopping.patience, "min_delta": stopping.min_delta}
+
+
+def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id: str | None) -> dict[str, Any]:
+    """The provider's settings: the profile's, plus the network's subnets and the image to boot."""
+    settings = dict(run["cluster"]["config"])
+    if run["cluster"]["provider"] != "parallelcluster":
+        return settings
+    from pcflow.naming import resource_name
+
+    training = run["training"]
+    return {
+        "name": resource_name(run["stack"], "cluster", max_len=40),
+        "region": run["region"],
+        "custom_ami": image_id,
+        "head_subnet_id": network["head_subnet_id"],
+        "compute_subnet_ids": network["compute_subnet_ids"],
+        "instance_type": run["instance_type"],
+        "capacity_type": "SPOT" if run["capacity_type"] == "spot" else "ONDEMAND",
+        "max_count": settings.pop("max_count", training["nodes"]),  # below the job's nodes: refused
+        "job_nodes": training["nodes"],
+        "gpus_required": training["gpus_per_node"] > 0,
+        "s3_bucket": run["dataset"]["bucket"],
+        "s3_prefix": run["dataset"]["prefix"],
+        **settings,
+    }

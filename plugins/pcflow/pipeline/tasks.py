@@ -1,0 +1,125 @@
+"""The pipeline's small tasks: the glue between the operators (the data bucket, where the data comes from,
+the cluster's settings, the data and code on the cluster, what the train task needs to reach it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import task
+from airflow.sdk.exceptions import AirflowFailException
+
+from pcflow.pipeline.settings import settings_for_cluster
+from pcflow.slurm.head_node import HeadNode
+
+
+@task(multiple_outputs=False)
+def ensure_dataset_bucket(run: dict[str, Any]) -> dict[str, Any]:
+    """The dataset/report bucket stacks share: created with pcflow's settings (versioned, so a manifest
+    names the exact bytes it lists while a later load replaces keys), or adopted as it is; never
+    re-tagged, and this stack recorded as one of its users (`pcflow.aws.buckets`)."""
+    from pcflow.aws.clients import aws_client
+    from pcflow.aws.storage import ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS, ensure_shared_bucket
+
+    s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
+    rules = [ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS]
+    return ensure_shared_bucket(
+        s3, run["dataset"]["bucket"], region=run["region"], stack=run["stack"], versioning=True, lifecycle_rules=rules
+    )
+
+
+@task
+def dataset_source(run: dict[str, Any]) -> str:
+    """Where the loader reads from: `builtin:digits` becomes the digits as PNG class folders."""
+    source = run["dataset"]["source"]
+    if source != "builtin:digits":
+        return source
+    import os
+    from pathlib import Path
+
+    from pcflow.dataset.digits import materialize_digits
+
+    cache = Path(os.environ.get("PCFLOW_CACHE_DIR", Path.home() / ".cache" / "pcflow")) / "digits"
+    return str(materialize_digits(cache))
+
+
+def planned_image_id(run: dict[str, Any], aws_conn_id: str = "aws_default") -> str | None:
+    """The image a dry run checks the config against before anything is baked: the bake's base image
+    (the baked image derives from it: same OS, same ParallelCluster version, so the same validators)."""
+    ami = run["ami"]
+    if not ami["enabled"] or ami["base_image_id"]:
+        return ami["base_image_id"]
+    from pcflow.aws.ami import find_base_image
+    from pcflow.aws.clients import aws_client
+
+    ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
+    try:
+        return find_base_image(
+            ec2,
+            region=run["region"],
+            pcluster_version=ami["pcluster_version"],
+            os=ami["os"],
+            owners=ami["base_image_owners"],
+        )
+    except ValueError as exc:
+        raise AirflowFailException(f"ami: {exc}") from None
+
+
+@task(multiple_outputs=False)
+def cluster_settings(
+    run: dict[str, Any], network: dict[str, Any], image: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The settings the cluster is made with; without `image` (the dry run, before the bake), the
+    settings with the image the bake will start from."""
+    image_id = (image or {}).get("image_id") if image is not None else planned_image_id(run)
+    return settings_for_cluster(run, network, image_id)
+
+
+@task
+def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, Any]) -> str:
+    """The partition where the cluster's jobs read it (copied for a static cluster; FSx does it on AWS)."""
+    import logging
+
+    from pcflow.aws.clients import aws_client
+    from pcflow.dataset.stage_in import copy_partition, data_dir_on_cluster
+
+    data_dir = data_dir_on_cluster(run, cluster, dataset)
+    if cluster["provider"] == "static":
+        hook = HeadNode.from_cluster(cluster).hook()
+        s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
+        log = logging.getLogger("airflow.task")
+        copy_partition(s3, hook, bucket=dataset["bucket"], root=dataset["root"], dest=data_dir, log=log)
+        hook.close()
+    return data_dir
+
+
+@task(multiple_outputs=True)
+def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
+    """The run's code on the cluster: the profile's payload, shipped by content hash (reused when there)."""
+    if not run["training"]["payload"]:
+        return {"name": None, "digest": None, "dir": None, "reused": False}
+    import logging
+
+    from pcflow.slurm.payload import build_archive, ship
+
+    hook = HeadNode.from_cluster(cluster).hook()
+    try:
+        archive = build_archive(run["training"]["payload"])
+        root = cluster.get("shared_root") or hook.shared_root
+        return ship(hook, archive, shared_root=root, log=logging.getLogger("airflow.task"))
+    finally:
+        hook.close()
+
+
+@task(multiple_outputs=True)
+def training_inputs(
+    run: dict[str, Any], cluster: dict[str, Any], data_dir: str, trials: list[dict] | None = None
+) -> dict[str, Any]:
+    """Where and how to reach the cluster, and the data's path there, for the train task."""
+    hyperparameters = {**run["training"]["hyperparameters"], "data_dir": data_dir}
+    return {
+        "head_node": HeadNode.from_cluster(cluster).as_dict(),
+        "shared_root": cluster.get("shared_root"),
+        "hyperparameters": hyperparameters,
+        "trials": [{**hyperparameters, **trial} for trial in (trials or [])],
+    }

@@ -1,0 +1,116 @@
+"""The first task: refuse bad settings before anything costs money.
+
+It resolves the settings (`settings.py`), then asks what only AWS can answer (does the instance type
+exist here, do ParallelCluster's settings hold, does the account have what a first run trips on) and
+prices the run against its budget; the document it returns is what every later stage reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import task
+from airflow.sdk.exceptions import AirflowFailException
+
+from pcflow.pipeline.form import FORM_FIELDS, OTHER_FIELDS
+from pcflow.pipeline.settings import (
+    PLANNED_SUBNET,
+    VALIDATE_TASK,
+    resolve_for_run,
+    run_env,
+    settings_for_cluster,
+)
+
+
+def check_against_aws(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+    """What only AWS can answer, asked before anything is created: does the instance type exist here?"""
+    from botocore.exceptions import ClientError
+
+    from pcflow.aws.clients import aws_client
+
+    region, instance_type = run["region"], run["instance_type"]
+    ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=region)
+    try:
+        ec2.describe_instance_types(InstanceTypes=[instance_type])
+    except ClientError as exc:
+        if exc.response["Error"]["Code"].startswith("InvalidInstanceType"):
+            raise AirflowFailException(
+                f"instance_type: {instance_type} is not offered in {region}; pick another type or region"
+            ) from None
+        raise
+
+
+def planned_cluster(run: dict[str, Any]) -> Any:
+    """The ParallelCluster cluster the run will create or adopt (`ClusterSpec`), None for a static one."""
+    if run["cluster"]["provider"] != "parallelcluster":
+        return None
+    from pcflow.cluster.spec import ClusterSpec
+
+    planned = {"head_subnet_id": PLANNED_SUBNET, "compute_subnet_ids": [PLANNED_SUBNET]}
+    return ClusterSpec.parse(settings_for_cluster(run, planned, run["ami"]["base_image_id"]))
+
+
+def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+    """ParallelCluster settings checked before the network exists: name, counts, schema of pcflow's
+    fields, and a GPU queue on a GPU instance type (EC2 DescribeInstanceTypes)."""
+    if run["cluster"]["provider"] != "parallelcluster":
+        return
+    from pcflow.aws.clients import aws_client
+    from pcflow.cluster.spec import ClusterSpecError, check_instance_type
+
+    try:
+        spec = planned_cluster(run)
+        ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
+        check_instance_type(ec2, spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa)
+    except ClusterSpecError as exc:
+        raise AirflowFailException(f"cluster.config: {exc}") from None
+
+
+def account_preflight(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+    """What a first real run trips on (key pair, instance types in the zone, vCPU quota, the builder's
+    instance profile, the pcluster CLI and Node.js), asked before anything is created: pcflow/preflight.py."""
+    import functools
+
+    from pcflow.aws.clients import aws_client
+    from pcflow.preflight import Account, PreflightFailed, run_preflight
+
+    @functools.cache
+    def client(service: str) -> Any:
+        return aws_client(service, aws_conn_id=aws_conn_id, region_name=run["region"])
+
+    try:
+        run_preflight(Account(run, planned_cluster(run), client), skip=run["preflight"]["skip"])
+    except PreflightFailed as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def training_form(params: dict[str, Any], dag: Any) -> dict[str, Any]:
+    """The run's params less those its DAG declares for itself (a DAG the pipeline is a task group in):
+    a conf field that is neither the DAG's nor the training form's is still refused."""
+    own = set(getattr(dag, "params", None) or ()) - set(FORM_FIELDS) - set(OTHER_FIELDS)
+    return {name: value for name, value in params.items() if name not in own}
+
+
+@task(task_id=VALIDATE_TASK, multiple_outputs=False)
+def validate_run(
+    dated_partitions: bool = False, params: dict[str, Any] | None = None, **context: Any
+) -> dict[str, Any]:
+    """Refuse bad settings before anything costs money; the resolved document is kept with the run.
+    The checks run in order, those that ask nothing of AWS first; each names the field it refuses."""
+    from pcflow.checks import check_cost, check_dataset_source, check_job, check_network, check_static_cluster
+
+    params = training_form(params or {}, context.get("dag"))
+    document = resolve_for_run(params, context, dated_partitions=dated_partitions)
+    check_job(document, env=run_env(params))  # env values stay out of the document (XCom)
+    checks = (
+        check_network,
+        check_static_cluster,
+        check_cluster_settings,
+        check_dataset_source,
+        check_against_aws,
+        account_preflight,
+    )
+    for check in checks:
+        check(document)
+    document["cost"] = check_cost(document)  # the price and maximum; refused above the budget
+    return document
