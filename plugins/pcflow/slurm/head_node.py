@@ -96,9 +96,13 @@ def head_node_argument(head_node: Any = None, ssh_conn_id: str | None = None) ->
         head_node = ssh_conn_id
     if head_node is None:
         return HeadNode()
-    fields = head_node.values() if isinstance(head_node, Mapping) else [head_node]
-    if isinstance(head_node, HeadNode):
-        fields = list(head_node)
-    if not any(known_at_run_time(field) for field in fields):
+    if not any(known_at_run_time(field) for field in own_values(head_node)):
         HeadNode.of(head_node)
     return head_node
+
+
+def own_values(value: Any) -> list[Any]:
+    """A head node argument's values, any of which may be known only at run time (a template, an XComArg)."""
+    if isinstance(value, Mapping):
+        return list(value.values())
+    return list(value) if isinstance(value, HeadNode) else [value]

@@ -133,12 +133,12 @@ class HeadNodeSSHHook(SSHHook):
         return head_node_connection(super().get_connection(conn_id), self.head_node)
 
 
-async def pinned_known_hosts(head_node: HeadNode) -> tuple[bytes | None, Connection]:
-    """The known_hosts line pinning the head node's key (None when it pins none), and its connection."""
-    conn = await get_async_connection(head_node.conn_id)
+async def pinned_known_hosts(head_node: HeadNode) -> bytes | None:
+    """The known_hosts line pinning the head node's key; None when it pins none."""
     if not head_node.host_key:
-        return None, conn
-    return f"{head_node.address or conn.host} {head_node.host_key}".encode(), conn
+        return None
+    host = head_node.address or (await get_async_connection(head_node.conn_id)).host
+    return f"{host} {head_node.host_key}".encode()
 
 
 async def connect_async(head_node: HeadNode) -> asyncssh.SSHClientConnection:
@@ -146,19 +146,20 @@ async def connect_async(head_node: HeadNode) -> asyncssh.SSHClientConnection:
     as its `known_hosts` (the connection's own `host_key` extra, if any, wins there as in the sync hook)."""
     import asyncssh
 
-    known_hosts, conn = await pinned_known_hosts(head_node)
+    known_hosts = await pinned_known_hosts(head_node)
     pinned = {"known_hosts": known_hosts} if known_hosts else {}
     hook = SSHHookAsync(ssh_conn_id=head_node.conn_id, host=head_node.address, **pinned)
     try:
         return await hook.get_conn()
     except asyncssh.HostKeyNotVerifiable as exc:
-        raise HostKeyMismatch(await async_mismatch_message(head_node, conn)) from exc
+        raise HostKeyMismatch(await async_mismatch_message(head_node)) from exc
 
 
-async def async_mismatch_message(head_node: HeadNode, conn: Any) -> str:
+async def async_mismatch_message(head_node: HeadNode) -> str:
     """asyncssh's refusal names no key: ask the server for its key of the pinned type to show both."""
     import asyncssh
 
+    conn = await get_async_connection(head_node.conn_id)
     host, port = head_node.address or conn.host, conn.port or 22
     pinned = (conn.extra_dejson.get("host_key") or head_node.host_key or "").split()[:2]
     served = None
