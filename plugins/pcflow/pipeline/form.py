@@ -55,16 +55,27 @@ def training_params(*, partition: str | None = None, extra: dict[str, Param] | N
     """The trigger form: every field optional except the profile; empty means "as the profile says".
     A field the chosen profile does not list as overridable is refused by the first task when set.
     `extra` (a DAG's own fields) comes after the training fields, before cleanup and overrides."""
-
-    def optional(kind: str, **schema: Any) -> dict[str, Any]:
-        return {"type": ["null", kind], **schema}
-
-    def optional_choice(*values: str) -> dict[str, Any]:
-        """A select whose empty choice reads as what it means (the UI labels None by the key "null")."""
-        return {"type": ["null", "string"], "enum": [None, *values], "values_display": {"null": "as the profile says"}}
-
     return {
         "profile": profile_param(),
+        **data_fields(partition),
+        **resource_fields(),
+        **training_fields(),
+        **(extra or {}),
+        **cost_and_cleanup_fields(),
+    }
+
+
+def optional(kind: str, **schema: Any) -> dict[str, Any]:
+    return {"type": ["null", kind], **schema}
+
+
+def optional_choice(*values: str) -> dict[str, Any]:
+    """A select whose empty choice reads as what it means (the UI labels None by the key "null")."""
+    return {"type": ["null", "string"], "enum": [None, *values], "values_display": {"null": "as the profile says"}}
+
+
+def data_fields(partition: str | None) -> dict[str, Param]:
+    return {
         "dataset_source": Param(
             None,
             **optional("string", maxLength=1024),
@@ -80,6 +91,11 @@ def training_params(*, partition: str | None = None, extra: dict[str, Param] | N
             description="Folder of this run's data under the dataset prefix; scheduled runs use their date.",
             section="Data",
         ),
+    }
+
+
+def resource_fields() -> dict[str, Param]:
+    return {
         "instance_type": Param(
             None,
             **optional("string", pattern=INSTANCE_TYPE.pattern),
@@ -106,6 +122,11 @@ def training_params(*, partition: str | None = None, extra: dict[str, Param] | N
             description="One per GPU for DDP; on CPU, the number of workers per node.",
             section="Resources",
         ),
+    }
+
+
+def training_fields() -> dict[str, Param]:
+    return {
         "launcher": Param(
             None,
             **optional_choice("srun", "torchrun", "vissl", "mpirun"),
@@ -128,7 +149,11 @@ def training_params(*, partition: str | None = None, extra: dict[str, Param] | N
             "improved for this many evaluations, or has become NaN/inf; empty: as the profile says (off).",
             section="Training",
         ),
-        **(extra or {}),
+    }
+
+
+def cost_and_cleanup_fields() -> dict[str, Param]:
+    return {
         "budget_usd": Param(
             None,
             **optional("number", exclusiveMinimum=0, maximum=1_000_000),
