@@ -164,6 +164,8 @@ class EarlyStoppingOperator(BaseOperator):
         element: int | None = None,
         head_node: HeadNode | Mapping[str, Any] | str | None = None,
         ssh_conn_id: str | None = None,
+        remote_host: str | None = None,
+        host_key: str | None = None,
         shared_root: str | None = None,
         poll_interval: float = 30.0,
         **kwargs: Any,
@@ -174,7 +176,7 @@ class EarlyStoppingOperator(BaseOperator):
         self.patience = patience
         self.min_delta = min_delta
         self.element = element
-        self.head_node = head_node_argument(head_node, ssh_conn_id)
+        self.head_node = head_node_argument(head_node, ssh_conn_id, remote_host, host_key)
         self.shared_root = shared_root
         self.poll_interval = poll_interval
         if not known_at_run_time(objective):

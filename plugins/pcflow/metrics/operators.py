@@ -52,7 +52,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param cost_before: the first task's `cost` section (pcflow.budget: maximum, budget, prices): the
         report shows it beside the final estimate, with the cost so far at each evaluation.
     :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).
-    :param head_node: the head node, as for SlurmJobOperator (`ssh_conn_id`: its connection id alone).
+    :param head_node: the head node, as for SlurmJobOperator (or its parts, `ssh_conn_id`, `remote_host`,
+        `host_key`, as before HeadNode).
     :param dataset: the dataset stage's XCom (DatasetLoadOperator): the partition the model event names.
 
     The job's `model.pt` and newest checkpoint are copied to `s3://<bucket>/runs/<run key>/model/`
@@ -108,6 +109,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         cloudwatch: bool = True,
         head_node: HeadNode | Mapping[str, Any] | str | None = None,
         ssh_conn_id: str | None = None,
+        remote_host: str | None = None,
+        host_key: str | None = None,
         dataset: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -130,7 +133,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         self.prices = prices
         self.cost_before = cost_before
         self.cloudwatch = cloudwatch
-        self.head_node = head_node_argument(head_node, ssh_conn_id)
+        self.head_node = head_node_argument(head_node, ssh_conn_id, remote_host, host_key)
         # Refuse bad definitions and objectives when the DAG is parsed, not after the training ran.
         if not known_at_run_time(self.metric_definitions):
             parse_definitions(self.metric_definitions)

@@ -85,15 +85,18 @@ def host_key_text(text: str) -> str:
     return f"{parts[0]} {parts[1]}"
 
 
-def head_node_argument(head_node: Any = None, ssh_conn_id: str | None = None) -> Any:
-    """An operator's `head_node` argument, checked when the DAG is parsed if it is known then.
-    `ssh_conn_id` (the name operators used before HeadNode) gives the connection id alone."""
+def head_node_argument(
+    head_node: Any = None, ssh_conn_id: Any = None, remote_host: Any = None, host_key: Any = None
+) -> Any:
+    """A `head_node` argument (of an operator, a hook, a trigger), checked now if it is known now.
+    `ssh_conn_id`, `remote_host`, `host_key`: the three arguments it replaces, still accepted (operators'
+    callers and triggers stored before HeadNode use them)."""
     from pcflow.values import known_at_run_time
 
-    if ssh_conn_id is not None:
+    if (ssh_conn_id, remote_host, host_key) != (None, None, None):
         if head_node is not None:
-            raise ValueError("give head_node or ssh_conn_id, not both")
-        head_node = ssh_conn_id
+            raise ValueError("give head_node, or ssh_conn_id/remote_host/host_key as before it, not both")
+        head_node = HeadNode(ssh_conn_id or DEFAULT_SSH_CONN_ID, remote_host, host_key)
     if head_node is None:
         return HeadNode()
     if not any(known_at_run_time(field) for field in own_values(head_node)):

@@ -40,7 +40,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.slurm import DEFAULT_SSH_CONN_ID, queries
-from pcflow.slurm.head_node import HeadNode
+from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.states import JobInfo
 
 if TYPE_CHECKING:
@@ -114,8 +114,9 @@ def json_object(data: bytes | None, max_bytes: int = SMALL_FILE_BYTES) -> dict |
 
 def head_node_connection(conn: Connection, head_node: HeadNode) -> Connection:
     """The connection as this head node amends it: its address instead of the connection's host, and its
-    key pinned where the connection pins none (an admin's own `host_key` extra always wins), checked."""
-    extra = conn.extra_dejson
+    key pinned where the connection pins none (an admin's own `host_key` extra always wins), checked. A
+    form field left empty (null or "") counts as not set, as in `SlurmHook.extras`."""
+    extra = {k: v for k, v in conn.extra_dejson.items() if v not in (None, "")}
     if head_node.host_key and not extra.get("host_key"):
         extra = {**extra, "host_key": head_node.host_key, "no_host_key_check": False}
     return attrs.evolve(conn, host=head_node.address or conn.host, extra=json.dumps(extra))
@@ -200,14 +201,16 @@ class SlurmHook(BaseHook):
         head_node: HeadNode | Mapping[str, Any] | str | None = None,
         *,
         ssh_conn_id: str | None = None,
+        remote_host: str | None = None,
+        host_key: str | None = None,
         command_timeout: float = 120,
         connect_attempts: int = 3,
         **kwargs: Any,
     ) -> None:
-        """`head_node`: a HeadNode (or its dict), or just a connection id; `ssh_conn_id` is the same as
-        the latter (the name Airflow's connection form and `Connection.get_hook` pass it by)."""
+        """`head_node`: a HeadNode (or its dict), or just a connection id. Or, as before HeadNode, its
+        parts: `ssh_conn_id` (the name Airflow's `Connection.get_hook` passes), `remote_host`, `host_key`."""
         super().__init__(**kwargs)
-        self.head_node = HeadNode.of(head_node if head_node is not None else ssh_conn_id).normalized()
+        self.head_node = HeadNode.of(head_node_argument(head_node, ssh_conn_id, remote_host, host_key))
         self.command_timeout = command_timeout
         self.connect_attempts = connect_attempts
         self._client: paramiko.SSHClient | None = None

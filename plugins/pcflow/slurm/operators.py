@@ -58,7 +58,8 @@ class SlurmJobOperator(BaseOperator):
         then a script inside it, run with `python`; None runs `program` as it is, interpreter included.
     :param head_node: the head node (`pcflow.slurm.head_node.HeadNode`, its dict, or an SSH connection id;
         connection extras: shared_root, slurm_bin): a cluster made by this run gives its address and
-        pinned host key with the connection id. `ssh_conn_id`: the connection id alone, as before HeadNode.
+        pinned host key with the connection id. `ssh_conn_id`, `remote_host`, `host_key`: its parts, as
+        before HeadNode (still accepted; give them or `head_node`).
     :param shared_root: a directory all nodes see; defaults to the connection's `shared_root` extra.
     :param pending_timeout: seconds a job may stay pending before pcflow cancels it and fails.
     :param max_restarts: Slurm requeues (node failure, preemption) tolerated before pcflow gives up.
@@ -100,6 +101,8 @@ class SlurmJobOperator(BaseOperator):
         python: str = "python3",
         head_node: HeadNode | Mapping[str, Any] | str | None = None,
         ssh_conn_id: str | None = None,
+        remote_host: str | None = None,
+        host_key: str | None = None,
         shared_root: str | None = None,
         poll_interval: float = 1.0,
         confirm_interval: float = 30.0,
@@ -119,7 +122,7 @@ class SlurmJobOperator(BaseOperator):
         self.hyperparameters = hyperparameters or {}
         self.env = env or {}
         self.python = python
-        self.head_node = head_node_argument(head_node, ssh_conn_id)
+        self.head_node = head_node_argument(head_node, ssh_conn_id, remote_host, host_key)
         self.shared_root = shared_root
         self.poll_interval = poll_interval
         self.confirm_interval = confirm_interval

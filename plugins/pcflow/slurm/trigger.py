@@ -30,8 +30,8 @@ import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.budget import CostMeter
-from pcflow.slurm import DEFAULT_SSH_CONN_ID, session
-from pcflow.slurm.head_node import HeadNode
+from pcflow.slurm import session
+from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import (
     SMALL_FILE_BYTES,
     HostKeyMismatch,
@@ -93,9 +93,8 @@ class HeadNodeTrigger(BaseTrigger):
         budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        # ssh_conn_id, remote_host, host_key: how a trigger stored before HeadNode (pcflow 0.x) names it.
-        legacy = HeadNode(ssh_conn_id or DEFAULT_SSH_CONN_ID, remote_host, host_key)
-        self.head_node = HeadNode.of(head_node if head_node is not None else legacy).normalized()
+        # ssh_conn_id, remote_host, host_key: how a trigger stored before HeadNode (pcflow 0.1) names it.
+        self.head_node = HeadNode.of(head_node_argument(head_node, ssh_conn_id, remote_host, host_key))
         self.job_id = job_id
         self.run_dir = run_dir
         self.accounting = accounting

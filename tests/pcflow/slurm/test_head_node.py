@@ -42,6 +42,8 @@ def test_an_operator_renders_its_head_node_field_by_field():
     from_xcom = SlurmJobOperator(task_id="x", program=["true"], head_node={"conn_id": "c", "address": None})
     assert HeadNode.of(from_xcom.head_node) == HeadNode("c")
     assert SlurmJobOperator(task_id="s", program=["true"], ssh_conn_id="c").ssh_conn_id == "c"  # as before
+    parts = SlurmJobOperator(task_id="p", program=["true"], ssh_conn_id="c", remote_host="10.0.0.5", host_key=KEY)
+    assert parts.head_node == HeadNode("c", "10.0.0.5", KEY)  # the three arguments it replaces, as before
     with pytest.raises(ValueError, match="not both"):
         SlurmJobOperator(task_id="b", program=["true"], head_node="c", ssh_conn_id="c")
     with pytest.raises(ValueError, match="unreadable"):  # a literal value is checked when the DAG is parsed

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pcflow.slurm.hook import SlurmHook, parse_host_key
+from pcflow.slurm.hook import SlurmHook
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ0iBZTeNh2FBcqJQ4KwYV7WQdkVbY1NVAqY7pm8A5dP"
 
@@ -24,7 +24,8 @@ def test_the_extras_are_read_from_either_connection_type(monkeypatch, conn_type)
     hook = connection(monkeypatch, conn_type, extra)
     assert hook.shared_root == "/fsx"
     assert hook._slurm_argv(["sbatch", "x"]) == ["/opt/slurm/bin/sbatch", "x"]
-    assert hook.ssh_hook.host_key == parse_host_key(HOST_KEY)  # pinned, through the SSH provider's own extra
+    pinned = hook.ssh_hook.host_key  # pinned, through the SSH provider's own extra
+    assert f"{pinned.get_name()} {pinned.get_base64()}" == HOST_KEY
     assert hook.ssh_hook.no_host_key_check is False
     assert hook.login == "ubuntu"
 
@@ -35,6 +36,7 @@ def test_form_fields_left_empty_are_not_set(monkeypatch):
     assert hook.shared_root is None
     assert hook._slurm_argv(["squeue"]) == ["squeue"]
     assert hook.ssh_hook.host_key is None
+    assert connection(monkeypatch, "slurm", {"host_key": ""}).ssh_hook.host_key is None
 
 
 def test_the_hook_names_its_connection_type():
