@@ -62,8 +62,6 @@ def _get(call: Callable[[], dict[str, Any]], missing: str) -> dict[str, Any] | N
 def creation_unfinished(s3: Any, name: str) -> bool:
     """pcflow tags a bucket it creates first and blocks public access last: a tagged bucket without
     Block Public Access is one whose creation a crash interrupted, and it may be finished."""
-    from pcflow.aws.storage import bucket_tags
-
     block = _get(lambda: s3.get_public_access_block(Bucket=name), "NoSuchPublicAccessBlockConfiguration")
     return block is None and TAG_COMPONENT in bucket_tags(s3, name)
 
@@ -163,11 +161,20 @@ def register_bucket_user(s3: Any, name: str, stack: str) -> None:
 def release_bucket(s3: Any, name: str, stack: str) -> bool:
     """`stack` stops using the bucket (its marker goes). True when the bucket may now be deleted: no other
     stack uses it, and pcflow created it (a bucket an admin made is never pcflow's to delete)."""
-    from pcflow.aws.storage import bucket_tags
-
     s3.delete_object(Bucket=name, Key=USERS_PREFIX + validate_stack_name(stack))
     others = bucket_users(s3, name)
     if others:
         log.info("bucket %s kept: still used by stack(s) %s", name, ", ".join(others))
         return False
     return TAG_CREATED_BY in bucket_tags(s3, name)
+
+
+def bucket_tags(s3: Any, name: str) -> dict[str, str]:
+    from botocore.exceptions import ClientError
+
+    try:
+        return {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=name).get("TagSet", [])}
+    except ClientError as error:
+        if error_code(error) == "NoSuchTagSet":
+            return {}
+        raise

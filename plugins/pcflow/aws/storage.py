@@ -21,6 +21,14 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from pcflow.aws.base import PcflowAwsOperator
+from pcflow.aws.buckets import (
+    adoption_differences,
+    bucket_tags,
+    bucket_users,
+    check_adoptable,
+    creation_unfinished,
+    register_bucket_user,
+)
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.naming import aws_tags, digest
 
@@ -111,7 +119,6 @@ def ensure_bucket(
     fixes it, and other differences are reported (`pcflow.aws.buckets`). Its tags are left as they are.
     Only a creation a crash interrupted (tagged, public access not yet blocked) is finished.
     """
-    from pcflow.aws.buckets import adoption_differences, check_adoptable, creation_unfinished
 
     validate_bucket_name(name)
     validate_region(region)
@@ -199,7 +206,6 @@ def ensure_shared_bucket(
 ) -> dict[str, Any]:
     """A bucket stacks share (the dataset bucket): created tagged as shared (no owning stack), adopted
     as it is, and `stack` recorded as one of its users, so removing another stack never deletes it."""
-    from pcflow.aws.buckets import bucket_users, register_bucket_user
     from pcflow.naming import Component, shared_tags
 
     tags = shared_tags(created_by=stack, component=Component.STORAGE)
@@ -216,17 +222,6 @@ def _lifecycle_rules(s3: Any, name: str) -> list[dict[str, Any]]:
     except ClientError as error:
         if error_code(error) == "NoSuchLifecycleConfiguration":
             return []
-        raise
-
-
-def bucket_tags(s3: Any, name: str) -> dict[str, str]:
-    from botocore.exceptions import ClientError
-
-    try:
-        return {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=name).get("TagSet", [])}
-    except ClientError as error:
-        if error_code(error) == "NoSuchTagSet":
-            return {}
         raise
 
 

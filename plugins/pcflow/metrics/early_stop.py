@@ -1,31 +1,24 @@
 """Early stopping: cancel a trial whose objective stopped improving or diverged, as a decision, not a failure.
 
-`decide` is the rule (plain, tested alone); `evaluate` applies it to a trial's metrics file and
-`stop_trial` writes `early_stop.json` into the trial's directory before `scancel` — the job's wait
-then reports the trial as `stopped_early`, and so does the harvest. The pipeline gives the rule to the
-train task (`SlurmJobOperator(early_stopping=...)`), whose trigger checks each running trial as it
-confirms the job with slurmctld. `EarlyStoppingOperator` is the same check as a task of its own, for
+The rule is `pcflow.metrics.stopping.decide` (pure, tested alone); the wait applies it to a trial's
+metrics file and writes `early_stop.json` into the trial's directory before `scancel`
+(`HeadNodeTrigger.stop_trial`) — the job's wait then reports the trial as `stopped_early`, and so
+does the harvest. The pipeline gives the rule to the train task (`SlurmJobOperator(early_stopping=...)`),
+whose trigger checks each running trial as it confirms the job with slurmctld. `EarlyStoppingOperator` is the same check as a task of its own, for
 a job pcflow's train task did not submit: it finds the job from the run directory's `submitted` file.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import math
 import posixpath
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-import asyncssh
 from airflow.sdk import BaseOperator
 
-from pcflow.metrics.harvest import EARLY_STOP_FILE
-from pcflow.metrics.jsonlines import from_line_start, read_metric_lines
-from pcflow.metrics.series import Objective, group
+from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import SlurmHook
@@ -37,71 +30,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from pcflow.slurm.session import Seat, View
-
-
-#: How much of a running trial's metrics the rule reads: the latest evaluations, whatever the job wrote.
-METRICS_TAIL_BYTES = 8 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Decision:
-    stop: bool
-    reason: str = ""  # "diverged" | "no_improvement" | ""
-    evaluations: int = 0
-    best: float | None = None
-    last: float | None = None
-
-
-def decide(values: Sequence[float], objective: Objective, *, patience: int, min_delta: float = 0.0) -> Decision:
-    """Stop when the last value is NaN/inf, or when none of the last `patience` evaluations beat the
-    best before them by more than `min_delta`."""
-    if patience < 1:
-        raise ValueError("patience must be at least 1 evaluation")
-    if not values:
-        return Decision(False)
-    last = values[-1]
-    if not math.isfinite(last):
-        return Decision(True, "diverged", len(values), None, last)
-    finite = [v for v in values if math.isfinite(v)]
-    best_at, best = 0, finite[0]
-    for i, v in enumerate(finite):
-        if i and (v - best if objective.mode == "max" else best - v) > min_delta:
-            best_at, best = i, v
-    stale = len(finite) - 1 - best_at
-    return Decision(stale >= patience, "no_improvement" if stale >= patience else "", len(values), best, last)
-
-
-async def evaluate(
-    trigger: HeadNodeTrigger, sftp: asyncssh.SFTPClient, trial_dir: str, rule: dict[str, Any]
-) -> Decision:
-    """The rule (`{"objective", "patience", "min_delta"}`) applied to the last METRICS_TAIL_BYTES of the
-    trial's metrics, parsed in a thread: the triggerer's event loop serves every other wait meanwhile."""
-    tail = await trigger.read_tail(sftp, posixpath.join(trial_dir, "metrics.jsonl"), METRICS_TAIL_BYTES)
-    data, offset = tail or (b"", 0)
-    return await asyncio.to_thread(decide_from_lines, from_line_start(data, offset), rule)
-
-
-def decide_from_lines(data: bytes, rule: dict[str, Any]) -> Decision:
-    objective = Objective.parse(rule["objective"])
-    series = group(read_metric_lines(data).points).get(objective.name)
-    values = [p.value for p in series.points] if series else []
-    return decide(values, objective, patience=int(rule["patience"]), min_delta=float(rule.get("min_delta") or 0.0))
-
-
-async def stop_trial(seat: Seat, *, job_id: str, trial_dir: str, rule: dict[str, Any], decision: Decision) -> None:
-    """Record the decision, then scancel: the batch wrapper reads the record on SIGTERM and marks the
-    trial stopped early instead of failed."""
-    record = {
-        "job_id": job_id,
-        "run_dir": trial_dir,
-        "decision": asdict(decision),
-        "objective": Objective.parse(rule["objective"]).as_dict(),
-        "time": time.time(),
-    }
-    # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
-    async with seat.sftp.open(posixpath.join(trial_dir, EARLY_STOP_FILE), "wb") as fh:
-        await fh.write(json.dumps(record, default=str).encode())
-    await seat.run(["scancel", job_id])
 
 
 class EarlyStoppingTrigger(HeadNodeTrigger):
@@ -129,11 +57,10 @@ class EarlyStoppingTrigger(HeadNodeTrigger):
             return None  # not submitted yet
         job_id = submitted if self.element is None else f"{submitted}_{self.element}"
         marker = await self.read_json(sftp, posixpath.join(self.trial_dir, "exit.json"))
-        rule = self.early_stopping
-        decision = await evaluate(self, sftp, self.trial_dir, rule)
+        decision = await self.evaluate_trial(sftp, self.trial_dir)
         base = {"job_id": job_id, "run_dir": self.trial_dir, "decision": asdict(decision)}
         if decision.stop and not marker:
-            await stop_trial(seat, job_id=job_id, trial_dir=self.trial_dir, rule=rule, decision=decision)
+            await self.stop_trial(seat, job_id=job_id, trial_dir=self.trial_dir, decision=decision)
             return {**base, "status": "success", "outcome": "stopped_early"}
         if marker and str(marker.get("job_id")) == job_id:
             return {**base, "status": "success", "outcome": "finished"}

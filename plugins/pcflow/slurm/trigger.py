@@ -30,6 +30,9 @@ import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow.budget import CostMeter
+from pcflow.metrics.harvest import EARLY_STOP_FILE
+from pcflow.metrics.jsonlines import from_line_start
+from pcflow.metrics.stopping import METRICS_TAIL_BYTES, Decision, decide_from_lines, stop_record
 from pcflow.slurm import session
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import (
@@ -196,14 +199,28 @@ class HeadNodeTrigger(BaseTrigger):
         other task has to: nothing waits for a job that was never submitted)."""
         if not self.early_stopping or job_id in self.stopped_early:
             return
-        from pcflow.metrics.early_stop import evaluate, stop_trial
-
-        decision = await evaluate(self, seat.sftp, trial_dir, self.early_stopping)
+        decision = await self.evaluate_trial(seat.sftp, trial_dir)
         if decision.stop:
-            await stop_trial(seat, job_id=job_id, trial_dir=trial_dir, rule=self.early_stopping, decision=decision)
+            await self.stop_trial(seat, job_id=job_id, trial_dir=trial_dir, decision=decision)
             self.stopped_early.add(job_id)
-            self.log.info("Stopping Slurm job %s early: %s after %d evaluations", job_id, decision.reason,
-                          decision.evaluations)  # fmt: skip
+            self.log.info(
+                "Stopping Slurm job %s early: %s after %d evaluations", job_id, decision.reason, decision.evaluations
+            )
+
+    async def evaluate_trial(self, sftp: asyncssh.SFTPClient, trial_dir: str) -> Decision:
+        """The rule applied to the last METRICS_TAIL_BYTES of the trial's metrics, parsed in a thread: the
+        triggerer's event loop serves every other wait meanwhile."""
+        tail = await self.read_tail(sftp, posixpath.join(trial_dir, "metrics.jsonl"), METRICS_TAIL_BYTES)
+        data, offset = tail or (b"", 0)
+        return await asyncio.to_thread(decide_from_lines, from_line_start(data, offset), self.early_stopping or {})
+
+    async def stop_trial(self, seat: Seat, *, job_id: str, trial_dir: str, decision: Decision) -> None:
+        """Record the decision, then scancel: the batch wrapper reads the record on SIGTERM and marks the
+        trial stopped early instead of failed."""
+        record = stop_record(job_id=job_id, trial_dir=trial_dir, rule=self.early_stopping or {}, decision=decision)
+        async with seat.sftp.open(posixpath.join(trial_dir, EARLY_STOP_FILE), "wb") as fh:
+            await fh.write(record)
+        await seat.run(["scancel", job_id])
 
     async def meter_cost(self, seat: Seat, infos: list[JobInfo] | None) -> None:
         """Log the cost so far at its cadence (`infos`: Slurm's fresh answer, if this view has one); at the

@@ -18,9 +18,9 @@ from stacktools import REPO, LocalStack
 from taskcontext import first_event, make_context
 
 from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
-from pcflow.metrics.early_stop import METRICS_TAIL_BYTES, evaluate
 from pcflow.metrics.harvest import MAX_LOG_BYTES, MAX_METRICS_BYTES, MAX_UTILISATION_BYTES, JobRef, harvest_job
 from pcflow.metrics.jsonlines import MAX_METRIC_NAMES
+from pcflow.metrics.stopping import METRICS_TAIL_BYTES
 from pcflow.runspec import RunSpecError, resolve_run_spec
 from pcflow.slurm.hook import SMALL_FILE_BYTES, SlurmHook
 from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
@@ -204,8 +204,10 @@ def test_harvest_of_huge_files_reads_their_tails_only(hostile_run_dir: Path):
 
 @pytest.mark.stack
 def test_early_stopping_reads_a_bounded_tail_off_the_event_loop(hostile_run_dir: Path):
-    trigger = SlurmJobTrigger(ssh_conn_id="slurm_default", job_id="1", run_dir=str(hostile_run_dir))
     rule = {"objective": {"name": "loss", "mode": "min"}, "patience": 1}
+    trigger = SlurmJobTrigger(
+        ssh_conn_id="slurm_default", job_id="1", run_dir=str(hostile_run_dir), early_stopping=rule
+    )
     read = []
 
     async def check() -> tuple:
@@ -220,7 +222,7 @@ def test_early_stopping_reads_a_bounded_tail_off_the_event_loop(hostile_run_dir:
 
             trigger.read_tail = counting_tail
             marker = await trigger.read_json(sftp, str(hostile_run_dir / "exit.json"))
-            return marker, await evaluate(trigger, sftp, str(hostile_run_dir), rule)
+            return marker, await trigger.evaluate_trial(sftp, str(hostile_run_dir))
 
     marker, decision = asyncio.run(check())
     assert marker is None  # a list is not a marker

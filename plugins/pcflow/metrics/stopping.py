@@ -1,0 +1,70 @@
+"""The early-stopping rule, pure: a trial's objective values in, a decision out.
+
+No I/O and no Slurm: the wait that watches a running trial (`pcflow.slurm.trigger`) reads the metrics
+and writes the stop record; this module only decides, so both the trigger and the early-stopping
+operator import it without importing each other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pcflow.metrics.jsonlines import read_metric_lines
+from pcflow.metrics.series import Objective, group
+
+#: How much of a running trial's metrics the rule reads: the latest evaluations, whatever the job wrote.
+METRICS_TAIL_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: bool
+    reason: str = ""  # "diverged" | "no_improvement" | ""
+    evaluations: int = 0
+    best: float | None = None
+    last: float | None = None
+
+
+def decide(values: Sequence[float], objective: Objective, *, patience: int, min_delta: float = 0.0) -> Decision:
+    """Stop when the last value is NaN/inf, or when none of the last `patience` evaluations beat the
+    best before them by more than `min_delta`."""
+    if patience < 1:
+        raise ValueError("patience must be at least 1 evaluation")
+    if not values:
+        return Decision(False)
+    last = values[-1]
+    if not math.isfinite(last):
+        return Decision(True, "diverged", len(values), None, last)
+    finite = [v for v in values if math.isfinite(v)]
+    best_at, best = 0, finite[0]
+    for i, v in enumerate(finite):
+        if i and (v - best if objective.mode == "max" else best - v) > min_delta:
+            best_at, best = i, v
+    stale = len(finite) - 1 - best_at
+    return Decision(stale >= patience, "no_improvement" if stale >= patience else "", len(values), best, last)
+
+
+def decide_from_lines(data: bytes, rule: dict[str, Any]) -> Decision:
+    """The rule (`{"objective", "patience", "min_delta"}`) applied to metrics lines (JSON lines)."""
+    objective = Objective.parse(rule["objective"])
+    series = group(read_metric_lines(data).points).get(objective.name)
+    values = [p.value for p in series.points] if series else []
+    return decide(values, objective, patience=int(rule["patience"]), min_delta=float(rule.get("min_delta") or 0.0))
+
+
+def stop_record(*, job_id: str, trial_dir: str, rule: dict[str, Any], decision: Decision) -> bytes:
+    """What `early_stop.json` holds. json.dumps' default spacing: the batch wrapper greps for
+    `"job_id": "<its id>"` on SIGTERM and marks the trial stopped early instead of failed."""
+    record = {
+        "job_id": job_id,
+        "run_dir": trial_dir,
+        "decision": asdict(decision),
+        "objective": Objective.parse(rule["objective"]).as_dict(),
+        "time": time.time(),
+    }
+    return json.dumps(record, default=str).encode()

@@ -1,0 +1,74 @@
+"""pcflow's modules import each other in one direction: no cycle, counting the imports made inside
+functions too (a cycle that only a deferred import hides is still two modules that cannot change alone)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from dagrun import REPO
+
+PLUGINS = REPO / "plugins"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PLUGINS).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every pcflow module -> the pcflow modules it imports, anywhere in its body."""
+    modules = {module_name(p): p for p in (PLUGINS / "pcflow").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_pcflow_has_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_early_stopping_rule_is_pure():
+    graph = import_graph()
+    assert "pcflow.metrics.stopping" in graph["pcflow.slurm.trigger"]
+    assert not {m for m in graph["pcflow.metrics.stopping"] if m.startswith("pcflow.slurm")}
+
+
+def test_a_cycle_is_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
