@@ -18,6 +18,9 @@ and lives only in this server, which only the local stack starts: no deployment 
   them, and ParallelCluster's dry run refuses an image of no architecture for any instance type).
 - CreateImage applies TagSpecifications of ResourceType `snapshot` to the image's snapshots, as EC2
   documents (moto raises NotImplementedError), so the bake tags them in the create call as on AWS.
+- SSM DescribeInstanceInformation (moto lacks it): every running instance of the region that was
+  launched with an instance profile is a managed node whose agent is `Online` (on AWS the agent
+  registers once the profile lets it reach SSM), so the AMI bake's wait for the agent runs here too.
 - `POST /moto-api/static/fsx/task-outcomes` with `{"results": [{"Lifecycle": "FAILED", "Message": ...,
   "Seconds": 2}]}`: how the next data repository tasks end, one result each, and how long each stays
   EXECUTING first (a test's failed export, or one still running when its task looks; by default a task
@@ -53,6 +56,7 @@ from moto.fsx.models import FSxBackend, fsx_backends
 from moto.fsx.responses import FSxResponse
 from moto.moto_api._internal import urls as moto_api_urls
 from moto.s3.models import FakeKey, s3_backends
+from moto.ssm.responses import SimpleSystemManagerResponse
 
 ACTIVE = ("PENDING", "EXECUTING")
 
@@ -397,6 +401,31 @@ def get_console_output(self: Any) -> Any:
     return result
 
 
+def describe_instance_information(self: SimpleSystemManagerResponse) -> str:
+    """SSM's DescribeInstanceInformation with the `InstanceIds` filter (the one the bake uses)."""
+    wanted: set[str] | None = None
+    for item in self._get_param("Filters") or []:
+        if item.get("Key") == "InstanceIds":
+            wanted = set(item.get("Values", []))
+    managed = []
+    for instance in ec2_backends[self.current_account][self.region].all_instances():
+        if instance.state != "running" or not instance.iam_instance_profile or (wanted and instance.id not in wanted):
+            continue
+        managed.append(
+            {
+                "InstanceId": instance.id,
+                "PingStatus": "Online",
+                "LastPingDateTime": time.time(),
+                "AgentVersion": "3.3.0.0",
+                "IsLatestVersion": True,
+                "PlatformType": "Linux",
+                "ResourceType": "EC2Instance",
+                "IPAddress": instance.private_ip,
+            }
+        )
+    return json.dumps({"InstanceInformationList": managed})
+
+
 _register_image = ec2_amis.AmisResponse.register_image
 REGISTERED_ATTRIBUTES = {"Architecture": "architecture", "VirtualizationType": "virtualization_type",
                          "RootDeviceName": "root_device_name"}  # fmt: skip
@@ -434,6 +463,7 @@ def install() -> None:
     ):  # fmt: skip
         setattr(FSxResponse, handler.__name__, handler)
     ec2_general.General.get_console_output = get_console_output
+    SimpleSystemManagerResponse.describe_instance_information = describe_instance_information
     ec2_amis.AmisResponse.register_image = register_image
     ec2_amis_models.AmiBackend.create_image = create_image
     moto_api_urls.url_paths["{0}/moto-api/static/ec2/console-output"] = set_console_output

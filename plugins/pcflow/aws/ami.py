@@ -24,6 +24,8 @@ from typing import Any
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import refresh_expiry, tag_equals, tag_specifications
+from pcflow.errors import PcflowError, ServiceFailed, WaitFailed
+from pcflow.events import SUCCESS, validate_event
 from pcflow.naming import TAG_EXPIRES, TAG_STACK, Component, digest, resource_name, standard_tags
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ BUILDER_TTL = dt.timedelta(hours=6)
 PCLUSTER_OSES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9")
 
 
-class BootstrapFailed(RuntimeError):
+class BootstrapFailed(ServiceFailed):
     """The bootstrap script failed on the builder; the message carries its output."""
 
 
@@ -86,6 +88,70 @@ class AmiSpec:
         exports = [f"export {name}={shlex.quote(value)}" for name, value in sorted(self.script_env.items())]
         return [*exports, self.bootstrap_script]
         object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
+
+
+#: SSM command statuses after which the bootstrap is sent again (by a new try: a try that saw its own
+#: command fail raises BootstrapFailed with the output).
+COMMAND_FAILED = ("Failed", "Cancelled", "TimedOut", "Cancelling")
+
+
+@dataclass(frozen=True)
+class BakeWait:
+    """What the bake waits for next: a botocore waiter (`name`) on `service`, with its arguments; the
+    worker waits on it (`_Bake.wait`) or the operator defers it (`trigger`)."""
+
+    service: str
+    name: str
+    args: dict[str, Any]
+    what: str
+    status_queries: tuple[str, ...]
+    max_attempts: int = 40
+
+    @classmethod
+    def instance(cls, instance_id: str, name: str) -> BakeWait:
+        status = ("Reservations[0].Instances[0].State.Name",)
+        return cls("ec2", name, {"InstanceIds": [instance_id]}, f"builder {instance_id}", status)
+
+    @classmethod
+    def agent_online(cls, instance_id: str) -> BakeWait:
+        args = {"Filters": [{"Key": "InstanceIds", "Values": [instance_id]}]}
+        return cls(
+            "ssm", "AgentOnline", args, f"SSM agent of {instance_id}", ("InstanceInformationList[0].PingStatus",)
+        )
+
+    @classmethod
+    def bootstrap(cls, command_id: str, instance_id: str) -> BakeWait:
+        args = {"CommandId": command_id, "InstanceId": instance_id}
+        return cls("ssm", "command_executed", args, f"bootstrap on {instance_id}", ("Status",), 240)
+
+    @classmethod
+    def image_available(cls, image_id: str) -> BakeWait:
+        return cls("ec2", "image_available", {"ImageIds": [image_id]}, f"image {image_id}", ("Images[0].State",), 240)
+
+    def waiter(self, client: Any) -> Any:
+        """botocore's waiter, or pcflow's own (`waiters/<service>.json`) for what botocore has none of."""
+        from pcflow.aws.waits import custom_waiter
+
+        return custom_waiter(client, self.service, self.name) or client.get_waiter(self.name)
+
+    def trigger(self, *, waiter_delay: int, **connection: Any) -> Any:
+        """The same wait in the triggerer."""
+        from pcflow.aws import waits
+
+        if self.name == "image_available":
+            return waits.ImageAvailableTrigger(
+                image_id=self.args["ImageIds"][0], waiter_delay=waiter_delay, **connection
+            )
+        return waits.BakeWaitTrigger(
+            service=self.service,
+            waiter=self.name,
+            args=self.args,
+            what=self.what,
+            status_queries=list(self.status_queries),
+            waiter_delay=waiter_delay,
+            waiter_max_attempts=self.max_attempts,
+            **connection,
+        )
 
 
 def load_script(path: str | Path) -> str:
@@ -219,70 +285,78 @@ class _Bake:
         log.info("launched builder %s (%s) from %s", instance_id, self.spec.instance_type, self.base_image)
         return instance_id
 
-    def wait_running(self, instance_id: str) -> None:
-        wait_logged(
-            self.ec2.get_waiter("instance_running"), {"InstanceIds": [instance_id]}, what=f"builder {instance_id}",
-            status_args=["Reservations[0].Instances[0].State.Name"], delay=self.waiter_delay,
-        )  # fmt: skip
-        if self.spec.wait_for_ssm_agent:
-            self._wait_ssm_online(instance_id)
+    def builder_state(self, instance_id: str) -> str:
+        reservations = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        return reservations[0]["Instances"][0]["State"]["Name"]
 
-    def _wait_ssm_online(self, instance_id: str, attempts: int = 40) -> None:
-        import time
+    def agent_online(self, instance_id: str) -> bool:
+        wanted = [{"Key": "InstanceIds", "Values": [instance_id]}]
+        info = self.ssm.describe_instance_information(Filters=wanted).get("InstanceInformationList", [])
+        return bool(info) and info[0].get("PingStatus") == "Online"
 
-        for attempt in range(1, attempts + 1):
-            info = self.ssm.describe_instance_information(
-                Filters=[{"Key": "InstanceIds", "Values": [instance_id]}]
-            ).get("InstanceInformationList", [])
-            status = info[0].get("PingStatus") if info else "not registered"
-            log.info("SSM agent of %s: %s (attempt %s/%s)", instance_id, status, attempt, attempts)
-            if status == "Online":
-                return
-            time.sleep(self.waiter_delay)
-        raise RuntimeError(
-            f"the SSM agent on builder {instance_id} never came online; check that instance profile "
-            f"{self.spec.instance_profile} has AmazonSSMManagedInstanceCore and the subnet reaches SSM"
-        )
+    def bootstrap_command(self, instance_id: str) -> dict[str, Any] | None:
+        """The newest bootstrap command of this recipe on the builder, found by its comment after a crash."""
+        commands = self.ssm.list_commands(InstanceId=instance_id)["Commands"]
+        mine = [c for c in commands if c["Comment"] == self.comment]
+        return max(mine, key=lambda c: str(c.get("RequestedDateTime", ""))) if mine else None
 
-    def run_bootstrap(self, instance_id: str) -> str:
-        """Send the script once (found again by its comment after a crash) and wait for it."""
-        comment = f"pcflow bootstrap {self.recipe}"
-        previous = [c for c in self.ssm.list_commands(InstanceId=instance_id)["Commands"] if c["Comment"] == comment]
-        if previous and previous[0]["Status"] not in ("Failed", "Cancelled", "TimedOut"):
-            command_id = previous[0]["CommandId"]
-        else:
-            command_id = self.ssm.send_command(
-                InstanceIds=[instance_id],
-                DocumentName="AWS-RunShellScript",
-                Comment=comment,
-                Parameters={"commands": self.spec.commands()},
-                TimeoutSeconds=600,
-            )["Command"]["CommandId"]
-            log.info("bootstrap command %s sent to %s", command_id, instance_id)
-        args = {"CommandId": command_id, "InstanceId": instance_id}
-        try:
-            wait_logged(
-                self.ssm.get_waiter("command_executed"), args, what=f"bootstrap on {instance_id}",
-                status_args=["Status"], delay=self.waiter_delay, max_attempts=240,
-            )  # fmt: skip
-        except Exception as error:
-            out = self.ssm.get_command_invocation(**args)
-            raise BootstrapFailed(
-                f"the bootstrap script failed on builder {instance_id} (status {out.get('Status')}, exit code "
-                f"{out.get('ResponseCode')}).\n--- stdout ---\n{out.get('StandardOutputContent', '')}\n"
-                f"--- stderr ---\n{out.get('StandardErrorContent', '')}"
-            ) from error
+    @property
+    def comment(self) -> str:
+        return f"pcflow bootstrap {self.recipe}"
+
+    def send_bootstrap(self, instance_id: str) -> str:
+        command_id = self.ssm.send_command(
+            InstanceIds=[instance_id],
+            DocumentName="AWS-RunShellScript",
+            Comment=self.comment,
+            Parameters={"commands": self.spec.commands()},
+            TimeoutSeconds=600,
+        )["Command"]["CommandId"]
+        log.info("bootstrap command %s sent to %s", command_id, instance_id)
         return command_id
 
+    def check_bootstrap(self, command_id: str, instance_id: str) -> None:
+        """Raise BootstrapFailed with the script's output unless the command succeeded."""
+        out = self.ssm.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
+        if out.get("Status") == "Success":
+            return
+        raise BootstrapFailed(
+            f"the bootstrap script failed on builder {instance_id} (status {out.get('Status')}, exit code "
+            f"{out.get('ResponseCode')}).\n--- stdout ---\n{out.get('StandardOutputContent', '')}\n"
+            f"--- stderr ---\n{out.get('StandardErrorContent', '')}"
+        )
+
+    def next_step(self) -> BakeWait | str:
+        """The bake's next wait, from what AWS shows now (so a retry resumes where a crash left off), or
+        the id of the available image. Acts only where nothing was done yet: launch, send, stop, image."""
+        image = find_image(self.ec2, self.spec.stack, self.recipe)
+        if image is not None:
+            return image["ImageId"] if image["State"] == "available" else BakeWait.image_available(image["ImageId"])
+        builder = self.launch_builder()
+        state = self.builder_state(builder)
+        command = self.bootstrap_command(builder)
+        if command is None or command["Status"] in COMMAND_FAILED:
+            if state == "pending":
+                return BakeWait.instance(builder, "instance_running")
+            if state != "running":
+                raise PcflowError(f"builder {builder} is {state} before its bootstrap; a retry launches another")
+            if self.spec.wait_for_ssm_agent and not self.agent_online(builder):
+                return BakeWait.agent_online(builder)
+            return BakeWait.bootstrap(self.send_bootstrap(builder), builder)
+        if command["Status"] != "Success":
+            return BakeWait.bootstrap(command["CommandId"], builder)
+        return self.image_step(builder, state)
+
+    def image_step(self, builder: str, state: str) -> BakeWait:
+        """After a successful bootstrap: stop the builder, then image it."""
+        if state in ("pending", "running"):
+            self.ec2.stop_instances(InstanceIds=[builder])
+            return BakeWait.instance(builder, "instance_stopped")
+        if state == "stopping":
+            return BakeWait.instance(builder, "instance_stopped")
+        return BakeWait.image_available(self.create_image(builder))
+
     def create_image(self, instance_id: str) -> str:
-        found = find_image(self.ec2, self.spec.stack, self.recipe)
-        if found:
-            return found["ImageId"]
-        self.ec2.stop_instances(InstanceIds=[instance_id])
-        wait_logged(
-            self.ec2.get_waiter("instance_stopped"), {"InstanceIds": [instance_id]}, what=f"builder {instance_id}",
-            status_args=["Reservations[0].Instances[0].State.Name"], delay=self.waiter_delay,
-        )  # fmt: skip
         image_id = self.ec2.create_image(
             InstanceId=instance_id,
             Name=self.name,
@@ -298,11 +372,23 @@ class _Bake:
         lets pcflow tag only as it creates, and later move an expiry on)."""
         self.ec2.modify_image_attribute(ImageId=image_id, ImdsSupport={"Value": "v2.0"})
 
-    def wait_available(self, image_id: str) -> None:
-        wait_logged(
-            self.ec2.get_waiter("image_available"), {"ImageIds": [image_id]}, what=f"image {image_id}",
-            status_args=["Images[0].State"], delay=self.waiter_delay, max_attempts=240,
-        )  # fmt: skip
+    def wait(self, step: BakeWait) -> None:
+        """A step's wait in this process (the operator defers it instead)."""
+        client = self.ssm if step.service == "ssm" else self.ec2
+        try:
+            wait_logged(
+                step.waiter(client),
+                step.args,
+                what=step.what,
+                status_args=list(step.status_queries),
+                delay=self.waiter_delay,
+                max_attempts=step.max_attempts,
+            )
+        except Exception:
+            if step.name != "command_executed":
+                raise
+        if step.name == "command_executed":
+            self.check_bootstrap(step.args["CommandId"], step.args["InstanceId"])
 
     def terminate_builder(self, instance_id: str | None) -> None:
         for candidate in {instance_id, self.find_builder()} - {None}:
@@ -324,23 +410,19 @@ def prepare_bake(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -
 
 
 def bake_image(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -> dict[str, Any]:
-    """Ensure an available image of the recipe; returns `{"image_id", "recipe_hash", "reused"}`."""
+    """Ensure an available image of the recipe, waiting in this process; returns `{"image_id",
+    "recipe_hash", "reused"}`. The builder is terminated at the end, also when a step failed."""
     bake, found = prepare_bake(ec2, ssm, spec, waiter_delay=waiter_delay)
     if found and found["State"] == "available":
         return bake.reuse(found)
-    builder = None
     try:
-        if found is None:
-            builder = bake.launch_builder()
-            bake.wait_running(builder)
-            bake.run_bootstrap(builder)
-            image_id = bake.create_image(builder)
-        else:
-            image_id = found["ImageId"]
-        bake.wait_available(image_id)
+        step = bake.next_step()
+        while isinstance(step, BakeWait):
+            bake.wait(step)
+            step = bake.next_step()
     finally:
-        bake.terminate_builder(builder)
-    return {"image_id": image_id, "recipe_hash": bake.recipe, "reused": found is not None}
+        bake.terminate_builder(None)
+    return {"image_id": step, "recipe_hash": bake.recipe, "reused": found is not None}
 
 
 def delete_image(ec2: Any, image_id: str) -> list[str]:
@@ -368,8 +450,11 @@ def delete_image(ec2: Any, image_id: str) -> list[str]:
 class BakeImageOperator(PcflowAwsOperator):
     """Ensure the stack's custom AMI; returns `{"image_id", "recipe_hash", "reused"}`.
 
-    Builder launch, bootstrap and CreateImage run in the worker; the wait for the image (the longest
-    part) is deferred to the triggerer. The builder is terminated on failure, on kill and at the end.
+    Each step (launch the builder, send the bootstrap, stop the builder, CreateImage) runs in the worker
+    and each wait after it is deferred to the triggerer: the builder running, its SSM agent online, the
+    bootstrap ended, the builder stopped, the image available. A resume reads the bake's state from AWS
+    again, so a retry after a crash resumes and creates nothing twice. The builder is terminated on
+    failure, on kill and at the end.
 
     :param environment_file: requirements of the training environment the image holds (the payload's
         `requirements.txt`): handed to the bootstrap script as PCFLOW_PAYLOAD_REQUIREMENTS, part of the
@@ -418,7 +503,6 @@ class BakeImageOperator(PcflowAwsOperator):
         self.base_image_owners = base_image_owners
         self.os, self.architecture, self.extra_inputs = os, architecture, extra_inputs
         self.deferrable, self.waiter_delay, self.wait_for_ssm_agent = deferrable, waiter_delay, wait_for_ssm_agent
-        self._builder: str | None = None
         self._bake: _Bake | None = None
 
     def spec(self) -> AmiSpec:
@@ -454,35 +538,44 @@ class BakeImageOperator(PcflowAwsOperator):
         if found and found["State"] == "available":
             bake.terminate_builder(None)  # left by an attempt that died after CreateImage, if any
             return bake.reuse(found)
-        try:
-            if found is None:
-                self._builder = bake.launch_builder()
-                bake.wait_running(self._builder)
-                bake.run_bootstrap(self._builder)
-                image_id = bake.create_image(self._builder)
-            else:
-                image_id = found["ImageId"]
-        except BaseException:
-            bake.terminate_builder(self._builder)
-            raise
-        from pcflow.aws.waits import ImageAvailableTrigger
+        return self.advance(bake)
 
+    def advance(self, bake: _Bake) -> dict[str, Any]:
+        """Take the bake's next step and defer its wait; once the image is available, terminate the builder
+        and return the image. Each resume finds the state again in AWS, so nothing rides in the deferral."""
+        try:
+            step = bake.next_step()
+        except Exception:
+            bake.terminate_builder(None)
+            raise
+        if isinstance(step, str):
+            bake.terminate_builder(None)
+            return {"image_id": step, "recipe_hash": bake.recipe, "reused": False}
+        self.log.info("AMI bake of recipe %s: waiting for %s (%s)", bake.recipe, step.what, step.name)
         self.defer(
-            trigger=ImageAvailableTrigger(image_id=image_id, waiter_delay=self.waiter_delay, **self.trigger_aws_kwargs),
+            trigger=step.trigger(waiter_delay=self.waiter_delay, **self.trigger_aws_kwargs),
             method_name="execute_complete",
         )
         raise AssertionError("unreachable: defer raises")  # pragma: no cover
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
-        # The recipe is recomputed, not carried in the deferral's kwargs: `dag.test` drops those, and
-        # without the recipe the builder (found by its recipe tag) would be left running.
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Back from one of the bake's waits: on to the next step, or fail with the reason (the builder
+        terminated). The recipe is recomputed, not carried in the deferral's kwargs: `dag.test` drops those."""
         bake, _ = prepare_bake(self.ec2, self.client("ssm"), self.spec(), waiter_delay=self.waiter_delay)
-        bake.terminate_builder(None)  # the worker that launched it is gone
-        event = event or {}
-        if event.get("status") != "success":
-            raise RuntimeError(f"image {event.get('image_id')} did not become available: {event.get('message')}")
-        return {"image_id": event["image_id"], "recipe_hash": bake.recipe, "reused": False}
+        self._bake = bake
+        event = validate_event(event, task=self.task_id)
+        if event["status"] == SUCCESS:
+            return self.advance(bake)
+        waited = event.get("waited") or {}
+        try:
+            if waited.get("waiter") == "command_executed":
+                bake.check_bootstrap(waited["CommandId"], waited["InstanceId"])  # BootstrapFailed, with its output
+                return self.advance(bake)  # it ended well after the trigger gave up
+            raise WaitFailed(f"AMI bake of recipe {bake.recipe}: {event.get('message') or event['status']}")
+        except Exception:
+            bake.terminate_builder(None)
+            raise
 
     def on_kill(self) -> None:
         if self._bake is not None:
-            self._bake.terminate_builder(self._builder)
+            self._bake.terminate_builder(None)

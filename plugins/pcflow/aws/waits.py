@@ -8,6 +8,7 @@ region_name, verify, botocore_config) goes to the Amazon provider's AwsBaseWaite
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -16,17 +17,37 @@ from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
 from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
 
+WAITERS = Path(__file__).parent / "waiters"
 
-class FsxHook(AwsBaseHook):
+
+class PcflowWaiterHook(AwsBaseHook):
+    """A client hook that knows pcflow's own waiters (`waiters/<service>.json`) beside botocore's."""
+
+    @cached_property
+    def waiter_path(self) -> Path | None:
+        path = WAITERS / f"{self.client_type}.json"
+        return path if path.is_file() else None
+
+
+class FsxHook(PcflowWaiterHook):
     """FSx client hook with pcflow's custom waiter (`DataRepositoryTaskComplete`, waiters/fsx.json)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs["client_type"] = "fsx"
         super().__init__(*args, **kwargs)
 
-    @cached_property
-    def waiter_path(self) -> Path:
-        return Path(__file__).parent / "waiters" / "fsx.json"
+
+def custom_waiter(client: Any, service: str, name: str) -> Any | None:
+    """pcflow's waiter `name` for a plain boto3 client (None when `waiters/<service>.json` has none)."""
+    path = WAITERS / f"{service}.json"
+    if not path.is_file():
+        return None
+    model = json.loads(path.read_text())
+    if name not in model["waiters"]:
+        return None
+    from botocore.waiter import WaiterModel, create_waiter_with_client
+
+    return create_waiter_with_client(name, WaiterModel(model), client)
 
 
 class FsxDataRepositoryTaskTrigger(AwsBaseWaiterTrigger):
@@ -91,3 +112,45 @@ class ImageAvailableTrigger(AwsBaseWaiterTrigger):
     @property
     def _hook_parameters(self) -> dict[str, Any]:
         return {**super()._hook_parameters, "api_type": "client_type"}
+
+
+class BakeWaitTrigger(AwsBaseWaiterTrigger):
+    """Waits in the triggerer for one step of an AMI bake (builder running or stopped, SSM agent online,
+    bootstrap command ended): a botocore waiter or pcflow's own on `service`, status logged each poll.
+    A failed wait is an event with status `error`; the operator reads the reason from AWS."""
+
+    def __init__(
+        self,
+        *,
+        service: str,
+        waiter: str,
+        args: dict[str, Any],
+        what: str,
+        status_queries: list[str],
+        waiter_delay: int = 30,
+        waiter_max_attempts: int = 40,
+        **connection: Any,
+    ):
+        super().__init__(
+            serialized_fields={
+                "service": service,
+                "waiter": waiter,
+                "args": args,
+                "what": what,
+                "status_queries": status_queries,
+            },
+            waiter_name=waiter,
+            waiter_args=args,
+            failure_message=f"{what} did not reach the expected state",
+            status_message=what,
+            status_queries=status_queries,
+            return_key="waited",
+            return_value={"waiter": waiter, **args},
+            waiter_delay=waiter_delay,
+            waiter_max_attempts=waiter_max_attempts,
+            **connection,
+        )
+        self.service = service
+
+    def hook(self) -> PcflowWaiterHook:
+        return PcflowWaiterHook(client_type=self.service, **self._hook_parameters)

@@ -1,7 +1,7 @@
 """AMI bake against the moto server. Emulated: moto's SSM `send_command` does not run the script
-(it reports Success with empty output), and it lacks DescribeInstanceInformation, so the SSM-agent
-wait is off; the failing-script test rewrites GetCommandInvocation's answer in botocore's
-after-call hook to what SSM returns for a failed script."""
+(it reports Success with empty output), and the SSM agent is the local stack's stand-in (a builder
+launched with an instance profile is Online); the failing-script test rewrites GetCommandInvocation's
+answer in botocore's after-call hook to what SSM returns for a failed script."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def spec(aws, stack, base_image, profile):
         values = {
             "stack": stack, "region": "us-east-1", "pcluster_version": VERSION, "bootstrap_script": SCRIPT,
             "instance_profile": profile, "subnet_id": ids.head_subnet_id, "instance_type": "t3.micro",
-            "base_image_id": base_image, "wait_for_ssm_agent": False, **overrides,
+            "base_image_id": base_image, **overrides,
         }  # fmt: skip
         return AmiSpec(**values)
 
