@@ -4,8 +4,9 @@ The rule is `pcflow.metrics.stopping.decide` (pure, tested alone); the wait appl
 metrics file and writes `early_stop.json` into the trial's directory before `scancel`
 (`HeadNodeTrigger.stop_trial`) — the job's wait then reports the trial as `stopped_early`, and so
 does the harvest. The pipeline gives the rule to the train task (`SlurmJobOperator(early_stopping=...)`),
-whose trigger checks each running trial as it confirms the job with slurmctld. `EarlyStoppingOperator` is the same check as a task of its own, for
-a job pcflow's train task did not submit: it finds the job from the run directory's `submitted` file.
+whose trigger checks each running trial as it confirms the job with slurmctld. `EarlyStoppingOperator`
+is the same check as a task of its own, for a job pcflow's train task did not submit: it finds the job
+from the run directory's `submitted` file.
 """
 
 from __future__ import annotations
