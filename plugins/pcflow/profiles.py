@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from pcflow.errors import ConfigurationError
 from pcflow.merge import deep_merge
 from pcflow.paths import profile_dirs, profile_names
 from pcflow.patterns import PROFILE_NAME
@@ -19,7 +20,7 @@ from pcflow.patterns import PROFILE_NAME
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class RunSpecError(ValueError):
+class RunSpecError(ConfigurationError):
     """The run's settings are invalid; the message lists every field that is wrong and why."""
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcflow.aws.clients import error_code
+from pcflow.errors import ResourceConflict
 from pcflow.naming import TAG_COMPONENT, TAG_CREATED_BY, validate_stack_name
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class Difference:
         return f"{self.setting}: {self.found} ({self.why})"
 
 
-class BucketSettingsDiffer(RuntimeError):
+class BucketSettingsDiffer(ResourceConflict):
     """An existing bucket lacks a setting pcflow needs; pcflow does not change another owner's bucket."""
 
 

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pcflow.errors import ServiceFailed
+
 if TYPE_CHECKING:
     from botocore.config import Config
 
@@ -107,7 +109,7 @@ def error_message(error: BaseException) -> str:
     return str(error)
 
 
-class AwsCallFailed(Exception):
+class AwsCallFailed(ServiceFailed):
     """An AWS call that reports failure in its response body (e.g. DeleteVpcEndpoints' `Unsuccessful`)."""
 
     def __init__(self, code: str, message: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from pcflow.errors import ResourceConflict
 from pcflow.naming import TAG_EXPIRES, aws_tags
 
 
@@ -24,7 +25,7 @@ def tag_equals(key: str, value: str) -> dict[str, Any]:
     return {"Name": f"tag:{key}", "Values": [value]}
 
 
-class DuplicateResources(RuntimeError):
+class DuplicateResources(ResourceConflict):
     """More than one resource carries an identity that must be unique: pcflow will not guess which."""
 
 

@@ -21,6 +21,7 @@ from pcflow.cluster.config import TAG_CONFIG_HASH, TAG_SHAPE_HASH, RenderedConfi
 from pcflow.cluster.info import ClusterInfo, Partition
 from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError
 from pcflow.cluster.spec import ClusterSpec, check_instance_type
+from pcflow.errors import PcflowError, ResourceConflict, ServiceFailed
 from pcflow.naming import TAG_EXPIRES, TAG_RUN, TAG_STACK, Component, expiry_advances, resource_name, standard_tags
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def export_attempts(delay: int, at_least: int = 40) -> int:
     return max(at_least, EXPORT_WAIT_LIMIT_S // max(delay, 1))
 
 
-class ClusterMismatch(RuntimeError):
+class ClusterMismatch(ResourceConflict):
     """A cluster with this name exists with another configuration."""
 
 
@@ -75,15 +76,15 @@ def check_owner(name: str, described: Mapping[str, Any], owner: tuple[str | None
         )
 
 
-class ClusterCreateFailed(RuntimeError):
+class ClusterCreateFailed(ServiceFailed):
     """Creation failed; the message carries the failure codes, stack events and bootstrap log lines."""
 
 
-class ClusterBusy(RuntimeError):
+class ClusterBusy(PcflowError):
     """The cluster is in a state that allows no action now (e.g. being deleted)."""
 
 
-class HostKeyUnavailable(RuntimeError):
+class HostKeyUnavailable(PcflowError):
     """The head node's SSH host key is not (yet) in its console output."""
 
 

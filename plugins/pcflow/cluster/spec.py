@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pcflow.aws.clients import error_code, validate_region
+from pcflow.errors import ConfigurationError
 from pcflow.naming import AWS_TAG_VALUE_RE, TAG_PREFIX
 
 #: ParallelCluster's own rule (`pcluster create-cluster` answers "does not match '^[a-zA-Z][a-zA-Z0-9-]+$'").
@@ -26,7 +27,7 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,24}$")  # queue / compute resource / st
 RESERVED_TAG_PREFIXES = (TAG_PREFIX, "aws:", "parallelcluster:")
 
 
-class ClusterSpecError(ValueError):
+class ClusterSpecError(ConfigurationError):
     """The cluster spec is invalid; the message names the field and what to change."""
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pcflow.cluster.info import ClusterInfo, Partition
+from pcflow.errors import PcflowError, ServiceFailed
 from pcflow.slurm.hook import HostKeyMismatch, SlurmConnectionError, SlurmError, SlurmHook
 
 log = logging.getLogger(__name__)
@@ -22,11 +23,11 @@ USABLE_STATES = frozenset({"idle", "mixed", "allocated", "completing", "planned"
 NOT_RESPONDING = "*"
 
 
-class ClusterUnhealthy(RuntimeError):
+class ClusterUnhealthy(ServiceFailed):
     """The cluster answered, but cannot run the job; the message says what is wrong and what to do."""
 
 
-class ClusterUnreachable(RuntimeError):
+class ClusterUnreachable(PcflowError):
     """The head node could not be reached over SSH."""
 
 

@@ -1,13 +1,16 @@
 """What can go wrong loading a dataset, as exceptions whose messages tell the user what to do.
 
-They derive from ValueError/RuntimeError (not Airflow's exceptions) so the plain functions stay usable
-outside Airflow; the operator lets them fail the task as they are.
+They belong to pcflow's family (`pcflow.errors.PcflowError`, an AirflowException): the operator lets
+them fail the task as they are, and Airflow retries it (a retry resumes the load). A `SourceError` is
+also a ValueError, for callers that check inputs.
 """
 
 from __future__ import annotations
 
+from pcflow.errors import PcflowError
 
-class DatasetError(RuntimeError):
+
+class DatasetError(PcflowError):
     """Base class: the load did not complete; the previous good manifest is still the one readers see."""
 
 

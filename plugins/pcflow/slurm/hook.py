@@ -39,6 +39,7 @@ from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
+from pcflow.errors import PcflowError
 from pcflow.slurm import DEFAULT_SSH_CONN_ID, queries
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.states import JobInfo
@@ -58,7 +59,7 @@ READ_PIECE_BYTES = 1024 * 1024
 SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "sacctmgr"})
 
 
-class SlurmError(Exception):
+class SlurmError(PcflowError):
     """A Slurm or SSH operation failed; the message says what to do about it."""
 
 

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from pcflow.errors import ConfigurationError
 from pcflow.paths import include_dir, remote_within, within
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import ABS_PATH
@@ -34,7 +35,7 @@ SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache"}
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
 
 
-class PayloadError(ValueError):
+class PayloadError(ConfigurationError):
     """The payload cannot be shipped as it is; the message says what to change."""
 
 
