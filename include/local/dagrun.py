@@ -27,6 +27,9 @@ def airflow_environment(airflow_home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO"),
+        # pcflow's operators wait in the triggerer when Airflow's default says so, as the providers' do:
+        # every pcflow deployment sets it (docker-compose.yaml too).
+        "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
         # The deployment's default profile (the trigger form's, and every scheduled run's): the emulator.
         "PCFLOW_DEFAULT_PROFILE": "local",
     }
@@ -150,9 +153,13 @@ def unfinished_tasks(dag_id: str, run_id: str) -> list[str]:
     from sqlalchemy import select
 
     in_flight = {
-        TaskInstanceState.RUNNING, TaskInstanceState.DEFERRED, TaskInstanceState.QUEUED,
-        TaskInstanceState.SCHEDULED, TaskInstanceState.UP_FOR_RETRY, TaskInstanceState.RESTARTING,
-    }  # fmt: skip
+        TaskInstanceState.RUNNING,
+        TaskInstanceState.DEFERRED,
+        TaskInstanceState.QUEUED,
+        TaskInstanceState.SCHEDULED,
+        TaskInstanceState.UP_FOR_RETRY,
+        TaskInstanceState.RESTARTING,
+    }
     with create_session() as session:
         dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
         if dag_run is None:

@@ -71,6 +71,7 @@ def test_the_services_of_the_official_layout_and_the_local_profile():
         assert "profiles" not in services[name], name
         env = services[name]["environment"]
         assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+        assert env["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] == "true"  # pcflow's waits in the triggerer
         mounts = {m.split(":")[1]: m.split(":")[0] for m in services[name]["volumes"]}
         # The triggerer imports pcflow's triggers from plugins/; operators and hooks read include/.
         assert mounts["/opt/airflow/plugins"] == "./plugins"

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pcflow.aws.base import PcflowAwsOperator
+from airflow.sdk import conf
+
+from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import refresh_expiry, tag_equals, tag_specifications
 from pcflow.errors import PcflowError, ServiceFailed, WaitFailed
@@ -400,9 +402,13 @@ def prepare_bake(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -
     """Validate inputs and look for an image of the recipe; nothing is created here."""
     check_instance_type(ec2, spec.instance_type, spec.region)
     base = spec.base_image_id or find_base_image(
-        ec2, region=spec.region, pcluster_version=spec.pcluster_version, os=spec.os,
-        architecture=spec.architecture, owners=spec.base_image_owners,
-    )  # fmt: skip
+        ec2,
+        region=spec.region,
+        pcluster_version=spec.pcluster_version,
+        os=spec.os,
+        architecture=spec.architecture,
+        owners=spec.base_image_owners,
+    )
     check_base_image(ec2, base, spec.region)
     recipe = recipe_hash(base, spec.bootstrap_script, spec.pcluster_version, spec.recipe_inputs)
     bake = _Bake(ec2, ssm, spec, recipe=recipe, base_image=base, waiter_delay=waiter_delay)
@@ -463,11 +469,11 @@ class BakeImageOperator(PcflowAwsOperator):
         image no run uses any more is reaped by the janitor; None: never expires.
     """
 
-    template_fields = (
-        *PcflowAwsOperator.template_fields, "stack", "pcluster_version", "subnet_id", "security_group_ids",
-        "instance_type", "base_image_id", "extra_inputs", "bootstrap_script_path", "instance_profile", "os",
-        "base_image_owners", "wait_for_ssm_agent", "enabled", "environment_file", "ttl_hours",
-    )  # fmt: skip
+    template_fields: Sequence[str] = aws_template_fields(
+        *("stack", "pcluster_version", "subnet_id", "security_group_ids", "instance_type", "base_image_id"),
+        *("extra_inputs", "bootstrap_script_path", "instance_profile", "os", "base_image_owners"),
+        *("wait_for_ssm_agent", "enabled", "environment_file", "ttl_hours"),
+    )
 
     def __init__(
         self,
@@ -484,7 +490,7 @@ class BakeImageOperator(PcflowAwsOperator):
         os: str = "alinux2023",
         architecture: str = "x86_64",
         extra_inputs: Mapping[str, Any] | None = None,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         waiter_delay: int = 30,
         wait_for_ssm_agent: bool = True,
         enabled: bool = True,
@@ -507,15 +513,23 @@ class BakeImageOperator(PcflowAwsOperator):
 
     def spec(self) -> AmiSpec:
         return AmiSpec(
-            stack=self.stack, region=self.hook.region_name, pcluster_version=self.pcluster_version,
-            bootstrap_script=load_script(self.bootstrap_script_path), instance_profile=self.instance_profile,
-            subnet_id=self.subnet_id, security_group_ids=tuple(self.security_group_ids or ()),
-            instance_type=self.instance_type, base_image_id=self.base_image_id or None, os=self.os,
+            stack=self.stack,
+            region=self.hook.region_name,
+            pcluster_version=self.pcluster_version,
+            bootstrap_script=load_script(self.bootstrap_script_path),
+            instance_profile=self.instance_profile,
+            subnet_id=self.subnet_id,
+            security_group_ids=tuple(self.security_group_ids or ()),
+            instance_type=self.instance_type,
+            base_image_id=self.base_image_id or None,
+            os=self.os,
             base_image_owners=tuple(self.base_image_owners or ("amazon",)),
-            architecture=self.architecture, extra_inputs=dict(self.extra_inputs or {}),
-            wait_for_ssm_agent=self.wait_for_ssm_agent, script_env=self.script_env(),
+            architecture=self.architecture,
+            extra_inputs=dict(self.extra_inputs or {}),
+            wait_for_ssm_agent=self.wait_for_ssm_agent,
+            script_env=self.script_env(),
             ttl=dt.timedelta(hours=float(self.ttl_hours)) if self.ttl_hours is not None else None,
-        )  # fmt: skip
+        )
 
     def script_env(self) -> dict[str, str]:
         """The payload environment's requirements, for the bootstrap script (it installs them, not the code)."""
@@ -561,9 +575,9 @@ class BakeImageOperator(PcflowAwsOperator):
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Back from one of the bake's waits: on to the next step, or fail with the reason (the builder
         terminated). The recipe is recomputed, not carried in the deferral's kwargs: `dag.test` drops those."""
+        event = validate_event(event, task=self.task_id)
         bake, _ = prepare_bake(self.ec2, self.client("ssm"), self.spec(), waiter_delay=self.waiter_delay)
         self._bake = bake
-        event = validate_event(event, task=self.task_id)
         if event["status"] == SUCCESS:
             return self.advance(bake)
         waited = event.get("waited") or {}

@@ -18,10 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
-from pcflow.aws.base import PcflowAwsOperator
+from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import find_one, refresh_expiry, tag_equals, tag_specifications
 from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, TeardownOperator, teardown
+from pcflow.errors import ResourceConflict
 from pcflow.naming import (
     TAG_EXPIRES,
     TAG_RUN,
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 ANYWHERE = ("0.0.0.0/0", "::/0")
 
 
-class NetworkMismatch(RuntimeError):
+class NetworkMismatch(ResourceConflict):
     """A resource with this stack's identity exists but differs from the spec: pcflow will not change it."""
 
 
@@ -205,10 +206,7 @@ class _Ensurer:
                 CidrBlock=self.spec.vpc_cidr, TagSpecifications=tag_specifications("vpc", self.tags_for("vpc"))
             )["Vpc"]["VpcId"]
             log.info("created VPC %s (%s)", vpc_id, self.spec.vpc_cidr)
-        wait_logged(
-            self.ec2.get_waiter("vpc_available"), {"VpcIds": [vpc_id]}, what=f"VPC {vpc_id}",
-            status_args=["Vpcs[0].State"], delay=self.waiter_delay,
-        )  # fmt: skip
+        self.wait("vpc_available", {"VpcIds": [vpc_id]}, f"VPC {vpc_id}", "Vpcs[0].State")
         # ParallelCluster needs DNS hostnames; each attribute must be set in its own call.
         self.ec2.modify_vpc_attribute(VpcId=vpc_id, EnableDnsSupport={"Value": True})
         self.ec2.modify_vpc_attribute(VpcId=vpc_id, EnableDnsHostnames={"Value": True})
@@ -216,9 +214,12 @@ class _Ensurer:
 
     def internet_gateway(self, vpc_id: str) -> str:
         found = find_one(
-            self.ec2.describe_internet_gateways, "InternetGateways", what="internet gateway",
-            id_key="InternetGatewayId", Filters=self.identity("igw"),
-        )  # fmt: skip
+            self.ec2.describe_internet_gateways,
+            "InternetGateways",
+            what="internet gateway",
+            id_key="InternetGatewayId",
+            Filters=self.identity("igw"),
+        )
         if found:
             igw_id = found["InternetGatewayId"]
             attached = [a["VpcId"] for a in found.get("Attachments", [])]
@@ -247,9 +248,11 @@ class _Ensurer:
             subnet_id = found["SubnetId"]
         else:
             subnet_id = self.ec2.create_subnet(
-                VpcId=vpc_id, CidrBlock=cidr, AvailabilityZone=zone,
+                VpcId=vpc_id,
+                CidrBlock=cidr,
+                AvailabilityZone=zone,
                 TagSpecifications=tag_specifications("subnet", self.tags_for(role)),
-            )["Subnet"]["SubnetId"]  # fmt: skip
+            )["Subnet"]["SubnetId"]
             log.info("created subnet %s (%s, %s)", subnet_id, role, cidr)
         if public:
             self.ec2.modify_subnet_attribute(SubnetId=subnet_id, MapPublicIpOnLaunch={"Value": True})
@@ -257,14 +260,18 @@ class _Ensurer:
 
     def route_table(self, vpc_id: str, role: str, subnet_ids: Sequence[str], default_route: Mapping[str, str]) -> str:
         found = find_one(
-            self.ec2.describe_route_tables, "RouteTables", what="route table", id_key="RouteTableId",
+            self.ec2.describe_route_tables,
+            "RouteTables",
+            what="route table",
+            id_key="RouteTableId",
             Filters=self.identity(role),
-        )  # fmt: skip
+        )
         if found is None:
             found = self.ec2.create_route_table(
-                VpcId=vpc_id, ClientToken=self.token(role),
+                VpcId=vpc_id,
+                ClientToken=self.token(role),
                 TagSpecifications=tag_specifications("route-table", self.tags_for(role)),
-            )["RouteTable"]  # fmt: skip
+            )["RouteTable"]
             log.info("created route table %s (%s)", found["RouteTableId"], role)
         rt_id = found["RouteTableId"]
         current = next((r for r in found.get("Routes", []) if r.get("DestinationCidrBlock") == "0.0.0.0/0"), None)
@@ -279,37 +286,56 @@ class _Ensurer:
                 self.ec2.associate_route_table(RouteTableId=rt_id, SubnetId=subnet_id)
         return rt_id
 
-    def nat_gateway(self, public_subnet_id: str) -> str:
+    def nat_address(self) -> str:
+        """The NAT gateway's elastic IP: found by its identity, or allocated."""
         addr = self.ec2.describe_addresses(Filters=self.identity("nat-eip")).get("Addresses", [])
         if len(addr) > 1:
             raise NetworkMismatch(f"{len(addr)} elastic IPs carry the NAT identity of stack {self.spec.stack}")
-        allocation_id = addr[0]["AllocationId"] if addr else self.ec2.allocate_address(
-            Domain="vpc", TagSpecifications=tag_specifications("elastic-ip", self.tags_for("nat-eip"))
-        )["AllocationId"]  # fmt: skip
-        self.nat_allocation_id = allocation_id
+        if addr:
+            return addr[0]["AllocationId"]
+        tags = tag_specifications("elastic-ip", self.tags_for("nat-eip"))
+        return self.ec2.allocate_address(Domain="vpc", TagSpecifications=tags)["AllocationId"]
+
+    def nat_gateway(self, public_subnet_id: str) -> str:
+        self.nat_allocation_id = self.nat_address()
         filters = [*self.identity("nat"), {"Name": "state", "Values": ["pending", "available"]}]
-        found = find_one(self.ec2.describe_nat_gateways, "NatGateways", what="NAT gateway", id_key="NatGatewayId",
-                         Filter=filters)  # fmt: skip
-        nat_id = found["NatGatewayId"] if found else self.ec2.create_nat_gateway(
-            SubnetId=public_subnet_id, AllocationId=allocation_id, ClientToken=self.token("nat"),
-            TagSpecifications=tag_specifications("natgateway", self.tags_for("nat")),
-        )["NatGateway"]["NatGatewayId"]  # fmt: skip
-        wait_logged(
-            self.ec2.get_waiter("nat_gateway_available"), {"NatGatewayIds": [nat_id]}, what=f"NAT gateway {nat_id}",
-            status_args=["NatGateways[0].State"], delay=self.waiter_delay,
-        )  # fmt: skip
+        found = find_one(
+            self.ec2.describe_nat_gateways, "NatGateways", what="NAT gateway", id_key="NatGatewayId", Filter=filters
+        )
+        if found:
+            nat_id = found["NatGatewayId"]
+        else:
+            nat_id = self.ec2.create_nat_gateway(
+                SubnetId=public_subnet_id,
+                AllocationId=self.nat_allocation_id,
+                ClientToken=self.token("nat"),
+                TagSpecifications=tag_specifications("natgateway", self.tags_for("nat")),
+            )["NatGateway"]["NatGatewayId"]
+        self.wait("nat_gateway_available", {"NatGatewayIds": [nat_id]}, f"NAT gateway {nat_id}", "NatGateways[0].State")
         return nat_id
+
+    def wait(self, waiter: str, args: Mapping[str, Any], what: str, status: str) -> None:
+        """Block on an EC2 waiter, the resource's status logged after every attempt."""
+        wait_logged(self.ec2.get_waiter(waiter), args, what=what, status_args=[status], delay=self.waiter_delay)
 
     def s3_endpoint(self, vpc_id: str, route_table_ids: Sequence[str]) -> str:
         filters = [*self.identity("s3-endpoint"), {"Name": "vpc-endpoint-state", "Values": ["pending", "available"]}]
-        found = find_one(self.ec2.describe_vpc_endpoints, "VpcEndpoints", what="VPC endpoint", id_key="VpcEndpointId",
-                         Filters=filters)  # fmt: skip
+        found = find_one(
+            self.ec2.describe_vpc_endpoints,
+            "VpcEndpoints",
+            what="VPC endpoint",
+            id_key="VpcEndpointId",
+            Filters=filters,
+        )
         if found is None:
             return self.ec2.create_vpc_endpoint(
-                VpcId=vpc_id, ServiceName=f"com.amazonaws.{self.spec.region}.s3", VpcEndpointType="Gateway",
-                RouteTableIds=list(route_table_ids), ClientToken=self.token("s3-endpoint"),
+                VpcId=vpc_id,
+                ServiceName=f"com.amazonaws.{self.spec.region}.s3",
+                VpcEndpointType="Gateway",
+                RouteTableIds=list(route_table_ids),
+                ClientToken=self.token("s3-endpoint"),
                 TagSpecifications=tag_specifications("vpc-endpoint", self.tags_for("s3-endpoint")),
-            )["VpcEndpoint"]["VpcEndpointId"]  # fmt: skip
+            )["VpcEndpoint"]["VpcEndpointId"]
         missing = sorted(set(route_table_ids) - set(found.get("RouteTableIds", [])))
         if missing:
             self.ec2.modify_vpc_endpoint(VpcEndpointId=found["VpcEndpointId"], AddRouteTableIds=missing)
@@ -319,15 +345,22 @@ class _Ensurer:
         from botocore.exceptions import ClientError
 
         filters = [*self.identity(role), {"Name": "vpc-id", "Values": [vpc_id]}]
-        found = find_one(self.ec2.describe_security_groups, "SecurityGroups", what="security group", id_key="GroupId",
-                         Filters=filters)  # fmt: skip
+        found = find_one(
+            self.ec2.describe_security_groups,
+            "SecurityGroups",
+            what="security group",
+            id_key="GroupId",
+            Filters=filters,
+        )
         if found:
             return found["GroupId"]
         try:
             return self.ec2.create_security_group(
-                GroupName=self.name(role), Description=description, VpcId=vpc_id,
+                GroupName=self.name(role),
+                Description=description,
+                VpcId=vpc_id,
                 TagSpecifications=tag_specifications("security-group", self.tags_for(role)),
-            )["GroupId"]  # fmt: skip
+            )["GroupId"]
         except ClientError as error:
             if error_code(error) == "InvalidGroup.Duplicate":
                 raise NetworkMismatch(
@@ -498,7 +531,7 @@ class EnsureNetworkOperator(PcflowAwsOperator):
     :param ttl_hours: `pcflow:expires` for the janitor, stamped again by every run; None = never.
     """
 
-    template_fields = (*PcflowAwsOperator.template_fields, "stack", "network", "ttl_hours")
+    template_fields: Sequence[str] = aws_template_fields("stack", "network", "ttl_hours")
     template_fields_renderers: ClassVar[dict[str, str]] = {"network": "json"}
     ui_color = "#c6e2ff"
 

@@ -20,7 +20,9 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from pcflow.aws.base import PcflowAwsOperator
+from airflow.sdk import conf
+
+from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.buckets import (
     adoption_differences,
     bucket_tags,
@@ -30,6 +32,8 @@ from pcflow.aws.buckets import (
     register_bucket_user,
 )
 from pcflow.aws.clients import error_code, validate_region, wait_logged
+from pcflow.errors import ConfigurationError, ResourceConflict, ServiceFailed
+from pcflow.events import validate_event
 from pcflow.naming import aws_tags, digest
 
 if TYPE_CHECKING:
@@ -44,7 +48,7 @@ PUBLIC_ACCESS_BLOCKED = {
 }
 
 
-class BucketUnavailable(RuntimeError):
+class BucketUnavailable(ResourceConflict):
     """The bucket name cannot be used by this account in this region."""
 
 
@@ -175,9 +179,9 @@ def _apply_settings(
     s3.put_bucket_ownership_controls(
         Bucket=name, OwnershipControls={"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]}
     )
-    sse: dict[str, Any] = {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": kms_key_id} if kms_key_id else {
-        "SSEAlgorithm": "AES256"
-    }  # fmt: skip
+    sse: dict[str, Any] = (
+        {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": kms_key_id} if kms_key_id else {"SSEAlgorithm": "AES256"}
+    )
     s3.put_bucket_encryption(
         Bucket=name,
         ServerSideEncryptionConfiguration={
@@ -235,8 +239,8 @@ ACTIVE = ("PENDING", "EXECUTING", "CANCELING")
 TASK_KEY_TAG = "pcflow:task-key"
 
 
-class DataRepositoryTaskFailed(RuntimeError):
-    pass
+class DataRepositoryTaskFailed(ServiceFailed):
+    """An FSx import or export ended other than SUCCEEDED; FSx's reason is in the message."""
 
 
 def start_data_repository_task(
@@ -361,7 +365,7 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
     :param task_name: the logical task within the run (the run key is added), e.g. `export-results`.
     """
 
-    template_fields = (*PcflowAwsOperator.template_fields, "file_system_id", "paths", "report_path")
+    template_fields: Sequence[str] = aws_template_fields("file_system_id", "paths", "report_path")
 
     def __init__(
         self,
@@ -371,16 +375,16 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
         task_name: str,
         paths: Sequence[str] = (),
         report_path: str | None = None,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         waiter_delay: int = 30,
         waiter_max_attempts: int = 480,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         if task_type not in TASK_TYPES:
-            raise ValueError(f"task_type must be one of {sorted(TASK_TYPES)}, not {task_type!r}")
+            raise ConfigurationError(f"task_type must be one of {sorted(TASK_TYPES)}, not {task_type!r}")
         self.file_system_id = file_system_id
-        self.task_type = task_type
+        self.repository_task_type = task_type  # `task_type` is BaseOperator's (the class name)
         self.task_name = task_name
         self.paths = paths
         self.report_path = report_path
@@ -404,12 +408,12 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
         task_id = start_data_repository_task(
             self.fsx,
             file_system_id=self.file_system_id,
-            task_type=self.task_type,
+            task_type=self.repository_task_type,
             task_key=f"{run_key_from_context(context)}/{self.task_name}",
             paths=self.paths,
             report_path=self.report_path,
         )
-        self.log.info("FSx %s task %s on %s", self.task_type, task_id, self.file_system_id)
+        self.log.info("FSx %s task %s on %s", self.repository_task_type, task_id, self.file_system_id)
         if self.deferrable:
             from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
 
@@ -431,8 +435,6 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        event = event or {}
-        task_id = event.get("task_id")
-        if not task_id:
-            raise DataRepositoryTaskFailed(f"the FSx trigger returned no task id: {event}")
-        return data_repository_task_result(self.fsx, task_id)
+        """Whatever the wait's status, FSx itself says whether the task succeeded (and why not)."""
+        event = validate_event(event, task=self.task_id, required=("task_id",))
+        return data_repository_task_result(self.fsx, event["task_id"])

@@ -141,7 +141,7 @@ def kept_clusters(cloudformation: Any, ec2: Any, stack: str | None = None) -> li
     return [(r.id, r.tags[TAG_STACK]) for r in listed if not r.state.startswith("DELETE")]
 
 
-from pcflow.aws.base import PcflowAwsOperator  # noqa: E402 - the functions above stay importable without it
+from pcflow.aws.base import PcflowAwsOperator, aws_template_fields  # noqa: E402 - the functions above stay importable without it
 
 
 class StopIdleFleetsOperator(PcflowAwsOperator):
@@ -154,7 +154,7 @@ class StopIdleFleetsOperator(PcflowAwsOperator):
     :param dry_run: report what would be stopped; None: as the janitor (dry run when triggered by hand).
     """
 
-    template_fields: Sequence[str] = (*PcflowAwsOperator.template_fields, "stack", "dry_run")
+    template_fields: Sequence[str] = aws_template_fields("stack", "dry_run")
 
     def __init__(
         self,
@@ -175,10 +175,8 @@ class StopIdleFleetsOperator(PcflowAwsOperator):
     def provider(self) -> Any:
         from pcflow.cluster.providers import make_provider
 
-        return make_provider(
-            "parallelcluster", aws_conn_id=self.aws_conn_id, region_name=self.hook.region_name,
-            pcluster_path=self.pcluster_path,
-        )  # fmt: skip
+        connection = {**self.aws_connection, "region_name": self.hook.region_name}
+        return make_provider("parallelcluster", **connection, pcluster_path=self.pcluster_path)
 
     def slurm_for(self, settings: KeptClusterSettings) -> Callable[[Mapping[str, Any]], Any]:
         """The head node of a described cluster, over the profile's SSH connection, its host key pinned

@@ -11,7 +11,11 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import conf
+
+from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
+from pcflow.errors import ConfigurationError, WaitFailed
+from pcflow.events import SUCCESS, require_success, validate_event
 
 if TYPE_CHECKING:
     from pcflow.cluster.info import ClusterInfo
@@ -22,10 +26,14 @@ if TYPE_CHECKING:
 CONFIG_FILE = "cluster-config.yaml"
 
 
-class _ClusterOperator(BaseOperator):
-    template_fields: Sequence[str] = (
-        "provider", "cluster", "stack", "ssh_conn_id", "suppress_validators", "ttl_hours", "config_bucket",
-    )  # fmt: skip
+class _ClusterOperator(PcflowAwsOperator):
+    """The cluster operators' settings: the provider and its cluster section, the stack (and run) that owns
+    the cluster, where its rendered config is kept; the AWS connection of `PcflowAwsOperator` reaches the
+    pcluster CLI and every client the provider makes."""
+
+    template_fields: Sequence[str] = aws_template_fields(
+        "provider", "cluster", "stack", "ssh_conn_id", "suppress_validators", "ttl_hours", "config_bucket"
+    )
     template_fields_renderers: ClassVar[dict[str, str]] = {"cluster": "json"}
 
     def __init__(
@@ -34,8 +42,6 @@ class _ClusterOperator(BaseOperator):
         provider: str,
         cluster: Mapping[str, Any] | None = None,
         stack: str,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
         ssh_conn_id: str | None = None,
         pcluster_path: str | None = None,
         suppress_validators: Sequence[str] = (),
@@ -49,8 +55,6 @@ class _ClusterOperator(BaseOperator):
         self.provider = provider
         self.cluster = cluster
         self.stack = stack
-        self.aws_conn_id = aws_conn_id
-        self.region_name = region_name
         self.ssh_conn_id = ssh_conn_id
         self.pcluster_path = pcluster_path
         self.suppress_validators = suppress_validators
@@ -64,12 +68,13 @@ class _ClusterOperator(BaseOperator):
         from pcflow.cluster.providers import PROVIDERS, make_provider
 
         if self.provider not in PROVIDERS:
-            raise ValueError(f"unknown cluster provider {self.provider!r}: choose one of {', '.join(PROVIDERS)}")
+            raise ConfigurationError(
+                f"unknown cluster provider {self.provider!r}: choose one of {', '.join(PROVIDERS)}"
+            )
         return make_provider(
             self.provider,
             cluster=self.cluster if self.provider == "static" else None,
-            aws_conn_id=self.aws_conn_id,
-            region_name=self.region_name,
+            **self.aws_connection,
             ssh_conn_id=self.ssh_conn_id,
             pcluster_path=self.pcluster_path,
             suppress_validators=tuple(self.suppress_validators or ()),
@@ -100,16 +105,6 @@ class _ClusterOperator(BaseOperator):
             )
             self.log.info("rendered cluster config kept at %s", uri)
         return uri
-
-    @property
-    def trigger_aws_kwargs(self) -> dict[str, Any]:
-        from pcflow.aws.clients import retry_botocore_config
-
-        return {
-            "aws_conn_id": self.aws_conn_id,
-            "region_name": self.cluster_provider.hook.region_name,
-            "botocore_config": retry_botocore_config(None),
-        }
 
 
 class ValidateClusterConfigOperator(_ClusterOperator):
@@ -144,16 +139,33 @@ class ValidateClusterConfigOperator(_ClusterOperator):
         return result
 
 
-class EnsureClusterOperator(_ClusterOperator):
-    """Adopt, refuse, update or create the cluster; deferrable wait on its CloudFormation stack."""
+class _WaitingClusterOperator(_ClusterOperator):
+    """A cluster operator that waits on the cluster's CloudFormation stack: in the triggerer when
+    `deferrable` (default: Airflow's `operators.default_deferrable`, which pcflow's deployments set), else
+    in the worker; every `waiter_delay` seconds, at most `waiter_max_attempts` times."""
 
-    ui_color = "#c6e2ff"
-
-    def __init__(self, *, deferrable: bool = True, waiter_delay: int = 30, waiter_max_attempts: int = 240, **kwargs):
+    def __init__(
+        self,
+        *,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        waiter_delay: int = 30,
+        waiter_max_attempts: int = 240,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.waiter_delay = waiter_delay
         self.waiter_max_attempts = waiter_max_attempts
+
+    @property
+    def waits(self) -> dict[str, int]:
+        return {"waiter_delay": self.waiter_delay, "waiter_max_attempts": self.waiter_max_attempts}
+
+
+class EnsureClusterOperator(_WaitingClusterOperator):
+    """Adopt, refuse, update or create the cluster; deferrable wait on its CloudFormation stack."""
+
+    ui_color = "#c6e2ff"
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
@@ -171,10 +183,7 @@ class EnsureClusterOperator(_ClusterOperator):
         rendered = provider.render(spec, stack=self.stack, run=run, ttl=ttl)
         self.keep_config(context, rendered.text, CONFIG_FILE)
         if not self.deferrable:
-            info = ensure_cluster(
-                provider, spec, stack=self.stack, run=run, ttl=ttl,
-                waiter_delay=self.waiter_delay, waiter_max_attempts=self.waiter_max_attempts,
-            )  # fmt: skip
+            info = ensure_cluster(provider, spec, stack=self.stack, run=run, ttl=ttl, **self.waits)
             return {**info, "config_s3_uri": self.config_uri(context, CONFIG_FILE)}
         try:
             step = provider.start(spec, rendered)
@@ -185,21 +194,17 @@ class EnsureClusterOperator(_ClusterOperator):
             return self.outcome(context, provider.finish(spec, step.action))
         from pcflow.cluster.triggers import ClusterStackTrigger
 
-        self.defer(
-            trigger=ClusterStackTrigger(
-                stack_name=step.stack_name, waiter_name=step.waiter, waiter_delay=self.waiter_delay,
-                waiter_max_attempts=self.waiter_max_attempts, **self.trigger_aws_kwargs,
-            ),
-            method_name="execute_complete",
-            kwargs={"action": step.action},
-        )  # fmt: skip
+        trigger = ClusterStackTrigger(
+            stack_name=step.stack_name, waiter_name=step.waiter, **self.waits, **self.trigger_aws_kwargs
+        )
+        self.defer(trigger=trigger, method_name="execute_complete", kwargs={"action": step.action})
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, action: str = "created") -> Any:
         from pcflow.cluster.spec import ClusterSpec
 
-        event = event or {}
-        if event.get("status") not in (None, "success"):
-            self.log.warning("stack wait ended with %s: %s", event.get("status"), event.get("message"))
+        event = validate_event(event, task=self.task_id)
+        if event["status"] != SUCCESS:
+            self.log.warning("stack wait ended with %s: %s", event["status"], event.get("message"))
         # The outcome is read from describe-cluster either way; a failure is diagnosed there.
         return self.outcome(context, self.cluster_provider.finish(ClusterSpec.parse(self.cluster), action))
 
@@ -207,7 +212,7 @@ class EnsureClusterOperator(_ClusterOperator):
         return {**info.to_xcom(), "config_s3_uri": self.config_uri(context, CONFIG_FILE)}
 
 
-class DeleteClusterOperator(_ClusterOperator):
+class DeleteClusterOperator(_WaitingClusterOperator):
     """Idempotent delete (a static cluster is left alone); usable as an Airflow teardown task.
 
     :param cluster_name: the cluster to delete (default: the `name` in `cluster`), templated so it can
@@ -220,7 +225,9 @@ class DeleteClusterOperator(_ClusterOperator):
     other is refused before anything is exported or deleted.
     """
 
-    template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "cluster_name", "export_fsx", "keep")
+    template_fields: Sequence[str] = aws_template_fields(
+        *_ClusterOperator.template_fields, "cluster_name", "export_fsx", "keep"
+    )
     ui_color = "#f4a6a6"
 
     def __init__(
@@ -229,18 +236,12 @@ class DeleteClusterOperator(_ClusterOperator):
         cluster_name: str | None = None,
         export_fsx: bool = False,
         keep: bool = False,
-        deferrable: bool = True,
-        waiter_delay: int = 30,
-        waiter_max_attempts: int = 240,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.cluster_name = cluster_name
         self.export_fsx = export_fsx
         self.keep = keep
-        self.deferrable = deferrable
-        self.waiter_delay = waiter_delay
-        self.waiter_max_attempts = waiter_max_attempts
 
     def _name(self) -> str | None:
         return self.cluster_name or (self.cluster or {}).get("name")
@@ -258,10 +259,10 @@ class DeleteClusterOperator(_ClusterOperator):
         provider = self.cluster_provider
         try:
             if isinstance(provider, StaticProvider) or not self.deferrable:
+                owner = self.cluster_owner(context)
                 return delete_cluster(
-                    provider, self._name(), owner=self.cluster_owner(context), export_fsx=bool(self.export_fsx),
-                    waiter_delay=self.waiter_delay, waiter_max_attempts=self.waiter_max_attempts,
-                )  # fmt: skip
+                    provider, self._name(), owner=owner, export_fsx=bool(self.export_fsx), **self.waits
+                )
             return self.export_then_delete(context)
         except ClusterNotOwned as error:  # a retry gets the same answer
             raise AirflowFailException(str(error)) from None
@@ -279,7 +280,7 @@ class DeleteClusterOperator(_ClusterOperator):
 
         name = self._name()
         if not name:
-            raise ValueError("DeleteClusterOperator needs cluster_name (or a cluster section with a name)")
+            raise ConfigurationError("DeleteClusterOperator needs cluster_name (or a cluster section with a name)")
         provider = self.cluster_provider
         described = provider.hook.describe_cluster(name)
         if described is not None:
@@ -292,28 +293,24 @@ class DeleteClusterOperator(_ClusterOperator):
                 if task["Lifecycle"] in ACTIVE:
                     from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
 
-                    self.defer(
-                        trigger=FsxDataRepositoryTaskTrigger(
-                            task_id=task_id, waiter_delay=self.waiter_delay,
-                            waiter_max_attempts=export_attempts(self.waiter_delay, at_least=self.waiter_max_attempts),
-                            **self.trigger_aws_kwargs,
-                        ),
-                        method_name="export_complete",
-                    )  # fmt: skip
+                    attempts = export_attempts(self.waiter_delay, at_least=self.waiter_max_attempts)
+                    trigger = FsxDataRepositoryTaskTrigger(
+                        task_id=task_id,
+                        waiter_delay=self.waiter_delay,
+                        waiter_max_attempts=attempts,
+                        **self.trigger_aws_kwargs,
+                    )
+                    self.defer(trigger=trigger, method_name="export_complete")
                 exports.append(data_repository_task_result(fsx, task_id))  # raises when it failed
         result = {**provider.delete_described(name, described), "exports": exports}
         if not result.pop("wait"):
             return result
         from pcflow.cluster.triggers import ClusterStackTrigger
 
-        self.defer(
-            trigger=ClusterStackTrigger(
-                stack_name=name, waiter_name="stack_delete_complete", waiter_delay=self.waiter_delay,
-                waiter_max_attempts=self.waiter_max_attempts, **self.trigger_aws_kwargs,
-            ),
-            method_name="execute_complete",
-            kwargs={"result": result},
-        )  # fmt: skip
+        trigger = ClusterStackTrigger(
+            stack_name=name, waiter_name="stack_delete_complete", **self.waits, **self.trigger_aws_kwargs
+        )
+        self.defer(trigger=trigger, method_name="execute_complete", kwargs={"result": result})
 
     def export_key(self, context: Any) -> str:
         from pcflow.aws.storage import EXPORT_BEFORE_DELETE
@@ -324,17 +321,17 @@ class DeleteClusterOperator(_ClusterOperator):
     def export_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         from pcflow.aws.storage import data_repository_task_result
 
-        event = event or {}
-        if event.get("status") not in (None, "success"):  # FSx's reason, and the cluster is kept
-            data_repository_task_result(self.cluster_provider.clients("fsx"), event.get("task_id", ""))
-            raise RuntimeError(f"FSx export before deleting cluster {self._name()} failed: {event.get('message')}")
+        event = validate_event(event, task=self.task_id, required=("task_id",))
+        if event["status"] != SUCCESS:  # FSx's reason, and the cluster is kept
+            data_repository_task_result(self.cluster_provider.clients("fsx"), event["task_id"])
+            raise WaitFailed(f"FSx export before deleting cluster {self._name()} failed: {event.get('message')}")
         return self.export_then_delete(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, result: dict | None = None) -> Any:
-        event = event or {}
-        if event.get("status") not in (None, "success"):
-            raise RuntimeError(
-                f"cluster {self._name()} was not deleted: {event.get('message')}. Look at the stack's events in "
-                "CloudFormation (DELETE_FAILED resources), fix or delete them by hand, and run this task again"
-            )
+        require_success(
+            event,
+            task=self.task_id,
+            what=f"deleting cluster {self._name()} (look at the stack's events in CloudFormation: fix or delete "
+            "its DELETE_FAILED resources by hand, and run this task again)",
+        )
         return result or {"cluster_name": self._name(), "deleted": True}

@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from pcflow.errors import ServiceFailed
 from pcflow.paths import include_dir
 
 NOT_FOUND_MARKER = "does not exist"
@@ -41,7 +42,7 @@ def default_pcluster_path() -> Path:
     return include_dir().parent / ".venv-pcluster" / "bin" / "pcluster"
 
 
-class PclusterError(RuntimeError):
+class PclusterError(ServiceFailed):
     """The CLI failed; carries ParallelCluster's message, failure codes and validation messages."""
 
     def __init__(
@@ -100,6 +101,8 @@ class ParallelClusterHook(BaseHook):
         *,
         aws_conn_id: str | None = default_conn_name,
         region_name: str | None = None,
+        verify: bool | str | None = None,
+        botocore_config: Mapping[str, Any] | None = None,
         pcluster_path: str | os.PathLike | None = None,
         timeout: float = 900,
         **kwargs: Any,
@@ -107,6 +110,8 @@ class ParallelClusterHook(BaseHook):
         super().__init__(**kwargs)
         self.aws_conn_id = aws_conn_id
         self._region_name = region_name
+        self.verify = verify
+        self.botocore_config = botocore_config
         self._pcluster_path = pcluster_path
         self.timeout = timeout
 
@@ -125,7 +130,13 @@ class ParallelClusterHook(BaseHook):
     def aws_hook(self) -> Any:
         from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-        return AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="cloudformation", region_name=self._region_name)
+        return AwsBaseHook(
+            aws_conn_id=self.aws_conn_id,
+            client_type="cloudformation",
+            region_name=self._region_name,
+            verify=self.verify,
+            config=dict(self.botocore_config) if self.botocore_config else None,
+        )
 
     @property
     def region_name(self) -> str | None:

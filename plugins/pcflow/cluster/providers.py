@@ -22,12 +22,16 @@ def make_provider(
     cluster: Mapping[str, Any] | None = None,
     aws_conn_id: str | None = "aws_default",
     region_name: str | None = None,
+    verify: bool | str | None = None,
+    botocore_config: Mapping[str, Any] | None = None,
     ssh_conn_id: str | None = None,
     pcluster_path: str | None = None,
     suppress_validators: Sequence[str] = (),
     require_host_key: bool = True,
 ) -> StaticProvider | ParallelClusterProvider:
-    """The provider `name`; `cluster` is the spec's cluster section (static: partition, gpus_required...)."""
+    """The provider `name`; `cluster` is the spec's cluster section (static: partition, gpus_required...).
+    The AWS settings (connection, region, TLS verification, botocore config) reach every client and the
+    pcluster CLI's environment."""
     cluster = dict(cluster or {})
     if name == "static":
         allowed = {"name", "partition", "gpus_required", "min_nodes"}
@@ -44,14 +48,15 @@ def make_provider(
     if name == "parallelcluster":
         from pcflow.aws.clients import aws_client
 
+        connection = {"aws_conn_id": aws_conn_id, "region_name": region_name, "verify": verify}
         clients_cache: dict[str, Any] = {}
 
         def clients(service: str) -> Any:
             if service not in clients_cache:
-                clients_cache[service] = aws_client(service, aws_conn_id=aws_conn_id, region_name=region_name)
+                clients_cache[service] = aws_client(service, **connection, botocore_config=botocore_config)
             return clients_cache[service]
 
-        hook = ParallelClusterHook(aws_conn_id=aws_conn_id, region_name=region_name, pcluster_path=pcluster_path)
+        hook = ParallelClusterHook(**connection, botocore_config=botocore_config, pcluster_path=pcluster_path)
         return ParallelClusterProvider(
             hook=hook,
             clients=clients,

@@ -14,11 +14,12 @@ from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Context
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk import Context, conf
 
-from pcflow.aws.base import PcflowAwsOperator
+from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.dataset.partition import resolve_partition, validate_prefix
+from pcflow.errors import ServiceFailed
+from pcflow.events import validate_event
 from pcflow.naming import Component, run_key_from_context, standard_tags, validate_stack_name
 
 if TYPE_CHECKING:
@@ -49,10 +50,9 @@ class DatasetLoadOperator(PcflowAwsOperator):
     the stack's own dataset Asset, with the partition, its location and content hash as extra.
     """
 
-    template_fields: Sequence[str] = (
-        *PcflowAwsOperator.template_fields, "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id",
-        "stack",
-    )  # fmt: skip
+    template_fields: Sequence[str] = aws_template_fields(
+        "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id", "stack"
+    )
     ui_color = "#c9e4f5"
 
     def __init__(
@@ -70,7 +70,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
         prune: bool | None = None,
         ttl: dt.timedelta | None = None,
         fsx_file_system_id: str | None = None,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         waiter_delay: int = 30,
         waiter_max_attempts: int = 240,
         progress_interval_s: float = 15.0,
@@ -210,10 +210,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
                     task_id=task_id,
                     waiter_delay=self.waiter_delay,
                     waiter_max_attempts=self.waiter_max_attempts,
-                    aws_conn_id=self.aws_conn_id,
-                    region_name=self.region_name,
-                    verify=self.verify,
-                    botocore_config=self.botocore_config,
+                    **self.aws_connection,
                 ),
                 method_name="execute_complete",
                 kwargs={"result": result},
@@ -232,7 +229,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
         """Back from the triggerer: FSx itself says whether the import succeeded (and why not)."""
         from pcflow.aws.storage import data_repository_task_result
 
-        task_id = (event or {}).get("task_id") or result["fsx_import_task_id"]
+        task_id = validate_event(event, task=self.task_id, required=("task_id",))["task_id"]
         with self._import_failure_explained(result):
             data_repository_task_result(self.fsx_hook.conn, task_id)
         self.log.info("FSx import task %s succeeded", task_id)
@@ -245,7 +242,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
         try:
             yield
         except DataRepositoryTaskFailed as err:
-            raise AirflowException(
+            raise ServiceFailed(
                 f"FSx import of {result['uri']} failed: {err}. The data is in S3 and its manifest is committed; "
                 "fix the cause (for example the file system's S3 permissions) and clear this task to retry"
             ) from err

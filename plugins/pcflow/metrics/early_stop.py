@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from pcflow.events import SUCCESS, validate_event
 from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.head_node import HeadNode, head_node_argument
@@ -134,10 +135,12 @@ class EarlyStoppingOperator(BaseOperator):
     def execute(self, context: Context) -> None:
         self.defer(trigger=self.make_trigger(context), method_name="execute_complete")
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        if event.get("status") != "success":
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        event = validate_event(event, task=self.task_id)
+        if event["status"] != SUCCESS:  # advisory: the training goes on, unchecked
             self.log.warning("Early-stopping check gave up: %s", event.get("message"))
             return {"outcome": "unchecked", "message": event.get("message")}
+        event = validate_event(event, task=self.task_id, required=("outcome", "job_id", "run_dir", "decision"))
         if event["outcome"] == "stopped_early":
             self.log.info("Stopped trial %s early (%s)", event["job_id"], event["decision"]["reason"])
         return {k: event[k] for k in ("outcome", "job_id", "run_dir", "decision")}

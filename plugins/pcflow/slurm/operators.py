@@ -17,11 +17,13 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk import BaseOperator, conf
+from airflow.sdk.exceptions import AirflowFailException
 from pydantic import ValidationError
 
 from pcflow.compat import read_state
+from pcflow.errors import JobFailed, TriggerEventError
+from pcflow.events import validate_event
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.states import JobInfo, JobState
@@ -111,7 +113,7 @@ class SlurmJobOperator(BaseOperator):
         early_stopping: dict[str, Any] | None = None,
         payload_dir: str | None = None,
         budget: dict[str, Any] | None = None,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -218,8 +220,12 @@ class SlurmJobOperator(BaseOperator):
                 self.log.warning(
                     "Not adopting Slurm job %s named %s: it was submitted by user %r, not by %r (the user of "
                     "connection %r). This run submits its own job; ask who owns that one why it uses this name.",
-                    job.job_id, job.name, job.user or "unknown", user, self.ssh_conn_id,
-                )  # fmt: skip
+                    job.job_id,
+                    job.name,
+                    job.user or "unknown",
+                    user,
+                    self.ssh_conn_id,
+                )
         return [job for job in jobs if job.user == user]
 
     def job_status(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
@@ -264,8 +270,9 @@ class SlurmJobOperator(BaseOperator):
             self.job_id = previous.job_id
             return self.result(run_dir, previous, exit_code=previous.exit_code or 0)
         if previous is not None and (outcome := self.ended_on_purpose(previous, run_dir)):
-            self.log.info("Slurm job %s of this run was ended on purpose; adopting that outcome (%s)",
-                          previous.job_id, outcome)  # fmt: skip
+            self.log.info(
+                "Slurm job %s of this run was ended on purpose; adopting that outcome (%s)", previous.job_id, outcome
+            )
             self.job_id = previous.job_id
             return self.result(run_dir, previous, outcome=str(outcome))
         if previous is not None and (previous.state.is_active or previous.state.is_interruption):
@@ -336,9 +343,10 @@ class SlurmJobOperator(BaseOperator):
 
         self.hook.write_file(run_dir.hparams, render_hparams(spec))
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         from pcflow.slurm.spec import RunDir
 
+        event = validate_event(event, task=self.task_id, required=("job_id", "run_dir", "message"))
         self.job_id = event["job_id"]
         run_dir = RunDir(event["run_dir"])
         if event["status"] == "success":
@@ -348,7 +356,7 @@ class SlurmJobOperator(BaseOperator):
             raise AirflowFailException(event["message"])
         if event.get("outcome") in {str(o) for o in Outcome if o.needs_cancel}:
             self.hook.cancel(self.job_id)
-        raise AirflowException(self.failure_message(run_dir, event))
+        raise JobFailed(self.failure_message(run_dir, event))
 
     def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:
         info = JobInfo.from_dict(event["job"]) if event.get("job") else None
@@ -502,4 +510,4 @@ def spec_record(spec: JobSpec) -> str:
 async def _first_event(trigger: HeadNodeTrigger) -> dict[str, Any]:
     async for event in trigger.run():
         return event.payload
-    raise AirflowException("the Slurm job trigger ended without an event")
+    raise TriggerEventError("the Slurm job trigger ended without an event")
