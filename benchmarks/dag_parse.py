@@ -27,10 +27,10 @@ RESULTS = REPO / "benchmarks" / "results" / "dag_parse.json"
 GOAL_MS = 200
 #: Packages a DAG file must not load when it is parsed (Airflow's `airflow.sdk` loads none of them).
 HEAVY = (
-    "boto3", "botocore", "s3transfer", "aiobotocore", "paramiko", "asyncssh", "airflow.providers.amazon.aws.hooks",
-    "airflow.providers.amazon.aws.triggers", "airflow.providers.ssh.hooks", "pcflow.runspec", "pcflow.slurm.spec",
-    "pcflow.cluster.spec",
-)  # fmt: skip
+    *("boto3", "botocore", "s3transfer", "aiobotocore", "paramiko", "asyncssh"),
+    *("airflow.providers.amazon.aws.hooks", "airflow.providers.amazon.aws.triggers", "airflow.providers.ssh.hooks"),
+    *("pcflow.runspec", "pcflow.slurm.spec", "pcflow.cluster.spec"),
+)
 PEER = """
 from airflow.sdk import DAG
 from airflow.providers.standard.operators.empty import EmptyOperator

@@ -79,9 +79,13 @@ def main() -> int:
             for rel in expected:  # the operator makes no directories: made here, outside the timing
                 (peer_dest / rel).parent.mkdir(parents=True, exist_ok=True)
             peer = S3ToSFTPOperator(
-                task_id=f"peer-{i}", s3_bucket=bucket, s3_key=root, s3_filenames="*",
-                sftp_path=f"{peer_dest}/", sftp_conn_id="slurm_default",
-            )  # fmt: skip
+                task_id=f"peer-{i}",
+                s3_bucket=bucket,
+                s3_key=root,
+                s3_filenames="*",
+                sftp_path=f"{peer_dest}/",
+                sftp_conn_id="slurm_default",
+            )
             seconds, _ = timed(lambda peer=peer: peer.execute({}))
             got = tree(peer_dest)  # it lists the prefix, so it also copies manifest.json: one file more
             assert {k: got.get(k) for k in expected} == expected, "S3ToSFTPOperator's copy differs"

@@ -215,13 +215,20 @@ class FsxFileSystemResource(CloudFormationModel):
         props = cloudformation_json.get("Properties", {})
         backend = fsx_backends[account_id][region_name]
         fs = backend.create_file_system(
-            client_request_token=None, file_system_type=props.get("FileSystemType", "LUSTRE"),
-            storage_capacity=props.get("StorageCapacity"), storage_type=props.get("StorageType", "SSD"),
-            subnet_ids=props.get("SubnetIds", []), security_group_ids=props.get("SecurityGroupIds", []),
-            tags=props.get("Tags"), kms_key_id=None, windows_configuration=None,
-            lustre_configuration=props.get("LustreConfiguration"), ontap_configuration=None,
-            file_system_type_version=props.get("FileSystemTypeVersion"), open_zfs_configuration=None,
-        )  # fmt: skip
+            client_request_token=None,
+            file_system_type=props.get("FileSystemType", "LUSTRE"),
+            storage_capacity=props.get("StorageCapacity"),
+            storage_type=props.get("StorageType", "SSD"),
+            subnet_ids=props.get("SubnetIds", []),
+            security_group_ids=props.get("SecurityGroupIds", []),
+            tags=props.get("Tags"),
+            kms_key_id=None,
+            windows_configuration=None,
+            lustre_configuration=props.get("LustreConfiguration"),
+            ontap_configuration=None,
+            file_system_type_version=props.get("FileSystemTypeVersion"),
+            open_zfs_configuration=None,
+        )
         return cls(fs.file_system_id, account_id, region_name)
 
     @classmethod
@@ -242,9 +249,12 @@ class FsxFileSystemResource(CloudFormationModel):
         backend = fsx_backends[account_id][region_name]
         if self.file_system_id in backend.file_systems:
             backend.delete_file_system(
-                file_system_id=self.file_system_id, client_request_token=None, windows_configuration=None,
-                lustre_configuration=None, open_zfs_configuration=None,
-            )  # fmt: skip
+                file_system_id=self.file_system_id,
+                client_request_token=None,
+                windows_configuration=None,
+                lustre_configuration=None,
+                open_zfs_configuration=None,
+            )
 
 
 # -- data repository associations and tasks (the FSx API reference's shapes) ---------------------
@@ -427,8 +437,11 @@ def describe_instance_information(self: SimpleSystemManagerResponse) -> str:
 
 
 _register_image = ec2_amis.AmisResponse.register_image
-REGISTERED_ATTRIBUTES = {"Architecture": "architecture", "VirtualizationType": "virtualization_type",
-                         "RootDeviceName": "root_device_name"}  # fmt: skip
+REGISTERED_ATTRIBUTES = {
+    "Architecture": "architecture",
+    "VirtualizationType": "virtualization_type",
+    "RootDeviceName": "root_device_name",
+}
 
 
 def register_image(self: Any) -> Any:
@@ -458,9 +471,11 @@ def install() -> None:
     FSxBackend.create_file_system = create_file_system
     FSxBackend.delete_file_system = delete_file_system
     for handler in (
-        create_data_repository_association, describe_data_repository_associations,
-        create_data_repository_task, describe_data_repository_tasks,
-    ):  # fmt: skip
+        create_data_repository_association,
+        describe_data_repository_associations,
+        create_data_repository_task,
+        describe_data_repository_tasks,
+    ):
         setattr(FSxResponse, handler.__name__, handler)
     ec2_general.General.get_console_output = get_console_output
     SimpleSystemManagerResponse.describe_instance_information = describe_instance_information

@@ -54,9 +54,14 @@ NODE_TAG = "pcflow-standin:slurm-node"
 #: Settings the stand-in updates in place (pcluster: RESIZE_UPDATE_STRATEGY_ON_REMOVE / SUPPORTED).
 UPDATABLE = ("Scheduling.SlurmQueues.", "Tags")
 EMULATED = (
-    "create-cluster", "describe-cluster", "describe-cluster-instances", "update-cluster", "delete-cluster",
-    "describe-compute-fleet", "update-compute-fleet",
-)  # fmt: skip
+    "create-cluster",
+    "describe-cluster",
+    "describe-cluster-instances",
+    "update-cluster",
+    "delete-cluster",
+    "describe-compute-fleet",
+    "update-compute-fleet",
+)
 LIVE = ["pending", "running", "stopping", "stopped"]
 #: The local head node: its sshd listens here (stack.py's sshd_config).
 HEAD_NODE_ADDRESS = "127.0.0.1"
@@ -199,16 +204,21 @@ def template_for(config: dict, name: str, tags: list[dict]) -> str:
     }
     outputs: dict = {
         "HeadNodeInstanceID": {"Description": "ID of the head node instance", "Value": {"Ref": "HeadNode"}},
-        "HeadNodePrivateIP": {"Description": "Private IP Address of the head node",
-                              "Value": {"Fn::GetAtt": ["HeadNode", "PrivateIp"]}},
-        "HeadNodePrivateDnsName": {"Description": "Private DNS name of the head node",
-                                   "Value": {"Fn::GetAtt": ["HeadNode", "PrivateDnsName"]}},
-    }  # fmt: skip
+        "HeadNodePrivateIP": {
+            "Description": "Private IP Address of the head node",
+            "Value": {"Fn::GetAtt": ["HeadNode", "PrivateIp"]},
+        },
+        "HeadNodePrivateDnsName": {
+            "Description": "Private DNS name of the head node",
+            "Value": {"Fn::GetAtt": ["HeadNode", "PrivateDnsName"]},
+        },
+    }
     subnet = config["HeadNode"]["Networking"]["SubnetId"]
     file_systems = [
-        s for s in config.get("SharedStorage") or [] if s.get("StorageType") == "FsxLustre"
-        and not (s.get("FsxLustreSettings") or {}).get("FileSystemId")
-    ]  # fmt: skip
+        s
+        for s in config.get("SharedStorage") or []
+        if s.get("StorageType") == "FsxLustre" and not (s.get("FsxLustreSettings") or {}).get("FileSystemId")
+    ]
     for index, storage in enumerate(file_systems):
         resources[f"FSx{index}"] = file_system_resource(storage, subnet, tags or [])
     if file_systems:
@@ -260,8 +270,12 @@ def compute_fleet(config: dict) -> list[tuple[dict, str, str]]:
     for queue in config["Scheduling"]["SlurmQueues"]:
         subnet = queue["Networking"]["SubnetIds"][0]
         for resource in queue["ComputeResources"]:
-            tags = {"parallelcluster:node-type": "Compute", "parallelcluster:queue-name": queue["Name"],
-                    "parallelcluster:compute-resource-name": resource["Name"], "Name": "Compute"}  # fmt: skip
+            tags = {
+                "parallelcluster:node-type": "Compute",
+                "parallelcluster:queue-name": queue["Name"],
+                "parallelcluster:compute-resource-name": resource["Name"],
+                "Name": "Compute",
+            }
             slots += [(tags, resource["InstanceType"], subnet)] * int(resource.get("MaxCount", 10))
     pairs = zip(slots, local_nodes(), strict=False)  # the shorter decides
     return [({**tags, NODE_TAG: node}, kind, subnet) for (tags, kind, subnet), (node, _) in pairs]
@@ -303,8 +317,11 @@ def fleet_answer(data: dict) -> dict:
 def update_fleet(ddb, name: str, requested: str) -> dict:
     """pcluster's Cluster.start()/stop(): a request unless the fleet is already there or on its way."""
     if requested not in ("START_REQUESTED", "STOP_REQUESTED"):
-        out({"message": "Bad Request: the update compute fleet status can only be set to `START_REQUESTED` or "
-                        "`STOP_REQUESTED` for Slurm scheduler clusters."}, 1)  # fmt: skip
+        message = (
+            "Bad Request: the update compute fleet status can only be set to `START_REQUESTED` or "
+            "`STOP_REQUESTED` for Slurm scheduler clusters."
+        )
+        out({"message": message}, 1)
     current = fleet(ddb, name)
     stop = requested == "STOP_REQUESTED"
     going = {"STOP_REQUESTED", "STOPPING", "STOPPED"} if stop else {"START_REQUESTED", "STARTING", "RUNNING"}
@@ -342,10 +359,20 @@ def create(cfn, ec2, args, region: str) -> None:
     for node in compute_fleet(config):  # Slurm's nodes, not the stack's (pcluster launches them at run time)
         launch(ec2, config, name, tags, node)
     put_fleet(boto3.client("dynamodb", region_name=region), name, "RUNNING")  # what the head node writes once up
-    cluster = {"clusterName": name, "region": region, "version": VERSION, "clusterStatus": "CREATE_IN_PROGRESS",
-               "cloudformationStackStatus": "CREATE_IN_PROGRESS", "cloudformationStackArn": arn,
-               "scheduler": {"type": "slurm"}}  # fmt: skip
-    out({"cluster": cluster, "validationMessages": []})
+    out({"cluster": summary(name, region, "CREATE_IN_PROGRESS", arn), "validationMessages": []})
+
+
+def summary(name: str, region: str, status: str, arn: str) -> dict:
+    """The `cluster` of pcluster's create and update answers."""
+    return {
+        "clusterName": name,
+        "region": region,
+        "version": VERSION,
+        "clusterStatus": status,
+        "cloudformationStackStatus": status,
+        "cloudformationStackArn": arn,
+        "scheduler": {"type": "slurm"},
+    }
 
 
 def describe(cfn, ec2, args, region: str) -> None:
@@ -439,23 +466,21 @@ def update(cfn, ec2, args, region: str) -> None:
     template["Metadata"]["ClusterConfig"] = new  # the resources stay: queue sizes and tags only
     tags.append({"Key": "parallelcluster:version", "Value": VERSION})
     cfn.update_stack(StackName=name, TemplateBody=json.dumps(template), Tags=tags)
-    out({"cluster": {"clusterName": name, "region": region, "version": VERSION,
-                     "clusterStatus": "UPDATE_IN_PROGRESS", "cloudformationStackStatus": "UPDATE_IN_PROGRESS",
-                     "cloudformationStackArn": stack["StackId"], "scheduler": {"type": "slurm"}},
-         "changeSet": change_set})  # fmt: skip
+    out({"cluster": summary(name, region, "UPDATE_IN_PROGRESS", stack["StackId"]), "changeSet": change_set})
 
 
 def delete(cfn, ec2, args, region: str) -> None:
     name = args.cluster_name
     if stack_of(cfn, name) is None:
-        not_found(name, " In case you have running instances belonging to a deleted cluster please use the "
-                  "DeleteClusterInstances API.")  # fmt: skip
+        hint = " In case you have running instances belonging to a deleted cluster please use the "
+        not_found(name, hint + "DeleteClusterInstances API.")
     instances = cluster_instances(ec2, name)
     if instances:
         ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in instances])
     cfn.delete_stack(StackName=name)
-    out({"cluster": {"clusterName": name, "clusterStatus": "DELETE_IN_PROGRESS",
-                     "cloudformationStackStatus": "DELETE_IN_PROGRESS", "version": VERSION}})  # fmt: skip
+    status = "DELETE_IN_PROGRESS"
+    deleting = {"clusterName": name, "clusterStatus": status, "cloudformationStackStatus": status, "version": VERSION}
+    out({"cluster": deleting})
 
 
 COMMANDS = {

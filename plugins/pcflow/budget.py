@@ -164,8 +164,10 @@ def breakdown(cost: Mapping[str, Any]) -> str:
         text += f" x {cost['time_limit_hours']:g} h time limit"
         text += f" x {cost['trials']} trials" if cost["trials"] > 1 else ""
     if cost["cluster_hours"]:
-        text += (f" + {usd(cost['infrastructure_per_hour'])}/h x {cost['cluster_hours']:g} h while the cluster is "
-                 "created and deleted")  # fmt: skip
+        text += (
+            f" + {usd(cost['infrastructure_per_hour'])}/h x {cost['cluster_hours']:g} h while the cluster is "
+            "created and deleted"
+        )
     sources = dict.fromkeys(p["source"] for p in cost["prices"])
     return f"{text}; prices: {', '.join(sources)}"
 
@@ -327,14 +329,23 @@ class CostMeter:
         self.next_report = wall + self.report_every_s
         so_far, budget = self.so_far(wall), self.budget
         share = f" of the {usd(budget)} budget ({100 * so_far / budget:.0f}%)" if budget else " (no budget)"
-        line = (f"Cost so far: {usd(so_far)}{share}: {self.node_seconds(wall) / 3600:.3f} node-hours at "
-                f"{usd(self.cost['compute_per_node_hour'])}/h")  # fmt: skip
+        line = (
+            f"Cost so far: {usd(so_far)}{share}: {self.node_seconds(wall) / 3600:.3f} node-hours at "
+            f"{usd(self.cost['compute_per_node_hour'])}/h"
+        )
         if self.cost["infrastructure_per_hour"]:
-            line += (f", {(wall - self.run_started) / 3600:.2f} h of head node and FSx at "
-                     f"{usd(self.cost['infrastructure_per_hour'])}/h")  # fmt: skip
+            line += (
+                f", {(wall - self.run_started) / 3600:.2f} h of head node and FSx at "
+                f"{usd(self.cost['infrastructure_per_hour'])}/h"
+            )
         return line
 
     def record(self, job_id: str, wall: float) -> dict[str, Any]:
         """What BUDGET_FILE says: which job, the budget, the cost so far and when."""
-        return {"job_id": job_id, "budget_usd": self.budget, "cost_usd": round(self.so_far(wall), 6), "time": wall,
-                "node_seconds": round(self.node_seconds(wall), 3)}  # fmt: skip
+        return {
+            "job_id": job_id,
+            "budget_usd": self.budget,
+            "cost_usd": round(self.so_far(wall), 6),
+            "time": wall,
+            "node_seconds": round(self.node_seconds(wall), 3),
+        }

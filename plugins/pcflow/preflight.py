@@ -138,9 +138,11 @@ def instance_types_offered(account: Account) -> str | None:
         return None
     everywhere = _offered(ec2, list(types.values()))
     zones = sorted(set.intersection(*everywhere.values())) if everywhere else []
-    where = f"set network.availability_zone to one of {', '.join(zones)} (they offer all of them)" if zones else (
-        "no zone of the region offers all of them: pick other types or another region"
-    )  # fmt: skip
+    where = (
+        f"set network.availability_zone to one of {', '.join(zones)} (they offer all of them)"
+        if zones
+        else ("no zone of the region offers all of them: pick other types or another region")
+    )
     listed = ", ".join(f"{role} {t}" for role, t in missing.items())
     return f"{listed}: not offered in {zone}, the zone the run's network uses; pick types offered there or {where}"
 

@@ -94,9 +94,10 @@ class ClusterSettings(_Section):
 class TrainingSettings(_Section):
     launcher: Literal["srun", "torchrun", "vissl", "mpirun"] = "srun"
     payload: str | None = Field(
-        None, pattern=r"^[a-z][a-z0-9_-]{0,40}$",
+        None,
+        pattern=r"^[a-z][a-z0-9_-]{0,40}$",
         description="a directory of include/payloads/, shipped with each run; program[0] is a script in it",
-    )  # fmt: skip
+    )
     program: list[str] = Field(min_length=1)
     python: str = Field("python3", description="the environment's interpreter on the cluster (image or venv)")
     nodes: int = Field(1, ge=1, le=512)
@@ -141,10 +142,12 @@ class TeardownSettings(_Section):
     policy: Literal["always", "never"] = "always"  # never: kept for debugging until the janitor's TTL
     delete_image: bool = False
     keep_hours: float = Field(
-        48, gt=0, le=24 * 30,
+        48,
+        gt=0,
+        le=24 * 30,
         description="what runs keep for the next one (the stack's image; a nightly's network and cluster) "
         "expires this long after the last run that used it; every run stamps it again",
-    )  # fmt: skip
+    )
     export_fsx: bool = Field(False, description="write FSx changes (checkpoints) back to S3 before the cluster goes")
 
 
@@ -204,9 +207,10 @@ class BudgetSettings(_Section):
     approval_above_usd: float | None = Field(None, description="a run whose maximum is above this waits for approval")
     approval_timeout_hours: float = Field(24, gt=0, le=24 * 14)
     if_maximum_exceeds: Literal["refuse", "cap"] = Field(
-        "refuse", description="refuse: the first task refuses the run; cap: it starts, and its train task "
-        "cancels the job when the cost so far reaches the budget"
-    )  # fmt: skip
+        "refuse",
+        description="refuse: the first task refuses the run; cap: it starts, and its train task "
+        "cancels the job when the cost so far reaches the budget",
+    )
     create_minutes: float = Field(40, ge=0, le=24 * 60, description="ParallelCluster's create time, priced")
     delete_minutes: float = Field(20, ge=0, le=24 * 60, description="its delete time (with the FSx export)")
     idle_minutes: float | None = Field(None, gt=0, le=7 * 24 * 60, description="kept cluster: stop its fleet after")
@@ -242,9 +246,10 @@ class AlertsSettings(_Section):
     read from the profile itself when the alert is sent, never from a run's conf."""
 
     sns_topic_arn: str | None = Field(
-        None, pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$",
+        None,
+        pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$",
         description="the (standard, not FIFO) topic failures are published to; empty: no alerts",
-    )  # fmt: skip
+    )
 
 
 class NightlySettings(_Section):

@@ -78,9 +78,15 @@ def linear_probe(features: torch.Tensor, labels: torch.Tensor, settings: ProbeSe
     x = _standardised(features, train_idx)
     classes = int(labels.max()) + 1
     return fit_and_score(
-        x[train_idx], labels[train_idx], x[test_idx], labels[test_idx], classes,
-        steps=settings.steps, lr=settings.lr, weight_decay=settings.weight_decay,
-    )  # fmt: skip
+        x[train_idx],
+        labels[train_idx],
+        x[test_idx],
+        labels[test_idx],
+        classes,
+        steps=settings.steps,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+    )
 
 
 def few_label_probe(

@@ -217,9 +217,17 @@ def train(hp: Hparams, env: DistEnv) -> None:
         if should_fail(hp, epoch, env, device):
             raise InjectedFailure(f"fail_at_epoch={epoch}: failing on purpose at the start of epoch {epoch}")
         step = run_epoch(
-            epoch, step, ddp=ddp, optimizer=optimizer, data=data, steps_per_epoch=steps_per_epoch,
-            hp=hp, env=env, device=device, metrics=metrics,
-        )  # fmt: skip
+            epoch,
+            step,
+            ddp=ddp,
+            optimizer=optimizer,
+            data=data,
+            steps_per_epoch=steps_per_epoch,
+            hp=hp,
+            env=env,
+            device=device,
+            metrics=metrics,
+        )
         if env.is_main:
             state = {
                 "epochs_done": epoch + 1,

@@ -81,19 +81,27 @@ def adoption_differences(
     settings = block.get("PublicAccessBlockConfiguration", {})
     open_keys = [k for k in PUBLIC_ACCESS_KEYS if not settings.get(k)]
     if open_keys:
-        found.append(Difference(
-            "Block Public Access", f"off: {', '.join(open_keys)}", True,
-            "pcflow writes datasets, cluster configs and reports here: turn all four on "
-            f"(aws s3api put-public-access-block --bucket {name} --public-access-block-configuration "
-            "BlockPublicAcls=true,IgnorePublicAcls=true,BlockPublicPolicy=true,RestrictPublicBuckets=true)",
-        ))  # fmt: skip
+        found.append(
+            Difference(
+                "Block Public Access",
+                f"off: {', '.join(open_keys)}",
+                True,
+                "pcflow writes datasets, cluster configs and reports here: turn all four on "
+                f"(aws s3api put-public-access-block --bucket {name} --public-access-block-configuration "
+                "BlockPublicAcls=true,IgnorePublicAcls=true,BlockPublicPolicy=true,RestrictPublicBuckets=true)",
+            )
+        )
     status = s3.get_bucket_versioning(Bucket=name).get("Status") or "never enabled"
     if versioning and status != "Enabled":
-        found.append(Difference(
-            "versioning", status, True,
-            "a dataset manifest names the object versions it lists: enable it "
-            f"(aws s3api put-bucket-versioning --bucket {name} --versioning-configuration Status=Enabled)",
-        ))  # fmt: skip
+        found.append(
+            Difference(
+                "versioning",
+                status,
+                True,
+                "a dataset manifest names the object versions it lists: enable it "
+                f"(aws s3api put-bucket-versioning --bucket {name} --versioning-configuration Status=Enabled)",
+            )
+        )
     found += _reported_differences(s3, name, lifecycle_rules, kms_key_id)
     return found
 

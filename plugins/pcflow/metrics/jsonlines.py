@@ -50,9 +50,12 @@ class ReadResult:
             "bad_lines": self.bad_lines,
             "truncated_tail": self.truncated_tail,
             **({"first_error": self.first_error} if self.first_error else {}),
-            **({"dropped_points": self.dropped_points, "why_dropped": f"more than {MAX_METRIC_NAMES} metric names"}
-               if self.dropped_points else {}),
-        }  # fmt: skip
+            **(
+                {"dropped_points": self.dropped_points, "why_dropped": f"more than {MAX_METRIC_NAMES} metric names"}
+                if self.dropped_points
+                else {}
+            ),
+        }
 
     def keep(self, points: list[Point]) -> None:
         """Points of the first MAX_METRIC_NAMES names; others are counted."""

@@ -124,8 +124,15 @@ def save_outputs(hook: SlurmHook, s3: Any, *, run_dir: str, bucket: str, prefix:
     todo = [f for f in files if not _in_s3_already(s3, bucket, prefix + f.path, f)]
     sent = stream_to_s3(hook, s3, run_dir=run_dir, files=todo, bucket=bucket, prefix=prefix) if todo else 0
     uris = {f.path: f"s3://{bucket}/{prefix}{f.path}" for f in files}
-    log.info("outputs of %s: %d file(s) to s3://%s/%s (%d bytes), %d already there", run_dir, len(todo), bucket,
-             prefix, sent, len(files) - len(todo))  # fmt: skip
+    log.info(
+        "outputs of %s: %d file(s) to s3://%s/%s (%d bytes), %d already there",
+        run_dir,
+        len(todo),
+        bucket,
+        prefix,
+        sent,
+        len(files) - len(todo),
+    )
     checkpoint = next((uris[f.path] for f in files if f.path != MODEL_FILE), None)
     return {
         "prefix": f"s3://{bucket}/{prefix}",

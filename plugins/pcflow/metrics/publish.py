@@ -123,12 +123,20 @@ def spend_widget(stack: str, region: str, index: int) -> dict[str, Any]:
     """The stack's spend per day: the sum of its runs' RunCostUSD."""
     search = f"SEARCH('{{{NAMESPACE},stack}} MetricName=\"{RUN_COST_METRIC}\" stack=\"{stack}\"', 'Sum', 86400)"
     return {
-        "type": "metric", "x": (index % 2) * 12, "y": (index // 2) * 6, "width": 12, "height": 6,
+        "type": "metric",
+        "x": (index % 2) * 12,
+        "y": (index // 2) * 6,
+        "width": 12,
+        "height": 6,
         "properties": {
-            "title": f"pcflow {RUN_COST_METRIC} per day", "region": region, "view": "timeSeries", "stat": "Sum",
-            "period": 86400, "metrics": [[{"expression": search, "id": f"e{index}", "label": ""}]],
+            "title": f"pcflow {RUN_COST_METRIC} per day",
+            "region": region,
+            "view": "timeSeries",
+            "stat": "Sum",
+            "period": 86400,
+            "metrics": [[{"expression": search, "id": f"e{index}", "label": ""}]],
         },
-    }  # fmt: skip
+    }
 
 
 def _run_end(document: Mapping[str, Any]) -> dt.datetime | None:

@@ -154,8 +154,13 @@ class Seat:
             if isinstance(notice, BaseException):
                 raise notice
             attempts = self.waiter.max_reconnect_attempts
-            self.waiter.log.warning("SSH to the head node failed (attempt %d/%d), reconnecting in %.1fs: %s",
-                                    notice.attempt, attempts, notice.delay, notice.error)  # fmt: skip
+            self.waiter.log.warning(
+                "SSH to the head node failed (attempt %d/%d), reconnecting in %.1fs: %s",
+                notice.attempt,
+                attempts,
+                notice.delay,
+                notice.error,
+            )
 
     def confirm_soon(self) -> None:
         """Ask Slurm about this waiter's jobs at the next tick (at most once a FAST_CONFIRM_S for all waiters)."""
@@ -215,8 +220,9 @@ class HeadNodeSession:
         self.next_query = min(self.next_query, loop.time() + waiter.watch_policy.confirm_interval)
         if self.task is None:
             # An empty context: the loop's own log lines belong to no one task's log.
-            self.task = loop.create_task(self._run(), name=f"pcflow-head-node-{self.key[0]}",
-                                         context=contextvars.Context())  # fmt: skip
+            self.task = loop.create_task(
+                self._run(), name=f"pcflow-head-node-{self.key[0]}", context=contextvars.Context()
+            )
         self.wake.set()
         return seat
 

@@ -45,8 +45,7 @@ class StatLoop:
 
     @classmethod
     async def start(cls, conn: asyncssh.SSHClientConnection) -> StatLoop:
-        process = await conn.create_process(quote_command(["sh", "-c", LOOP]), encoding=None,
-                                            stderr=asyncssh.DEVNULL)  # fmt: skip
+        process = await conn.create_process(quote_command(["sh", "-c", LOOP]), encoding=None, stderr=asyncssh.DEVNULL)
         return cls(process)
 
     async def stat(self, paths: list[str], timeout: float) -> dict[str, FileStat]:

@@ -249,8 +249,12 @@ class HeadNodeTrigger(BaseTrigger):
             await fh.write(json.dumps(record).encode())
         await seat.run(["scancel", self.job_id])
         self.budget_spent = True
-        self.log.warning("The run's cost so far, %s, reached its budget of %s: cancelled Slurm job %s",
-                         usd(record["cost_usd"]), usd(record["budget_usd"]), self.job_id)  # fmt: skip
+        self.log.warning(
+            "The run's cost so far, %s, reached its budget of %s: cancelled Slurm job %s",
+            usd(record["cost_usd"]),
+            usd(record["budget_usd"]),
+            self.job_id,
+        )
 
     def after_budget(self, verdict: Any) -> Any:
         """A job cancelled at its budget before its wrapper could say so (still pending, an array's
@@ -371,8 +375,9 @@ class SlurmJobTrigger(HeadNodeTrigger):
         if size is None:
             return False
         if size < self.cursor.offset:
-            self.log.warning("Job log %s shrank (%d < %d bytes); reading it again", self.log_path, size,
-                             self.cursor.offset)  # fmt: skip
+            self.log.warning(
+                "Job log %s shrank (%d < %d bytes); reading it again", self.log_path, size, self.cursor.offset
+            )
             self.cursor.offset = 0
         if size - self.cursor.offset > LOG_MAX_BEHIND:
             self.skip_log(size - LOG_POLL_BYTES)
@@ -393,8 +398,12 @@ class SlurmJobTrigger(HeadNodeTrigger):
 
     def skip_log(self, offset: int) -> None:
         skipped = self.cursor.skip_to(offset)
-        self.log.warning("Skipped %d bytes of the job log: it grows faster than the task log can follow. All of "
-                         "it is in %s on the cluster.", skipped, self.log_path)  # fmt: skip
+        self.log.warning(
+            "Skipped %d bytes of the job log: it grows faster than the task log can follow. All of "
+            "it is in %s on the cluster.",
+            skipped,
+            self.log_path,
+        )
 
     async def finish_log(self, sftp: asyncssh.SFTPClient, size: int | None) -> None:
         """The job is over: what is left of its log (`size`: as last stat'd, after the job's end), or,

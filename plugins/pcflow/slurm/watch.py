@@ -214,11 +214,15 @@ class JobWatch:
     @staticmethod
     def _on_purpose(job_id: str, signal: str, exit_code: int | None) -> Verdict:
         if signal == BUDGET_SIGNAL:
-            why = ("was cancelled by pcflow when the run's cost so far reached its budget (the figures are in "
-                   "budget_exhausted.json in its run directory)")  # fmt: skip
+            why = (
+                "was cancelled by pcflow when the run's cost so far reached its budget (the figures are in "
+                "budget_exhausted.json in its run directory)"
+            )
         else:
-            why = ("was stopped early by pcflow's early-stopping check (its objective stopped improving or "
-                   "diverged; the reason is in early_stop.json in its run directory)")  # fmt: skip
+            why = (
+                "was stopped early by pcflow's early-stopping check (its objective stopped improving or "
+                "diverged; the reason is in early_stop.json in its run directory)"
+            )
         return Verdict(ENDED_ON_PURPOSE[signal], f"Slurm job {job_id} {why}", exit_code)
 
     def _forgotten(self, marker: dict | None) -> Verdict:
