@@ -140,8 +140,11 @@ def moto_leftovers(stack: LocalStack) -> list[str]:
         if e["State"].lower() not in ("deleted", "deleting")
     ]
     seeded_image = f"aws-parallelcluster-{stack_script.PCLUSTER_VERSION}-alinux2023-hvm-x86_64-local-standin"
-    found += [f"image {i['ImageId']} ({i['Name']})" for i in ec2.describe_images(Owners=["self"])["Images"]
-              if i["Name"] != seeded_image]  # fmt: skip
+    found += [
+        f"image {i['ImageId']} ({i['Name']})"
+        for i in ec2.describe_images(Owners=["self"])["Images"]
+        if i["Name"] != seeded_image
+    ]
     seeded_snapshots = {
         m["Ebs"]["SnapshotId"]
         for i in ec2.describe_images(Owners=["self"])["Images"]
@@ -149,13 +152,22 @@ def moto_leftovers(stack: LocalStack) -> list[str]:
         if "Ebs" in m
     }
     own = [{"Name": "owner-id", "Values": [account]}]  # moto ignores OwnerIds; its catalogue is not ours
-    found += [f"snapshot {s['SnapshotId']}" for s in ec2.describe_snapshots(Filters=own)["Snapshots"]
-              if s["SnapshotId"] not in seeded_snapshots]  # fmt: skip
-    found += [f"key-pair {k['KeyName']}" for k in ec2.describe_key_pairs()["KeyPairs"]
-              if k["KeyName"] != stack_script.KEY_PAIR]  # fmt: skip
+    found += [
+        f"snapshot {s['SnapshotId']}"
+        for s in ec2.describe_snapshots(Filters=own)["Snapshots"]
+        if s["SnapshotId"] not in seeded_snapshots
+    ]
+    found += [
+        f"key-pair {k['KeyName']}"
+        for k in ec2.describe_key_pairs()["KeyPairs"]
+        if k["KeyName"] != stack_script.KEY_PAIR
+    ]
     found += [f"bucket {b['Name']}" for b in s3.list_buckets().get("Buckets", [])]
-    found += [f"instance-profile {p['InstanceProfileName']}" for p in iam.list_instance_profiles()["InstanceProfiles"]
-              if p["InstanceProfileName"] != stack_script.BUILDER_PROFILE]  # fmt: skip
+    found += [
+        f"instance-profile {p['InstanceProfileName']}"
+        for p in iam.list_instance_profiles()["InstanceProfiles"]
+        if p["InstanceProfileName"] != stack_script.BUILDER_PROFILE
+    ]
     return found
 
 

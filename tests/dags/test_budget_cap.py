@@ -32,8 +32,13 @@ def test_a_job_that_reaches_its_budget_is_cancelled_and_the_run_says_so(admin_pr
             "budget": {"usd": BUDGET, "if_maximum_exceeds": "cap", "report_every_s": 5},
         },
     )
-    conf = {"profile": profile, "partition": "budget", "instance_type": "g5.12xlarge", "nodes": 1,
-            "hyperparameters": {"epochs": 200}}  # fmt: skip
+    conf = {
+        "profile": profile,
+        "partition": "budget",
+        "instance_type": "g5.12xlarge",
+        "nodes": 1,
+        "hyperparameters": {"epochs": 200},
+    }
     try:
         result = run_dag("pretrain", conf)
         log = "".join(capfd.readouterr())

@@ -67,8 +67,12 @@ class NodeLoss(threading.Thread):
     def release_requeued_job(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and "attempt 1 on" not in (self.run_dir / "job.log").read_text():
-            subprocess.run(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"], capture_output=True,
-                           env=os.environ, check=False)  # fmt: skip
+            subprocess.run(
+                ["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"],
+                capture_output=True,
+                env=os.environ,
+                check=False,
+            )
             time.sleep(1.0)
 
 

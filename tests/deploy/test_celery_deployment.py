@@ -280,9 +280,18 @@ def backfill(airflow, sweep) -> dict:
     airflow.api("PATCH", "/dags/pretrain_nightly", {"is_paused": False})
     started = time.monotonic()
     cli = airflow.airflow(
-        "backfill", "create", "--dag-id", "pretrain_nightly", *BACKFILL_DATES,
-        "--dag-run-conf", json.dumps(NIGHTLY_CONF), "--reprocess-behavior", "none", "--max-active-runs", "1",
-    )  # fmt: skip
+        "backfill",
+        "create",
+        "--dag-id",
+        "pretrain_nightly",
+        *BACKFILL_DATES,
+        "--dag-run-conf",
+        json.dumps(NIGHTLY_CONF),
+        "--reprocess-behavior",
+        "none",
+        "--max-active-runs",
+        "1",
+    )
     assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
     killed, runs = None, []
     while time.monotonic() - started < len(NIGHTS) * RUN_TIMEOUT_S:

@@ -250,75 +250,72 @@ SHELL_DOCUMENT = f"arn:aws:ssm:us-east-1:{ACCOUNT}:document/AWS-RunShellScript"
 BUILDER_TAGS = {"ssm:resourceTag/pcflow:component": "ami", "ssm:resourceTag/pcflow:role": "builder"}
 OWN = {"aws:ResourceTag/pcflow:stack": "research"}
 
+VPC = f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0"
+OTHER_DOCUMENT = f"arn:aws:ssm:us-east-1:{ACCOUNT}:document/AnyOther"
+HEAD_NODE_TAGS = {"ssm:resourceTag/pcflow:component": "cluster", "ssm:resourceTag/pcflow:role": "builder"}
+TAGGED_CREATE = {"aws:RequestTag/pcflow:stack": "research", "aws:TagKeys": ["pcflow:stack"]}
+OWN_STACK = f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/pcflow-research-cluster/1"
+OTHER_STACK = f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/someone-else/1"
+BUILDER_ROLE = f"arn:aws:iam::{ACCOUNT}:role/pcflow-ami-builder"
+ADMIN_ROLE = f"arn:aws:iam::{ACCOUNT}:role/Admin"
+TO_EC2 = {"iam:PassedToService": "ec2.amazonaws.com"}
+TOPIC = f"arn:aws:sns:us-east-1:{ACCOUNT}"
+BOUNDED = {"iam:PermissionsBoundary": BOUNDARY}
+UNBOUNDED = {"iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/AnythingGoes"}
+CLOUDWATCH_AGENT = {"iam:PolicyARN": "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"}
+ADMINISTRATOR = {"iam:PolicyARN": "arn:aws:iam::aws:policy/AdministratorAccess"}
+
 #: (statement Sid, action, resource, context, allowed?) for include/iam/pcflow-airflow-policy.json.
 AIRFLOW_REQUESTS = [
     ("BakeImageOnlyOnPcflowBuilders", "ssm:SendCommand", INSTANCE, BUILDER_TAGS, True),
     ("BakeImageOnlyOnPcflowBuilders", "ssm:SendCommand", INSTANCE, {}, False),  # any untagged instance
-    ("BakeImageOnlyOnPcflowBuilders", "ssm:SendCommand", INSTANCE, {"ssm:resourceTag/pcflow:component": "cluster",
-     "ssm:resourceTag/pcflow:role": "builder"}, False),  # a cluster's head node
+    ("BakeImageOnlyOnPcflowBuilders", "ssm:SendCommand", INSTANCE, HEAD_NODE_TAGS, False),  # a cluster's head node
     ("BakeImageWithTheShellDocument", "ssm:SendCommand", SHELL_DOCUMENT, {}, True),
-    ("BakeImageWithTheShellDocument", "ssm:SendCommand", f"arn:aws:ssm:us-east-1:{ACCOUNT}:document/AnyOther", {},
-     False),
+    ("BakeImageWithTheShellDocument", "ssm:SendCommand", OTHER_DOCUMENT, {}, False),
     ("HeadNodeHostKeyFromOwnInstances", "ec2:GetConsoleOutput", INSTANCE, OWN, True),
     ("HeadNodeHostKeyFromOwnInstances", "ec2:GetConsoleOutput", INSTANCE, {}, False),
-    ("CreateOnlyTaggedByPcflow", "ec2:CreateVpc", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0",
-     {"aws:RequestTag/pcflow:stack": "research", "aws:TagKeys": ["pcflow:stack"]}, True),
-    ("CreateOnlyTaggedByPcflow", "ec2:CreateVpc", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0", {},
-     False),
-    ("TagOnCreateOnly", "ec2:CreateTags", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0",
-     {"ec2:CreateAction": "CreateVpc"}, True),
-    ("TagOnCreateOnly", "ec2:CreateTags", f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-0123456789abcdef0",
-     {"ec2:CreateAction": "CreateKeyPair"}, False),
+    ("CreateOnlyTaggedByPcflow", "ec2:CreateVpc", VPC, TAGGED_CREATE, True),
+    ("CreateOnlyTaggedByPcflow", "ec2:CreateVpc", VPC, {}, False),
+    ("TagOnCreateOnly", "ec2:CreateTags", VPC, {"ec2:CreateAction": "CreateVpc"}, True),
+    ("TagOnCreateOnly", "ec2:CreateTags", VPC, {"ec2:CreateAction": "CreateKeyPair"}, False),
     # Moving an own resource's expiry on; not tagging someone's instance as pcflow's, nor moving an own
     # resource to another stack or run (only pcflow:expires may change after creation).
     ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:expires"]}, True),
     ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {"aws:TagKeys": ["pcflow:expires"]}, False),
     ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:stack"]}, False),
-    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:expires", "pcflow:run"]},
-     False),
+    ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:expires", "pcflow:run"]}, False),
     ("ChangeAndDeleteOnlyPcflowTagged", "ec2:TerminateInstances", INSTANCE, OWN, True),
     ("ChangeAndDeleteOnlyPcflowTagged", "ec2:TerminateInstances", INSTANCE, {}, False),
-    ("ClusterStacksTaggedByPcflow", "cloudformation:DeleteStack",
-     f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/pcflow-research-cluster/1", OWN, True),
-    ("ClusterStacksTaggedByPcflow", "cloudformation:DeleteStack",
-     f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/someone-else/1", {}, False),
-    ("PassOnlyTheBuilderRole", "iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/pcflow-ami-builder",
-     {"iam:PassedToService": "ec2.amazonaws.com"}, True),
-    ("PassOnlyTheBuilderRole", "iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/pcflow-ami-builder",
-     {"iam:PassedToService": "lambda.amazonaws.com"}, False),
-    ("PassOnlyTheBuilderRole", "iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/Admin",
-     {"iam:PassedToService": "ec2.amazonaws.com"}, False),
+    ("ClusterStacksTaggedByPcflow", "cloudformation:DeleteStack", OWN_STACK, OWN, True),
+    ("ClusterStacksTaggedByPcflow", "cloudformation:DeleteStack", OTHER_STACK, {}, False),
+    ("PassOnlyTheBuilderRole", "iam:PassRole", BUILDER_ROLE, TO_EC2, True),
+    ("PassOnlyTheBuilderRole", "iam:PassRole", BUILDER_ROLE, {"iam:PassedToService": "lambda.amazonaws.com"}, False),
+    ("PassOnlyTheBuilderRole", "iam:PassRole", ADMIN_ROLE, TO_EC2, False),
     ("TrainingMetricsAndDashboards", "cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "pcflow"}, True),
     ("TrainingMetricsAndDashboards", "cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "AWS/EC2"}, False),
-    ("FailureAlertsToTheAdminsTopic", "sns:Publish", f"arn:aws:sns:us-east-1:{ACCOUNT}:pcflow-alerts", {}, True),
-    ("FailureAlertsToTheAdminsTopic", "sns:Publish", f"arn:aws:sns:us-east-1:{ACCOUNT}:billing-team", {}, False),
-]  # fmt: skip
+    ("FailureAlertsToTheAdminsTopic", "sns:Publish", f"{TOPIC}:pcflow-alerts", {}, True),
+    ("FailureAlertsToTheAdminsTopic", "sns:Publish", f"{TOPIC}:billing-team", {}, False),
+]
 #: The same for include/iam/pcluster-cli-policy.json (ParallelCluster's roles).
+ROLES_BOUNDED = "ClusterRolesOnlyWithThePermissionsBoundary"
+PASS_TO_EC2_AND_LAMBDA = "PassClusterRolesToEc2AndLambdaOnly"
+VIA_STACK = {"aws:CalledViaFirst": "cloudformation.amazonaws.com"}
+TO_CLOUDFORMATION = {"iam:PassedToService": "cloudformation.amazonaws.com"}
 PCLUSTER_REQUESTS = [
-    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:CreateRole", CLUSTER_ROLE,
-     {"iam:PermissionsBoundary": BOUNDARY}, True),
-    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:CreateRole", CLUSTER_ROLE, {}, False),
-    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:CreateRole", CLUSTER_ROLE,
-     {"iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/AnythingGoes"}, False),
-    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:CreateRole", f"arn:aws:iam::{ACCOUNT}:role/Admin",
-     {"iam:PermissionsBoundary": BOUNDARY}, False),  # outside ParallelCluster's path
-    ("ClusterRolesOnlyWithThePermissionsBoundary", "iam:PutRolePolicy", CLUSTER_ROLE, {}, False),
-    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE,
-     {"iam:PermissionsBoundary": BOUNDARY, "iam:PolicyARN": "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"},
-     True),
-    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE,
-     {"iam:PermissionsBoundary": BOUNDARY, "iam:PolicyARN": "arn:aws:iam::aws:policy/AdministratorAccess"}, False),
-    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE,
-     {"iam:PolicyARN": "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"}, False),  # an unbounded role
-    ("PassClusterRolesToEc2AndLambdaOnly", "iam:PassRole", CLUSTER_ROLE,
-     {"iam:PassedToService": "ec2.amazonaws.com"}, True),
-    ("PassClusterRolesToEc2AndLambdaOnly", "iam:PassRole", CLUSTER_ROLE,
-     {"iam:PassedToService": "cloudformation.amazonaws.com"}, False),
-    ("PassClusterRolesToEc2AndLambdaOnly", "iam:PassRole", CLUSTER_ROLE, {}, False),
-    ("WhatTheClusterStackCreates", "ec2:RunInstances", INSTANCE,
-     {"aws:CalledViaFirst": "cloudformation.amazonaws.com"}, True),
+    (ROLES_BOUNDED, "iam:CreateRole", CLUSTER_ROLE, BOUNDED, True),
+    (ROLES_BOUNDED, "iam:CreateRole", CLUSTER_ROLE, {}, False),
+    (ROLES_BOUNDED, "iam:CreateRole", CLUSTER_ROLE, UNBOUNDED, False),
+    (ROLES_BOUNDED, "iam:CreateRole", ADMIN_ROLE, BOUNDED, False),  # outside ParallelCluster's path
+    (ROLES_BOUNDED, "iam:PutRolePolicy", CLUSTER_ROLE, {}, False),
+    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE, {**BOUNDED, **CLOUDWATCH_AGENT}, True),
+    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE, {**BOUNDED, **ADMINISTRATOR}, False),
+    ("AttachOnlyAllowListedPolicies", "iam:AttachRolePolicy", CLUSTER_ROLE, CLOUDWATCH_AGENT, False),  # unbounded
+    (PASS_TO_EC2_AND_LAMBDA, "iam:PassRole", CLUSTER_ROLE, TO_EC2, True),
+    (PASS_TO_EC2_AND_LAMBDA, "iam:PassRole", CLUSTER_ROLE, TO_CLOUDFORMATION, False),
+    (PASS_TO_EC2_AND_LAMBDA, "iam:PassRole", CLUSTER_ROLE, {}, False),
+    ("WhatTheClusterStackCreates", "ec2:RunInstances", INSTANCE, VIA_STACK, True),
     ("WhatTheClusterStackCreates", "ec2:RunInstances", INSTANCE, {}, False),  # directly, not via the stack
-]  # fmt: skip
+]
 
 
 @cache
@@ -379,9 +376,13 @@ def test_the_boundary_caps_what_a_cluster_role_can_do_whatever_is_attached():
 
 def test_a_tag_condition_with_ifexists_would_let_untagged_resources_through(tmp_path):
     """What the first test guards against, shown by the evaluator on the statement this policy used to have."""
-    old = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ssm:SendCommand",
-           "Resource": "arn:aws:ec2:*:*:instance/*",
-           "Condition": {"StringLikeIfExists": {"ssm:resourceTag/pcflow:stack": "*"}}}]}  # fmt: skip
+    statement = {
+        "Effect": "Allow",
+        "Action": "ssm:SendCommand",
+        "Resource": "arn:aws:ec2:*:*:instance/*",
+        "Condition": {"StringLikeIfExists": {"ssm:resourceTag/pcflow:stack": "*"}},
+    }
+    old = {"Version": "2012-10-17", "Statement": [statement]}
     path = tmp_path / "old-send-command.json"
     path.write_text(json.dumps(old))
     untagged = simulate(path, [("old", "ssm:SendCommand", INSTANCE, {}, False)])

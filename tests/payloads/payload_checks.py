@@ -260,9 +260,14 @@ def write_partition(folders: Path, dest: Path, target_bytes: int) -> dict:
             sha, size = write_shard(src, members, out)
         objects.append({"key": f"shard-{index:03d}.tar", "size": size, "sha256": sha, "samples": len(members)})
     manifest = build_manifest(
-        mode="shard", bucket="b", root="p/", partition="p", source_uri=src.uri, objects=objects,
+        mode="shard",
+        bucket="b",
+        root="p/",
+        partition="p",
+        source_uri=src.uri,
+        objects=objects,
         extra={"classes": classes},
-    )  # fmt: skip
+    )
     (dest / "manifest.json").write_text(json.dumps(manifest))
     return manifest
 
@@ -306,8 +311,11 @@ def check_shard_shares_are_equal_disjoint_and_seeded():
     """Each epoch, every rank gets the same number of samples, no sample twice; same seed, same shares."""
     from shards import Shard, ShardDataset
 
-    manifest = {"mode": "shard", "classes": ["a"], "objects": [{"key": f"s{i}", "samples": n} for i, n in
-                enumerate([7, 1, 30, 12, 5])]}  # fmt: skip
+    manifest = {
+        "mode": "shard",
+        "classes": ["a"],
+        "objects": [{"key": f"s{i}", "samples": n} for i, n in enumerate([7, 1, 30, 12, 5])],
+    }
     data = ShardDataset("/d", manifest, seed=3)
     for world in (1, 2, 3, 4):
         count = data.size // world

@@ -58,8 +58,12 @@ def test_payload_streams_the_listed_versions_of_shards_from_s3(local_stack, tmp_
         s3.put_object(Bucket=bucket, Key=loaded["root"] + shards[0]["key"], Body=b"a later load replaced this")
         read = subprocess.run(
             [str(payload_python), "-c", READ, str(SIMCLR), f"s3://{bucket}/{loaded['root']}"],
-            capture_output=True, text=True, timeout=300, check=False, env=os.environ,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env=os.environ,
+        )
     finally:
         delete_bucket(s3, bucket)
     assert read.returncode == 0, read.stderr

@@ -82,8 +82,12 @@ def test_above_the_threshold_the_run_waits_for_a_person(pretrain, monkeypatch):
 
 def test_reject_skips_every_stage_after_it(pretrain):
     task = approval_of(pretrain, COST)
-    event = {"chosen_options": ["Reject"], "params_input": {}, "responded_at": dt.datetime.now(dt.UTC),
-             "responded_by_user": {"id": "1", "name": "approver"}}  # fmt: skip
+    event = {
+        "chosen_options": ["Reject"],
+        "params_input": {},
+        "responded_at": dt.datetime.now(dt.UTC),
+        "responded_by_user": {"id": "1", "name": "approver"},
+    }
     with pytest.raises(DownstreamTasksSkipped) as skipped:
         task.execute_complete(context_for(task), event)
     assert set(skipped.value.tasks) == {"network", "ensure_dataset_bucket", "dataset_source"}

@@ -101,9 +101,11 @@ def test_a_ready_account_passes_every_check(account):
 
 def test_missing_key_pair(account):
     fails_with(
-        account(cluster={"config": {"key_name": "nobody-made-this"}}), "key_pair",
-        "the key pair 'nobody-made-this' does not exist in us-east-1", "aws ec2 import-key-pair",
-    )  # fmt: skip
+        account(cluster={"config": {"key_name": "nobody-made-this"}}),
+        "key_pair",
+        "the key pair 'nobody-made-this' does not exist in us-east-1",
+        "aws ec2 import-key-pair",
+    )
 
 
 def test_instance_type_not_offered_in_the_networks_zone(account):
@@ -111,27 +113,35 @@ def test_instance_type_not_offered_in_the_networks_zone(account):
     offerings data, as moto serves it)."""
     needs = {"L-7212CCBC": 192.0, "L-1216C47A": 8.0}
     fails_with(
-        account(quotas=needs, instance_type="p4d.24xlarge", network={"availability_zone": "us-east-1f"},
-                training={"tasks_per_node": 8, "gpus_per_node": 8}),
+        account(
+            quotas=needs,
+            instance_type="p4d.24xlarge",
+            network={"availability_zone": "us-east-1f"},
+            training={"tasks_per_node": 8, "gpus_per_node": 8},
+        ),
         "instance_types_offered",
         "compute p4d.24xlarge: not offered in us-east-1f, the zone the run's network uses",
         "set network.availability_zone to one of us-east-1a, us-east-1b, us-east-1c, us-east-1d",
-    )  # fmt: skip
+    )
 
 
 def test_vcpu_quota_below_the_cluster_at_its_maximum_size(account):
     fails_with(
-        account(quotas={"L-3819A6DF": 48.0, "L-1216C47A": 8.0}), "vcpu_quota",
+        account(quotas={"L-3819A6DF": 48.0, "L-1216C47A": 8.0}),
+        "vcpu_quota",
         "needs 96 vCPUs of 'All G and VT Spot Instance Requests' (L-3819A6DF) in us-east-1, the account's quota is 48",
-        "--quota-code L-3819A6DF --desired-value 96", "lower cluster.config.max_count",
-    )  # fmt: skip
+        "--quota-code L-3819A6DF --desired-value 96",
+        "lower cluster.config.max_count",
+    )
 
 
 def test_missing_builder_instance_profile(account):
     fails_with(
-        account(ami={"instance_profile": "no-such-profile"}), "builder_instance_profile",
-        "the AMI builder's instance profile 'no-such-profile' does not exist", "AmazonSSMManagedInstanceCore",
-    )  # fmt: skip
+        account(ami={"instance_profile": "no-such-profile"}),
+        "builder_instance_profile",
+        "the AMI builder's instance profile 'no-such-profile' does not exist",
+        "AmazonSSMManagedInstanceCore",
+    )
 
 
 def test_builder_instance_profile_without_a_role(account):
@@ -165,8 +175,17 @@ def test_static_cluster_runs_only_the_checks_that_apply(local_stack):
 
 def test_instance_families_map_to_their_vcpu_quotas():
     expected = {
-        "g5.12xlarge": "g", "vt1.3xlarge": "g", "p4d.24xlarge": "p", "c5.2xlarge": "standard",
-        "im4gn.large": "standard", "inf2.xlarge": "inf", "trn1.32xlarge": "trn", "dl1.24xlarge": "dl",
-        "hpc7g.16xlarge": "hpc", "x2idn.16xlarge": "x", "mac2.metal": None, "u-6tb1.metal": None,
-    }  # fmt: skip
+        "g5.12xlarge": "g",
+        "vt1.3xlarge": "g",
+        "p4d.24xlarge": "p",
+        "c5.2xlarge": "standard",
+        "im4gn.large": "standard",
+        "inf2.xlarge": "inf",
+        "trn1.32xlarge": "trn",
+        "dl1.24xlarge": "dl",
+        "hpc7g.16xlarge": "hpc",
+        "x2idn.16xlarge": "x",
+        "mac2.metal": None,
+        "u-6tb1.metal": None,
+    }
     assert {t: quota_family(t) for t in expected} == expected

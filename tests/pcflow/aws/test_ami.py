@@ -45,10 +45,16 @@ def spec(aws, stack, base_image, profile):
 
     def make(**overrides) -> AmiSpec:
         values = {
-            "stack": stack, "region": "us-east-1", "pcluster_version": VERSION, "bootstrap_script": SCRIPT,
-            "instance_profile": profile, "subnet_id": ids.head_subnet_id, "instance_type": "t3.micro",
-            "base_image_id": base_image, **overrides,
-        }  # fmt: skip
+            "stack": stack,
+            "region": "us-east-1",
+            "pcluster_version": VERSION,
+            "bootstrap_script": SCRIPT,
+            "instance_profile": profile,
+            "subnet_id": ids.head_subnet_id,
+            "instance_type": "t3.micro",
+            "base_image_id": base_image,
+            **overrides,
+        }
         return AmiSpec(**values)
 
     return make
@@ -57,10 +63,13 @@ def spec(aws, stack, base_image, profile):
 def test_recipe_hash_changes_with_each_input():
     base = recipe_hash("ami-1", SCRIPT, VERSION, {"cuda": "12.4"})
     assert base == recipe_hash("ami-1", SCRIPT, VERSION, {"cuda": "12.4"})
-    assert len({base, recipe_hash("ami-2", SCRIPT, VERSION, {"cuda": "12.4"}),
-                recipe_hash("ami-1", SCRIPT + "\n", VERSION, {"cuda": "12.4"}),
-                recipe_hash("ami-1", SCRIPT, "3.16.0", {"cuda": "12.4"}),
-                recipe_hash("ami-1", SCRIPT, VERSION, {"cuda": "12.5"})}) == 5  # fmt: skip
+    variants = [
+        recipe_hash("ami-2", SCRIPT, VERSION, {"cuda": "12.4"}),
+        recipe_hash("ami-1", SCRIPT + "\n", VERSION, {"cuda": "12.4"}),
+        recipe_hash("ami-1", SCRIPT, "3.16.0", {"cuda": "12.4"}),
+        recipe_hash("ami-1", SCRIPT, VERSION, {"cuda": "12.5"}),
+    ]
+    assert len({base, *variants}) == 5
 
 
 def test_bake_then_reuse_and_builder_is_terminated(aws, stack, spec, counts):

@@ -22,9 +22,13 @@ def killed_run(aws, stack: str, run: str, *, ttl: dt.timedelta | None) -> None:
     image = aws.amazon_image_id()
     tags = standard_tags(stack=stack, component="cluster", run=run, ttl=ttl)
     aws.ec2.run_instances(
-        ImageId=image, MinCount=1, MaxCount=1, InstanceType="t3.micro", SubnetId=ids.head_subnet_id,
+        ImageId=image,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="t3.micro",
+        SubnetId=ids.head_subnet_id,
         TagSpecifications=tag_specifications("instance", tags),
-    )  # fmt: skip
+    )
 
 
 def test_rule_expired_or_inactive_run_but_never_shared():
@@ -83,13 +87,20 @@ def test_the_report_lists_what_it_keeps_with_its_cost_per_day(aws, stack):
     ids = ensure_network(aws.ec2, spec, run="run-live", ttl=dt.timedelta(days=1), waiter_delay=0)
     tags = standard_tags(stack=stack, component="cluster", run="run-live", ttl=dt.timedelta(days=1))
     aws.ec2.run_instances(
-        ImageId=aws.amazon_image_id(), MinCount=1, MaxCount=1, InstanceType="t3.micro", SubnetId=ids.head_subnet_id,
+        ImageId=aws.amazon_image_id(),
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="t3.micro",
+        SubnetId=ids.head_subnet_id,
         TagSpecifications=tag_specifications("instance", tags),
-    )  # fmt: skip
+    )
     fs_id = aws.fsx.create_file_system(
-        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[ids.head_subnet_id],
-        LustreConfiguration={"DeploymentType": "SCRATCH_2"}, Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
-    )["FileSystem"]["FileSystemId"]  # fmt: skip
+        FileSystemType="LUSTRE",
+        StorageCapacity=1200,
+        SubnetIds=[ids.head_subnet_id],
+        LustreConfiguration={"DeploymentType": "SCRATCH_2"},
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+    )["FileSystem"]["FileSystemId"]
     try:
         out = JanitorOperator(task_id="janitor", stack=stack, pass_delay=0).execute({"dag_run": _DagRun("manual")})
         assert out["would_delete"] == []  # all of it is kept: the run is alive and has not expired

@@ -23,21 +23,34 @@ def test_each_kind_that_bills_is_priced_per_day():
         Resource("instance", "i-head", TAGS, "running", {"InstanceType": "c5.2xlarge"}),
         Resource("instance", "i-spot", TAGS, "running", {"InstanceType": "g5.12xlarge", "InstanceLifecycle": "spot"}),
         Resource("instance", "i-off", TAGS, "stopped", {"InstanceType": "g5.12xlarge"}),
-        Resource("fsx-file-system", "fs-1", TAGS, "AVAILABLE",
-                 {"StorageCapacity": 2400, "LustreConfiguration": {"DeploymentType": "PERSISTENT_2",
-                                                                    "PerUnitStorageThroughput": 250}}),
+        Resource(
+            "fsx-file-system",
+            "fs-1",
+            TAGS,
+            "AVAILABLE",
+            {
+                "StorageCapacity": 2400,
+                "LustreConfiguration": {"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250},
+            },
+        ),
         Resource("nat-gateway", "nat-1", TAGS, "available"),
         Resource("elastic-ip", "eipalloc-1", TAGS, ""),
-        Resource("vpc-endpoint", "vpce-if", TAGS, "available",
-                 {"VpcEndpointType": "Interface", "SubnetIds": ["a", "b"]}),
+        Resource(
+            "vpc-endpoint", "vpce-if", TAGS, "available", {"VpcEndpointType": "Interface", "SubnetIds": ["a", "b"]}
+        ),
         Resource("vpc-endpoint", "vpce-s3", TAGS, "available", {"VpcEndpointType": "Gateway"}),
-        Resource("image", "ami-1", TAGS, "available",
-                 {"BlockDeviceMappings": [{"Ebs": {"SnapshotId": "snap-of-ami", "VolumeSize": 50}}]}),
+        Resource(
+            "image",
+            "ami-1",
+            TAGS,
+            "available",
+            {"BlockDeviceMappings": [{"Ebs": {"SnapshotId": "snap-of-ami", "VolumeSize": 50}}]},
+        ),
         Resource("snapshot", "snap-of-ami", TAGS, "completed", {"VolumeSize": 50}),
         Resource("snapshot", "snap-alone", TAGS, "completed", {"VolumeSize": 100}),
         Resource("vpc", "vpc-1", TAGS),
         Resource("pcluster-cluster", "pcflow-research-cluster", TAGS, "CREATE_COMPLETE"),
-    )  # fmt: skip
+    )
     assert lines["i-head"] == (pytest.approx(0.34 * 24), "c5.2xlarge at $0.34/h")
     assert lines["i-spot"][0] == pytest.approx(5.672 * 24) and "spot instance costs less" in lines["i-spot"][1]
     assert lines["i-off"][0] == 0

@@ -74,10 +74,11 @@ def test_an_admins_bucket_is_adopted_with_its_settings_and_never_deleted(s3, buc
     s3.create_bucket(Bucket=bucket)
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     s3.put_public_access_block(
-        Bucket=bucket, PublicAccessBlockConfiguration=dict.fromkeys(
+        Bucket=bucket,
+        PublicAccessBlockConfiguration=dict.fromkeys(
             ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets"), True
         ),
-    )  # fmt: skip
+    )
     kms = {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": "alias/team-data"}
     s3.put_bucket_encryption(
         Bucket=bucket, ServerSideEncryptionConfiguration={"Rules": [{"ApplyServerSideEncryptionByDefault": kms}]}
@@ -103,10 +104,11 @@ def test_a_bucket_without_what_pcflow_needs_is_refused_untouched(s3, bucket, mis
         s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     else:
         s3.put_public_access_block(
-            Bucket=bucket, PublicAccessBlockConfiguration=dict.fromkeys(
+            Bucket=bucket,
+            PublicAccessBlockConfiguration=dict.fromkeys(
                 ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets"), True
             ),
-        )  # fmt: skip
+        )
     before = settings(s3, bucket)
     with pytest.raises(BucketSettingsDiffer, match=f"does not change .* it needs: {missing}.*aws s3api put-"):
         use(s3, bucket, f"a{uuid.uuid4().hex[:8]}")

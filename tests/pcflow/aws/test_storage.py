@@ -110,8 +110,13 @@ FS_ID = "fs-0123456789abcdef0"
 
 
 def task(lifecycle: str, **extra) -> dict:
-    return {"TaskId": TASK_ID, "Lifecycle": lifecycle, "Type": "EXPORT_TO_REPOSITORY",
-            "CreationTime": "2026-01-01T00:00:00Z", **extra}  # fmt: skip
+    return {
+        "TaskId": TASK_ID,
+        "Lifecycle": lifecycle,
+        "Type": "EXPORT_TO_REPOSITORY",
+        "CreationTime": "2026-01-01T00:00:00Z",
+        **extra,
+    }
 
 
 def test_fsx_task_start_is_idempotent_and_reports_failure_emulator_limited(local_stack):
@@ -119,9 +124,13 @@ def test_fsx_task_start_is_idempotent_and_reports_failure_emulator_limited(local
     calls against the FSx service model and returns documented response shapes."""
     fsx = aws_client("fsx", aws_conn_id="aws_default")
     expected_create = {
-        "Type": "EXPORT_TO_REPOSITORY", "FileSystemId": FS_ID, "Report": {"Enabled": False},
-        "ClientRequestToken": ANY, "Tags": ANY, "Paths": ["results/"],
-    }  # fmt: skip
+        "Type": "EXPORT_TO_REPOSITORY",
+        "FileSystemId": FS_ID,
+        "Report": {"Enabled": False},
+        "ClientRequestToken": ANY,
+        "Tags": ANY,
+        "Paths": ["results/"],
+    }
     with Stubber(fsx) as stub:
         stub.add_response("describe_data_repository_tasks", {"DataRepositoryTasks": []})
         stub.add_response("create_data_repository_task", {"DataRepositoryTask": task("PENDING")}, expected_create)

@@ -56,9 +56,17 @@ def test_teardown_after_full_ensure_leaves_nothing_tagged(aws, stack, counts, ar
     report = teardown(aws, Selector(stack=stack), pass_delay=0)
     assert report.complete and not report.remaining
     assert {r.kind for r in report.deleted} >= {
-        "instance", "vpc-endpoint", "nat-gateway", "elastic-ip", "route-table",
-        "network-interface", "security-group", "subnet", "internet-gateway", "vpc",
-    }  # fmt: skip
+        "instance",
+        "vpc-endpoint",
+        "nat-gateway",
+        "elastic-ip",
+        "route-table",
+        "network-interface",
+        "security-group",
+        "subnet",
+        "internet-gateway",
+        "vpc",
+    }
     assert set(counts().values()) == {0}
     # The tagging API keeps listing terminated instances and deleted NAT gateways for a while (as AWS
     # does); anything else it lists is a leak, and those two must be in their final state.

@@ -51,16 +51,27 @@ def test_render_keeps_user_values_as_values():
 
 def test_render_fsx_variants_and_queue():
     scratch = ClusterSpec.parse(
-        {**BASE, "s3_bucket": "data", "s3_prefix": "/sets/x/", "fsx": {"export_prefix": "out"}, "capacity_type": "SPOT",
-         "placement_group": True, "max_count": 4}
-    )  # fmt: skip
+        {
+            **BASE,
+            "s3_bucket": "data",
+            "s3_prefix": "/sets/x/",
+            "fsx": {"export_prefix": "out"},
+            "capacity_type": "SPOT",
+            "placement_group": True,
+            "max_count": 4,
+        }
+    )
     doc = render_config(scratch, efa=True).document
     queue = doc["Scheduling"]["SlurmQueues"][0]
     assert queue["CapacityType"] == "SPOT"
     assert queue["Networking"] == {"SubnetIds": ["subnet-0123abcd"], "PlacementGroup": {"Enabled": True}}
     assert queue["ComputeResources"][0] == {
-        "Name": "gpu", "InstanceType": "g5.xlarge", "MinCount": 0, "MaxCount": 4, "Efa": {"Enabled": True}
-    }  # fmt: skip
+        "Name": "gpu",
+        "InstanceType": "g5.xlarge",
+        "MinCount": 0,
+        "MaxCount": 4,
+        "Efa": {"Enabled": True},
+    }
     lustre = doc["SharedStorage"][0]["FsxLustreSettings"]
     assert lustre["ImportPath"] == "s3://data/sets/x" and lustre["ExportPath"] == "s3://data/out"
     assert doc["HeadNode"]["Imds"] == {"Secured": True} and doc["Imds"] == {"ImdsSupport": "v2.0"}
@@ -136,6 +147,14 @@ def test_health_verdicts():
 
 
 def test_cluster_info_round_trips_through_xcom():
-    info = ClusterInfo("static", "c", "127.0.0.1", "ssh-ed25519 AAAA", "slurm_default", "/shared", ("/shared",),
-                       tuple(parse_sinfo(SINFO)))  # fmt: skip
+    info = ClusterInfo(
+        "static",
+        "c",
+        "127.0.0.1",
+        "ssh-ed25519 AAAA",
+        "slurm_default",
+        "/shared",
+        ("/shared",),
+        tuple(parse_sinfo(SINFO)),
+    )
     assert ClusterInfo.from_xcom(info.to_xcom()) == info

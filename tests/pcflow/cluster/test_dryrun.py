@@ -71,10 +71,15 @@ def test_cpu_instance_type_for_gpu_queue_is_refused_before_pcluster(site, tmp_pa
 
 def test_validate_operator_keeps_the_rendered_config_in_s3_and_xcom(pcluster_cli, site):
     op = ValidateClusterConfigOperator(
-        task_id="validate_cluster", provider="parallelcluster", cluster=site.spec(), stack=site.stack,
-        pcluster_path=str(pcluster_cli), suppress_validators=MOTO_SUPPRESSED_VALIDATORS, run_scoped=True,
+        task_id="validate_cluster",
+        provider="parallelcluster",
+        cluster=site.spec(),
+        stack=site.stack,
+        pcluster_path=str(pcluster_cli),
+        suppress_validators=MOTO_SUPPRESSED_VALIDATORS,
+        run_scoped=True,
         config_bucket=site.bucket,
-    )  # fmt: skip
+    )
     result = op.execute(make_context("validate_cluster"))
     bucket, key = result["config_s3_uri"].removeprefix("s3://").split("/", 1)
     stored = clients("s3").get_object(Bucket=bucket, Key=key)["Body"].read().decode()

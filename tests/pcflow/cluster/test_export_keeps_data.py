@@ -39,9 +39,16 @@ def test_failed_export_keeps_cluster_file_system_and_network(standin_cli, site, 
     ec2 = aws_client("ec2")
     network = ensure_network(ec2, NetworkSpec(stack=site.stack, region="us-east-1"), run=run, waiter_delay=0)
     delete = DeleteClusterOperator(
-        task_id="delete_cluster", provider="parallelcluster", cluster_name=site.spec()["name"], stack=site.stack,
-        run_scoped=True, export_fsx=True, pcluster_path=str(standin_cli), deferrable=False, **WAIT,
-    )  # fmt: skip
+        task_id="delete_cluster",
+        provider="parallelcluster",
+        cluster_name=site.spec()["name"],
+        stack=site.stack,
+        run_scoped=True,
+        export_fsx=True,
+        pcluster_path=str(standin_cli),
+        deferrable=False,
+        **WAIT,
+    )
     provider = delete.cluster_provider
     spec = site.spec(head_subnet_id=network.head_subnet_id, fsx={"deployment_type": "SCRATCH_2"})
     ensure_cluster(provider, spec, stack=site.stack, run=run, **WAIT)
@@ -69,8 +76,9 @@ def test_failed_export_keeps_cluster_file_system_and_network(standin_cli, site, 
         assert tagged_resources("pcflow:run", run) == [] and live_file_systems(fsx, run) == []
         tasks = fsx.describe_data_repository_tasks(Filters=[{"Name": "file-system-id", "Values": [fs_id]}])
         assert [(t["Type"], t["Lifecycle"]) for t in tasks["DataRepositoryTasks"]] == [
-            ("EXPORT_TO_REPOSITORY", "FAILED"), ("EXPORT_TO_REPOSITORY", "SUCCEEDED"),
-        ]  # fmt: skip
+            ("EXPORT_TO_REPOSITORY", "FAILED"),
+            ("EXPORT_TO_REPOSITORY", "SUCCEEDED"),
+        ]
     finally:
         if live_file_systems(fsx, run):
             fsx.delete_file_system(FileSystemId=fs_id)

@@ -42,8 +42,11 @@ def test_an_idle_kept_clusters_fleet_is_stopped_and_the_next_run_starts_it(
     spec = site.spec()
 
     def profile(idle_minutes: float) -> str:
-        settings = {"stack": site.stack, "budget": {"idle_minutes": idle_minutes},
-                    "cluster": {"ssh_conn_id": "slurm_default"}}  # fmt: skip
+        settings = {
+            "stack": site.stack,
+            "budget": {"idle_minutes": idle_minutes},
+            "cluster": {"ssh_conn_id": "slurm_default"},
+        }
         return admin_profiles.make("aws-gpu", settings)
 
     patient, eager = profile(60), profile(0.05)  # an hour; three seconds

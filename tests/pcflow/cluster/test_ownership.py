@@ -26,8 +26,12 @@ from pcflow.naming import run_key, standard_tags
 pytestmark = [pytest.mark.security, pytest.mark.stack]
 WAIT = {"waiter_delay": 1, "waiter_max_attempts": 10}
 #: A cluster spec checked without AWS (the spec's own validation and the renderer).
-OFFLINE_SPEC = {"name": "pcflow-research-cluster", "region": "us-east-1", "key_name": "pcflow",
-                "head_subnet_id": "subnet-0123456789abcdef0"}  # fmt: skip
+OFFLINE_SPEC = {
+    "name": "pcflow-research-cluster",
+    "region": "us-east-1",
+    "key_name": "pcflow",
+    "head_subnet_id": "subnet-0123456789abcdef0",
+}
 
 
 def owned_by(stack: str) -> list[str]:
@@ -70,15 +74,25 @@ def test_another_stacks_cluster_is_never_adopted_updated_or_deleted(provider, si
         with pytest.raises(ClusterNotOwned):  # nor a run of the owning stack adopting its shared cluster
             ensure_cluster(provider, spec, stack=other, run="some-run", **WAIT)
         delete = DeleteClusterOperator(
-            task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], stack=site.stack,
-            pcluster_path=str(standin_cli), export_fsx=True, deferrable=False, **WAIT,
-        )  # fmt: skip
+            task_id="delete_cluster",
+            provider="parallelcluster",
+            cluster_name=spec["name"],
+            stack=site.stack,
+            pcluster_path=str(standin_cli),
+            export_fsx=True,
+            deferrable=False,
+            **WAIT,
+        )
         with pytest.raises(AirflowFailException, match=f"belongs to stack {other}"):
             delete.execute(make_context("delete_cluster"))
         deferrable = DeleteClusterOperator(
-            task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], stack=site.stack,
-            pcluster_path=str(standin_cli), **WAIT,
-        )  # fmt: skip
+            task_id="delete_cluster",
+            provider="parallelcluster",
+            cluster_name=spec["name"],
+            stack=site.stack,
+            pcluster_path=str(standin_cli),
+            **WAIT,
+        )
         with pytest.raises(AirflowFailException, match=f"belongs to stack {other}"):
             deferrable.execute(make_context("delete_cluster"))
         assert owned_by(other) == before
@@ -99,9 +113,15 @@ def test_a_runs_own_cluster_is_deleted_by_that_run_only(provider, site, standin_
 
     def delete_in(context):
         return DeleteClusterOperator(
-            task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], stack=site.stack,
-            run_scoped=True, pcluster_path=str(standin_cli), deferrable=False, **WAIT,
-        ).execute(context)  # fmt: skip
+            task_id="delete_cluster",
+            provider="parallelcluster",
+            cluster_name=spec["name"],
+            stack=site.stack,
+            run_scoped=True,
+            pcluster_path=str(standin_cli),
+            deferrable=False,
+            **WAIT,
+        ).execute(context)
 
     try:
         with pytest.raises(ClusterNotOwned, match=f"run {owner_run}"):

@@ -55,9 +55,15 @@ def export_tasks(fs_id: str) -> list[dict]:
 
 def ensure_op(cli, site, spec, **kw):
     return EnsureClusterOperator(
-        task_id="ensure_cluster", provider="parallelcluster", cluster=spec, stack=site.stack,
-        pcluster_path=str(cli), waiter_delay=1, waiter_max_attempts=10, **kw,
-    )  # fmt: skip
+        task_id="ensure_cluster",
+        provider="parallelcluster",
+        cluster=spec,
+        stack=site.stack,
+        pcluster_path=str(cli),
+        waiter_delay=1,
+        waiter_max_attempts=10,
+        **kw,
+    )
 
 
 def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cli, site, local_stack):
@@ -92,17 +98,26 @@ def test_standin_create_defers_on_the_stack_then_returns_cluster_info(standin_cl
 
     # Teardown policy `never`: the delete task keeps the cluster and says so.
     kept = DeleteClusterOperator(
-        task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], keep=True,
-        stack=site.stack, pcluster_path=str(standin_cli),
-    ).execute(make_context("delete_cluster"))  # fmt: skip
+        task_id="delete_cluster",
+        provider="parallelcluster",
+        cluster_name=spec["name"],
+        keep=True,
+        stack=site.stack,
+        pcluster_path=str(standin_cli),
+    ).execute(make_context("delete_cluster"))
     assert kept == {"cluster_name": spec["name"], "deleted": False, "kept": True}
     assert len(stacks_named(spec["name"])) == 1
 
     # Delete: deferrable until the stack is gone, then idempotent.
     delete = DeleteClusterOperator(
-        task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], stack=site.stack,
-        pcluster_path=str(standin_cli), waiter_delay=1, waiter_max_attempts=10,
-    )  # fmt: skip
+        task_id="delete_cluster",
+        provider="parallelcluster",
+        cluster_name=spec["name"],
+        stack=site.stack,
+        pcluster_path=str(standin_cli),
+        waiter_delay=1,
+        waiter_max_attempts=10,
+    )
     with pytest.raises(TaskDeferred) as deferred:
         delete.execute(make_context("delete_cluster"))
     event = wait_like_trigger(deferred.value.trigger)
@@ -151,9 +166,11 @@ def test_standin_teardown_loop_deletes_tagged_cluster_stacks(standin_cli, site):
     assert [r.id for r in report.deleted] == [spec["name"]]
     assert stacks_named(spec["name"]) == []
     head = clients("ec2").describe_instances(
-        Filters=[{"Name": "tag:parallelcluster:cluster-name", "Values": [spec["name"]]},
-                 {"Name": "instance-state-name", "Values": ["pending", "running"]}]
-    )["Reservations"]  # fmt: skip
+        Filters=[
+            {"Name": "tag:parallelcluster:cluster-name", "Values": [spec["name"]]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
+    )["Reservations"]
     assert head == []
 
 
@@ -171,9 +188,12 @@ def test_standin_updatable_change_is_applied_in_place_and_others_refused(standin
         assert len(stacks_named(spec["name"])) == 1
         with pytest.raises(ClusterMismatch, match=r"(?s)in place.*HeadNode\.InstanceType: c5\.xlarge -> c5\.4xlarge"):
             ensure_cluster(
-                provider, {**spec, "max_count": 4, "head_node_instance_type": "c5.4xlarge"}, stack=site.stack,
-                waiter_delay=1, waiter_max_attempts=10,
-            )  # fmt: skip
+                provider,
+                {**spec, "max_count": 4, "head_node_instance_type": "c5.4xlarge"},
+                stack=site.stack,
+                waiter_delay=1,
+                waiter_max_attempts=10,
+            )
         tags = {t["Key"]: t["Value"] for t in stacks_named(spec["name"])[0]["Tags"]}
         assert tags["pcflow:config-hash"] == grown["config_hash"]
     finally:
@@ -220,9 +240,15 @@ def test_standin_delete_operator_defers_on_the_fsx_export_then_on_the_stack(stan
 
     spec = site.spec(fsx={"deployment_type": "SCRATCH_2"})
     delete = DeleteClusterOperator(
-        task_id="delete_cluster", provider="parallelcluster", cluster_name=spec["name"], export_fsx=True,
-        stack=site.stack, pcluster_path=str(standin_cli), waiter_delay=1, waiter_max_attempts=10,
-    )  # fmt: skip
+        task_id="delete_cluster",
+        provider="parallelcluster",
+        cluster_name=spec["name"],
+        export_fsx=True,
+        stack=site.stack,
+        pcluster_path=str(standin_cli),
+        waiter_delay=1,
+        waiter_max_attempts=10,
+    )
     provider = delete.cluster_provider
     ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
     [fs_id] = provider.file_system_ids(spec["name"])
@@ -256,8 +282,10 @@ def test_standin_answers_as_the_real_cli_does(standin_cli, pcluster_cli, site):
     ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
 
     def both(*argv: str) -> tuple[dict, dict]:
-        answers = [subprocess.run([str(cli), *argv], capture_output=True, text=True, check=True).stdout
-                   for cli in (standin_cli, pcluster_cli)]  # fmt: skip
+        answers = [
+            subprocess.run([str(cli), *argv], capture_output=True, text=True, check=True).stdout
+            for cli in (standin_cli, pcluster_cli)
+        ]
         return json.loads(answers[0]), json.loads(answers[1])
 
     try:

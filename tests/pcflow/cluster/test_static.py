@@ -59,10 +59,14 @@ def test_static_drained_node_on_a_private_stack(local_stack, tmp_path, monkeypat
         monkeypatch.setenv("AIRFLOW_CONN_SLURM_PRIVATE", env["AIRFLOW_CONN_SLURM_DEFAULT"])
         assert StaticProvider(ssh_conn_id="slurm_private").ensure().partitions[0].usable_nodes == 3
         slurm_env = {**os.environ, "SLURM_CONF": env["SLURM_CONF"]}
-        nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env, capture_output=True, text=True,
-                               check=True).stdout.split()  # fmt: skip
-        subprocess.run(["scontrol", "update", f"nodename={nodes[0]}", "state=drain", "reason=pcflow-test"],
-                       env=slurm_env, check=True)  # fmt: skip
+        nodes = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env, capture_output=True, text=True, check=True
+        ).stdout.split()
+        subprocess.run(
+            ["scontrol", "update", f"nodename={nodes[0]}", "state=drain", "reason=pcflow-test"],
+            env=slurm_env,
+            check=True,
+        )
         with pytest.raises(ClusterUnhealthy, match="usable node") as info:
             StaticProvider(ssh_conn_id="slurm_private", min_nodes=3).ensure()
         assert StaticProvider(ssh_conn_id="slurm_private", min_nodes=2).ensure().partitions[0].usable_nodes == 2

@@ -127,9 +127,14 @@ def run_cost_points(cloudwatch, stack: str) -> list[tuple[float, float]]:
     """(SampleCount, Sum) of the stack's RunCostUSD over the last three hours."""
     now = dt.datetime.now(dt.UTC)
     data = cloudwatch.get_metric_statistics(
-        Namespace=NAMESPACE, MetricName="RunCostUSD", Dimensions=[{"Name": "stack", "Value": stack}],
-        StartTime=now - dt.timedelta(hours=3), EndTime=now, Period=3 * 3600, Statistics=["SampleCount", "Sum"],
-    )["Datapoints"]  # fmt: skip
+        Namespace=NAMESPACE,
+        MetricName="RunCostUSD",
+        Dimensions=[{"Name": "stack", "Value": stack}],
+        StartTime=now - dt.timedelta(hours=3),
+        EndTime=now,
+        Period=3 * 3600,
+        Statistics=["SampleCount", "Sum"],
+    )["Datapoints"]
     return [(d["SampleCount"], d["Sum"]) for d in data]
 
 
@@ -229,10 +234,14 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     # The report, as Chromium lays it out: every curve drawn with all its points, utilisation too.
     html = s3.get_object(Bucket=bucket, Key=prefix + "report.html")["Body"].read().decode()
     charts, (estimate_label, model_link, before, rows) = render(
-        html, artifacts_dir, "report", "document.querySelector('.estimate').textContent",
-        "document.querySelector('#model a').textContent", "document.querySelector('#cost-before').textContent",
+        html,
+        artifacts_dir,
+        "report",
+        "document.querySelector('.estimate').textContent",
+        "document.querySelector('#model a').textContent",
+        "document.querySelector('#cost-before').textContent",
         "document.querySelectorAll('#cost-checkpoints tr').length",
-    )  # fmt: skip
+    )
     assert estimate_label == "estimate" and model_link == summary["model"]["model"] and rows == 1 + 6
     assert before.startswith("Before the run: Cost of this run: up to $100.00 (budget $200.00)")
     for name in ("loss", "probe_accuracy", "top1"):

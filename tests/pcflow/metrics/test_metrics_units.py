@@ -216,8 +216,11 @@ def test_cost_so_far_at_each_evaluation_from_the_prices_checked_before_the_run()
 
 def test_a_runs_cost_counts_every_trials_nodes_and_the_cluster_once():
     def trial(compute: float) -> dict:
-        lines = [{"what": "compute (spot)", "usd": compute}, {"what": "head node", "usd": 1.0},
-                 {"what": "FSx for Lustre", "usd": 0.5}]  # fmt: skip
+        lines = [
+            {"what": "compute (spot)", "usd": compute},
+            {"what": "head node", "usd": 1.0},
+            {"what": "FSx for Lustre", "usd": 0.5},
+        ]
         return {"cost": {"lines": lines}}
 
     assert run_cost([trial(2.0), trial(3.0), trial(4.0)]) == 10.5

@@ -183,8 +183,12 @@ def hostile_run_dir(local_stack: LocalStack) -> Path:
 def test_harvest_of_huge_files_reads_their_tails_only(hostile_run_dir: Path):
     """About 10 s (80 MiB over SFTP, parsed; 32 MiB of regex matching)."""
     hook = CountingHook()
-    ref = JobRef(job_id="", run_dir=str(hostile_run_dir), log=str(hostile_run_dir / "job.log"),
-                 metrics_file=str(hostile_run_dir / "metrics.jsonl"))  # fmt: skip
+    ref = JobRef(
+        job_id="",
+        run_dir=str(hostile_run_dir),
+        log=str(hostile_run_dir / "job.log"),
+        metrics_file=str(hostile_run_dir / "metrics.jsonl"),
+    )
     definitions = parse_definitions([{"name": "a", "regex": r"(a+)+$"}])  # backtracks for ever in Python's re
     try:
         document = harvest_job(hook, ref, definitions=definitions)

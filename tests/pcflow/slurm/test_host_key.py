@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.security, pytest.mark.stack]
 
 
 def ssh_keygen_fingerprint(public_key_file) -> str:
-    return subprocess.run(["ssh-keygen", "-lf", str(public_key_file)], capture_output=True, text=True,
-                          check=True).stdout.split()[1]  # fmt: skip
+    return subprocess.run(
+        ["ssh-keygen", "-lf", str(public_key_file)], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
 
 
 @pytest.fixture

@@ -41,10 +41,21 @@ def other_user() -> str:
 def submit_as(user: str, stack: LocalStack, job_name: str) -> str:
     """sbatch as `user`: a held job (it never runs) named `job_name`."""
     argv = [
-        "runuser", "-u", user, "--", "env", f"SLURM_CONF={stack.env['SLURM_CONF']}",
-        "sbatch", "--parsable", "--hold", f"--job-name={job_name}", "--chdir=/tmp", "--output=/dev/null",
-        "--wrap", "sleep 60",
-    ]  # fmt: skip
+        "runuser",
+        "-u",
+        user,
+        "--",
+        "env",
+        f"SLURM_CONF={stack.env['SLURM_CONF']}",
+        "sbatch",
+        "--parsable",
+        "--hold",
+        f"--job-name={job_name}",
+        "--chdir=/tmp",
+        "--output=/dev/null",
+        "--wrap",
+        "sleep 60",
+    ]
     out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60)
     return out.stdout.strip().split(";")[0]
 

@@ -36,9 +36,13 @@ def shared_root(local_stack) -> str:
 
 def run_payload(shipped: dict, shared_root: str) -> str:
     op = SlurmJobOperator(
-        task_id="hello", program=["main.py", "a b"], python="python3", payload_dir=shipped["dir"],
-        shared_root=shared_root, **FAST,
-    )  # fmt: skip
+        task_id="hello",
+        program=["main.py", "a b"],
+        python="python3",
+        payload_dir=shipped["dir"],
+        shared_root=shared_root,
+        **FAST,
+    )
     result = run_to_completion(op, make_context("hello"))
     return Path(result["log"]).read_text()
 

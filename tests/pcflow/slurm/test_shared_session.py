@@ -197,9 +197,13 @@ def test_progress_counts_array_elements_whenever_they_change(slurm, capsys):
     """About 20 s. Four elements, two at a time, the last one failing."""
     script = 'sleep 1; [ "$SLURM_ARRAY_TASK_ID" != 3 ] || exit 1'
     op = SlurmArrayJobOperator(
-        task_id="counted", program=["bash", "-c", script], trials=[{}] * 4, max_parallel=2, min_success_ratio=0.5,
+        task_id="counted",
+        program=["bash", "-c", script],
+        trials=[{}] * 4,
+        max_parallel=2,
+        min_success_ratio=0.5,
         **FAST,
-    )  # fmt: skip
+    )
     trigger = deferred_trigger(op, make_context("counted"))
     event = first_event(trigger)
     assert event["status"] == "success", event

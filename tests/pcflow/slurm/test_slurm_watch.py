@@ -137,12 +137,17 @@ def test_a_clean_marker_settles_between_questions_any_other_end_waits_for_slurm(
 
 def test_an_array_between_questions_takes_only_clean_markers_and_counts_its_elements():
     watch = ArrayWatch("9", 4, WatchPolicy(), min_success_ratio=0.5)
-    elements = [JobInfo("9_0", JobState.RUNNING), JobInfo("9_1", JobState.RUNNING),
-                JobInfo("9_2", JobState.PENDING, reason="Resources")]  # fmt: skip
+    elements = [
+        JobInfo("9_0", JobState.RUNNING),
+        JobInfo("9_1", JobState.RUNNING),
+        JobInfo("9_2", JobState.PENDING, reason="Resources"),
+    ]
     assert watch.assess(elements, {}, 0) is None
     assert watch.counts() == {"pending": 2, "running": 2, "done": 0, "failed": 0}  # 9_3 not listed yet
-    markers = {0: {"job_id": "9_0", "exit_code": 0, "restart": 0, "signal": ""},
-               1: {"job_id": "9_1", "exit_code": 3, "restart": 0, "signal": ""}}  # fmt: skip
+    markers = {
+        0: {"job_id": "9_0", "exit_code": 0, "restart": 0, "signal": ""},
+        1: {"job_id": "9_1", "exit_code": 3, "restart": 0, "signal": ""},
+    }
     assert watch.assess(None, markers, 1) is None
     assert set(watch.verdicts) == {0}  # element 1 failed by its marker: Slurm explains it at the next question
     assert watch.counts() == {"pending": 2, "running": 1, "done": 1, "failed": 0}
