@@ -139,8 +139,12 @@ class SshdWatch:
         return text.count("Accepted publickey"), text.count("past MaxStartups")
 
     def _open_now(self) -> int:
-        out = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{self.port} )"],
-                             capture_output=True, text=True, check=False).stdout  # fmt: skip
+        out = subprocess.run(
+            ["ss", "-Htn", "state", "established", f"( sport = :{self.port} )"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
         return len(out.splitlines())
 
     def __enter__(self) -> SshdWatch:
@@ -216,8 +220,14 @@ def peer_triggers(jobs: list[dict], ids: list[str]) -> list[list]:
     for job, job_id in zip(jobs, ids, strict=True):
         root = job["run_dir"].root
         files = {"log_file": f"{root}/job.log", "exit_code_file": f"{root}/peer_exit"}
-        kwargs = {"ssh_conn_id": "slurm_default", "remote_host": None, "job_id": job_id, "job_dir": root,
-                  "remote_os": "posix", **files}  # fmt: skip
+        kwargs = {
+            "ssh_conn_id": "slurm_default",
+            "remote_host": None,
+            "job_id": job_id,
+            "job_dir": root,
+            "remote_os": "posix",
+            **files,
+        }
         triggers.append([PEER_CLASS, kwargs])
     return triggers
 
@@ -375,9 +385,15 @@ def wait_all(work: Path) -> None:
     for result, stamp, end in zip(results, spec["stamps"], spec["ends"], strict=True):
         time_the_end(result, Path(stamp), Path(end))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out = {"results": results, **waited, "startup_cpu_s": time.process_time() - cpu0 - waited["cpu_s"],
-           "peak_rss_mb": peak, "baseline_rss_mb": baseline_rss, "ticks": tick_summary(ticks),
-           "tick_starts": [t[0] for t in ticks or []]}  # fmt: skip
+    out = {
+        "results": results,
+        **waited,
+        "startup_cpu_s": time.process_time() - cpu0 - waited["cpu_s"],
+        "peak_rss_mb": peak,
+        "baseline_rss_mb": baseline_rss,
+        "ticks": tick_summary(ticks),
+        "tick_starts": [t[0] for t in ticks or []],
+    }
     (work / "result.json").write_text(json.dumps(out))
 
 
@@ -451,8 +467,11 @@ async def wait_events(spec: dict, classes: dict, work: Path) -> tuple[list[dict]
     async def one(trigger_id: int, classpath: str, kwargs: dict) -> dict:
         structlog.contextvars.bind_contextvars(trigger_id=trigger_id)  # as the triggerer's run_trigger does
         async for event in classes[classpath](**kwargs).run():
-            return {"received": time.time(), "status": event.payload.get("status"),
-                    "message": str(event.payload.get("message", ""))}  # fmt: skip
+            return {
+                "received": time.time(),
+                "status": event.payload.get("status"),
+                "message": str(event.payload.get("message", "")),
+            }
         return {"status": "no event", "message": "the trigger ended without an event"}
 
     tasks = [asyncio.create_task(one(i, c, k)) for i, (c, k) in enumerate(spec["triggers"])]
