@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from pcflow.aws.base import aws_template_fields
 from pcflow.aws.teardown import (
     DEFAULT_HANDLER_SETS,
     ClientSource,
@@ -109,7 +110,7 @@ class JanitorOperator(TeardownOperator):
         lists running DAG runs and maps them with `naming.run_key`); None = decide by expiry alone.
     """
 
-    template_fields = (*TeardownOperator.template_fields, "active_run_keys")
+    template_fields: Sequence[str] = aws_template_fields(*TeardownOperator.template_fields, "active_run_keys")
     every_stack = True
 
     def __init__(

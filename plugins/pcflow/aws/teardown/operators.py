@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from pcflow.aws.base import PcflowAwsOperator
+from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.teardown.engine import teardown
 from pcflow.aws.teardown.model import Selector
 from pcflow.aws.teardown.registry import DEFAULT_HANDLER_SETS
@@ -24,7 +24,7 @@ class TeardownOperator(PcflowAwsOperator):
     teardown policy adds `images`. Returns `TeardownReport.to_xcom()`.
     """
 
-    template_fields = (*PcflowAwsOperator.template_fields, "stack", "run", "components", "dry_run")
+    template_fields: Sequence[str] = aws_template_fields("stack", "run", "components", "dry_run")
     ui_color = "#f4a6a6"
     #: Whether an unset `stack` means every pcflow stack (the janitor) rather than a mistake.
     every_stack: ClassVar[bool] = False

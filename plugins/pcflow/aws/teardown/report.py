@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pcflow.aws.teardown.model import Resource
+from pcflow.errors import ServiceFailed
 
 
 @dataclass
@@ -59,7 +60,7 @@ class TeardownReport:
         }
 
 
-class TeardownIncomplete(RuntimeError):
+class TeardownIncomplete(ServiceFailed):
     """Raised when the loop stopped with resources left; carries the report."""
 
     def __init__(self, report: TeardownReport):
