@@ -6,7 +6,7 @@ connection.
 The contract is the provider's, its code is not imported here: `airflow.providers.amazon.aws.operators.
 base_aws` (and even its `utils.mixins`) loads boto3 and the provider's hooks, and a DAG file declaring
 one of these operators must parse without them (tests/dags/test_parse.py). The hook is imported when a
-task first uses it; tests/aws/test_base.py holds this base to the provider's signature, template
+task first uses it; tests/pcflow/aws/test_base.py holds this base to the provider's signature, template
 fields and hook parameters, so a provider change shows up as a failing test.
 """
 
