@@ -28,11 +28,10 @@ from typing import Any
 
 from airflow.sdk import Asset, AssetAlias
 
+from pcflow.patterns import DEFAULT_CRON, NIGHTLY_SCHEDULES
+
 #: The alias the dataset stage emits through: an event of the stack's own dataset Asset.
 DATASET = AssetAlias(name="pcflow-dataset")
-#: When the nightly runs (a profile's `nightly.schedule`): at `nightly.cron`, or when its stack's data is new.
-NIGHTLY_SCHEDULES = ("clock", "data")
-DEFAULT_CRON = "0 2 * * *"
 #: What a dataset event (and the model event's `dataset`) says about the partition, from the load's summary.
 DATASET_FIELDS = ("partition", "uri", "manifest_uri", "content_hash", "mode", "object_count", "bytes", "samples")
 

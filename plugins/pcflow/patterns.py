@@ -1,6 +1,6 @@
 """The shapes of user-supplied values that both the run spec (pydantic) and the trigger form (the
-Params' JSON schema) check. Plain regular expressions, so a DAG file builds its form without
-importing the run-spec models."""
+Params' JSON schema) check, and the choices they share. Plain regular expressions and string checks,
+so a DAG file builds its form without importing the run-spec models, and the run spec imports no stage."""
 
 from __future__ import annotations
 
@@ -11,3 +11,21 @@ INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 PARTITION = re.compile(r"^[A-Za-z0-9=_.-]{1,64}$")
 #: A profile's name (its file is `<name>.yaml` in a profile directory).
 PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
+#: When the nightly runs (a profile's `nightly.schedule`): at `nightly.cron`, or when its stack's data is new.
+NIGHTLY_SCHEDULES = ("clock", "data")
+DEFAULT_CRON = "0 2 * * *"
+
+
+#: A dataset's key prefix: S3-safe characters, no empty, `.` or `..` segments (stage-in maps keys to paths).
+PREFIX_RE = re.compile(r"^[A-Za-z0-9!_.*'()/-]{1,512}$")
+
+
+def validate_prefix(prefix: str) -> str:
+    """The prefix without its outer slashes; refused unless every segment is a plain name."""
+    stripped = prefix.strip("/") if isinstance(prefix, str) else ""
+    if not PREFIX_RE.match(stripped) or any(part in ("", ".", "..") for part in stripped.split("/")):
+        raise ValueError(
+            f"invalid dataset prefix {prefix!r}: use S3 key segments of letters, digits and !_.*'()- "
+            "separated by single slashes, none of them '.' or '..' (for example 'datasets/imagenet')"
+        )
+    return stripped

@@ -14,11 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pcflow.lineage import DEFAULT_CRON, NIGHTLY_SCHEDULES
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
 from pcflow.paths import ami_script, include_dir, profile_names, within
-from pcflow.patterns import INSTANCE_TYPE, PARTITION
+from pcflow.patterns import DEFAULT_CRON, INSTANCE_TYPE, NIGHTLY_SCHEDULES, PARTITION, validate_prefix
 from pcflow.profiles import RunSpecError, load_profile, with_parent  # noqa: F401 - where callers found them
 from pcflow.trust import ConfRefused, Rule, parse_rules, refusals
 
@@ -46,9 +45,7 @@ class DatasetSettings(_Section):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
-        from pcflow.dataset.partition import validate_prefix  # the dataset stage's own rule
-
-        return validate_prefix(value)
+        return validate_prefix(value)  # the dataset stage's own rule
 
 
 class AmiSettings(_Section):
@@ -252,14 +249,17 @@ class AlertsSettings(_Section):
     )
 
 
+SCHEDULE_CHOICES = (
+    "clock: at `cron`; data: when a partition of the stack's dataset gets new content (an event of its "
+    "dataset Asset, `pcflow-dataset-<stack>`), training on that partition"
+)
+
+
 class NightlySettings(_Section):
     """When `pretrain_nightly` starts: read from the deployment's default profile (the one its scheduled
     runs use) when its DAG file is parsed (`pcflow.lineage.nightly_schedule`), checked here by each run."""
 
-    schedule: Literal[NIGHTLY_SCHEDULES] = Field(
-        "clock", description="clock: at `cron`; data: when a partition of the stack's dataset gets new content "
-        "(an event of its dataset Asset, `pcflow-dataset-<stack>`), training on that partition",
-    )  # fmt: skip
+    schedule: Literal[NIGHTLY_SCHEDULES] = Field("clock", description=SCHEDULE_CHOICES)
     cron: str = Field(DEFAULT_CRON, description="the clock's cron expression (UTC)")
 
     @field_validator("cron")

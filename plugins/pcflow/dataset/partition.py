@@ -11,21 +11,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from pcflow.patterns import validate_prefix  # noqa: F401 - the dataset stage checks its prefix with it
+
 PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 DATE_FORMAT = "%Y-%m-%d"
-#: A dataset's key prefix: S3-safe characters, no empty, `.` or `..` segments (stage-in maps keys to paths).
-PREFIX_RE = re.compile(r"^[A-Za-z0-9!_.*'()/-]{1,512}$")
-
-
-def validate_prefix(prefix: str) -> str:
-    """The prefix without its outer slashes; refused unless every segment is a plain name."""
-    stripped = prefix.strip("/") if isinstance(prefix, str) else ""
-    if not PREFIX_RE.match(stripped) or any(part in ("", ".", "..") for part in stripped.split("/")):
-        raise ValueError(
-            f"invalid dataset prefix {prefix!r}: use S3 key segments of letters, digits and !_.*'()- "
-            "separated by single slashes, none of them '.' or '..' (for example 'datasets/imagenet')"
-        )
-    return stripped
 
 
 def validate_partition(partition: str) -> str:
