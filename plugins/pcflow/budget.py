@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pcflow.errors import ConfigurationError
 from pcflow.metrics.cost import NoPrices, cluster_infrastructure, fsx_per_hour, price_table, spot_prices
 from pcflow.slurm.states import JobInfo, JobState
 
@@ -27,7 +28,7 @@ ABSURD_USD = 1_000_000.0
 SPOT_HISTORY = dt.timedelta(days=1)
 
 
-class BudgetRefused(ValueError):
+class BudgetRefused(ConfigurationError):
     """The run may cost more than its budget, or cannot be priced while it has one."""
 
 

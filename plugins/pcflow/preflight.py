@@ -26,6 +26,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from pcflow.aws.clients import error_code
+from pcflow.errors import ConfigurationError
 
 NODE_MIN_MAJOR = 14  # AWS CDK, which pcluster create/update-cluster run on (include/cluster/install-pcluster.sh)
 #: vCPU quotas by instance family: (on-demand quota code, spot quota code, the quota's family name).
@@ -42,7 +43,7 @@ VCPU_QUOTAS = {
 }
 
 
-class PreflightFailed(ValueError):
+class PreflightFailed(ConfigurationError):
     """The account is not ready for this run; the message lists each problem and what to do."""
 
 

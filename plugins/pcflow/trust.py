@@ -25,12 +25,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pcflow.errors import ConfigurationError
+
 DOTTED_PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*$")
 BUILTIN = "builtin:"
 S3 = "s3://"
 
 
-class ConfRefused(ValueError):
+class ConfRefused(ConfigurationError):
     """The run's conf changes what its profile does not let a trigger user change; one line per field."""
 
 
