@@ -182,12 +182,13 @@ class StopIdleFleetsOperator(PcflowAwsOperator):
         """The head node of a described cluster, over the profile's SSH connection, its host key pinned
         from the instance's console output (never trusted on first use)."""
         from pcflow.slurm.head_node import HeadNode
+        from pcflow.slurm.hook import SlurmHook
 
         def connect(described: Mapping[str, Any]) -> Any:
             head = described.get("headNode") or {}
             address = head.get("publicIpAddress") or head.get("privateIpAddress")
             host_key = self.provider.head_node_host_key(head.get("instanceId"))
-            return HeadNode(settings.ssh_conn_id, address, host_key).hook()
+            return SlurmHook(HeadNode(settings.ssh_conn_id, address, host_key))
 
         return connect
 

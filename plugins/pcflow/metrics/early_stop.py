@@ -113,7 +113,7 @@ class EarlyStoppingOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> SlurmHook:
-        return HeadNode.of(self.head_node).hook()
+        return SlurmHook(HeadNode.of(self.head_node))
 
     def make_trigger(self, context: Context) -> EarlyStoppingTrigger:
         root = self.shared_root or self.hook.shared_root

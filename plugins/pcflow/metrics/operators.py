@@ -142,7 +142,9 @@ class HarvestMetricsOperator(PcflowAwsOperator):
 
     @cached_property
     def slurm(self) -> SlurmHook:
-        return HeadNode.of(self.head_node).hook()  # paramiko: imported then, not when the DAG file is parsed
+        from pcflow.slurm.hook import SlurmHook  # paramiko: imported then, not when the DAG file is parsed
+
+        return SlurmHook(HeadNode.of(self.head_node))
 
     # -- the parts -------------------------------------------------------------------------------
 

@@ -82,10 +82,11 @@ def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, An
 
     from pcflow.aws.clients import aws_client
     from pcflow.dataset.stage_in import copy_partition, data_dir_on_cluster
+    from pcflow.slurm.hook import SlurmHook
 
     data_dir = data_dir_on_cluster(run, cluster, dataset)
     if cluster["provider"] == "static":
-        hook = HeadNode.from_cluster(cluster).hook()
+        hook = SlurmHook(HeadNode.from_cluster(cluster))
         s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
         log = logging.getLogger("airflow.task")
         copy_partition(s3, hook, bucket=dataset["bucket"], root=dataset["root"], dest=data_dir, log=log)
@@ -100,9 +101,10 @@ def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]
         return {"name": None, "digest": None, "dir": None, "reused": False}
     import logging
 
+    from pcflow.slurm.hook import SlurmHook
     from pcflow.slurm.payload import build_archive, ship
 
-    hook = HeadNode.from_cluster(cluster).hook()
+    hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
         archive = build_archive(run["training"]["payload"])
         root = cluster.get("shared_root") or hook.shared_root

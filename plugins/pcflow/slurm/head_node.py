@@ -6,7 +6,8 @@ talks to the head node, so the key is always pinned, never trusted on first use.
 the value may be stored in XCom, a trigger's kwargs or a rendered field.
 
 A NamedTuple, so an operator's template field holding one is rendered field by field (Airflow rebuilds
-named tuples) and stays immutable. Nothing here imports paramiko: DAG files use it.
+named tuples) and stays immutable. Nothing here imports paramiko: DAG files use it. `SlurmHook(head_node)`
+is where one becomes a hook (the hook knows this value; the value does not know the hook).
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from pcflow.slurm import DEFAULT_SSH_CONN_ID
-
-if TYPE_CHECKING:
-    from pcflow.slurm.hook import SlurmHook
 
 FIELDS = ("conn_id", "address", "host_key")
 
@@ -65,12 +63,6 @@ class HeadNode(NamedTuple):
     def as_dict(self) -> dict[str, str | None]:
         """For XCom and trigger kwargs (JSON)."""
         return dict(zip(FIELDS, self.normalized(), strict=True))
-
-    def hook(self, **kwargs: Any) -> SlurmHook:
-        """The Slurm hook reaching this head node: the one place a HeadNode becomes a hook."""
-        from pcflow.slurm.hook import SlurmHook  # paramiko: not when a DAG file is parsed
-
-        return SlurmHook(self.normalized(), **kwargs)
 
 
 def host_key_text(text: str) -> str:

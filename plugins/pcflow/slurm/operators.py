@@ -138,7 +138,9 @@ class SlurmJobOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> SlurmHook:
-        return HeadNode.of(self.head_node).hook()
+        from pcflow.slurm.hook import SlurmHook  # paramiko: not when a DAG file is parsed
+
+        return SlurmHook(HeadNode.of(self.head_node))
 
     @property
     def ssh_conn_id(self) -> str:

@@ -10,6 +10,7 @@ import pytest
 from airflow.sdk import Param
 
 from pcflow.slurm.head_node import HeadNode
+from pcflow.slurm.hook import SlurmHook
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
 OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB7Z5zFz6xJk3Q4mRjdGzL1W8cEoF6P4+2mX0S7yqVbT"
@@ -63,17 +64,17 @@ def connection(monkeypatch):
 
 
 def test_the_provider_hook_is_made_with_the_address_and_key_pinned(connection):
-    hook = HeadNode(connection("dynamic"), "10.0.0.5", KEY).hook().ssh_hook
+    hook = SlurmHook(HeadNode(connection("dynamic"), "10.0.0.5", KEY)).ssh_hook
     assert hook.remote_host == "10.0.0.5" and hook.port == 2222 and hook.username == "pcflow"
     assert f"{hook.host_key.get_name()} {hook.host_key.get_base64()}" == KEY and hook.no_host_key_check is False
     # A connection that says not to check gets checked all the same once a key is pinned.
-    lax = HeadNode(connection("lax", no_host_key_check=True), "10.0.0.5", KEY).hook().ssh_hook
+    lax = SlurmHook(HeadNode(connection("lax", no_host_key_check=True), "10.0.0.5", KEY)).ssh_hook
     assert lax.no_host_key_check is False and lax.host_key is not None
     # The admin's own pinned key wins over one the run found (the same in the async hook).
-    admin = HeadNode(connection("admin", host_key=OTHER_KEY), "10.0.0.5", KEY).hook().ssh_hook
+    admin = SlurmHook(HeadNode(connection("admin", host_key=OTHER_KEY), "10.0.0.5", KEY)).ssh_hook
     assert f"{admin.host_key.get_name()} {admin.host_key.get_base64()}" == OTHER_KEY
     # No key anywhere: nothing is trusted on first use (paramiko refuses an unknown host).
-    unpinned = HeadNode(connection("unpinned")).hook().ssh_hook
+    unpinned = SlurmHook(HeadNode(connection("unpinned"))).ssh_hook
     assert unpinned.host_key is None and unpinned.no_host_key_check is False
 
 

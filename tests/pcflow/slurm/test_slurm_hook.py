@@ -31,7 +31,7 @@ def unpinned_connection(local_stack, monkeypatch) -> tuple[str, str]:
 
 def test_runtime_host_and_key_override_the_connection(unpinned_connection):
     conn_id, real_key = unpinned_connection
-    hook = HeadNode(conn_id, "127.0.0.1", real_key).hook(connect_attempts=1)
+    hook = SlurmHook(HeadNode(conn_id, "127.0.0.1", real_key), connect_attempts=1)
     assert hook.run(["echo", "pinned"]).stdout == "pinned\n"
     hook.close()
     # Given to the provider's hook when it is made (the connection as the head node amends it), not after.
@@ -43,13 +43,13 @@ def test_runtime_key_mismatch_is_refused(unpinned_connection, local_stack):
     conn_id, _ = unpinned_connection
     wrong = (local_stack.state_dir / "ssh" / "id_ed25519.pub").read_text()
     with pytest.raises(SlurmConnectionError, match="does not match the key pinned"):
-        HeadNode(conn_id, "127.0.0.1", wrong).hook(connect_attempts=1).run(["true"])
+        SlurmHook(HeadNode(conn_id, "127.0.0.1", wrong), connect_attempts=1).run(["true"])
 
 
 def test_no_key_at_all_is_refused_not_trusted_on_first_use(unpinned_connection):
     conn_id, _ = unpinned_connection
     with pytest.raises(SlurmConnectionError):
-        HeadNode(conn_id, "127.0.0.1").hook(connect_attempts=1).run(["true"])
+        SlurmHook(HeadNode(conn_id, "127.0.0.1"), connect_attempts=1).run(["true"])
 
 
 def test_async_hook_pins_the_runtime_key(unpinned_connection, local_stack):
@@ -68,7 +68,7 @@ def test_async_hook_pins_the_runtime_key(unpinned_connection, local_stack):
 
 def test_a_malformed_host_key_is_refused():
     with pytest.raises(ValueError, match="<type> <base64>"):
-        HeadNode("slurm_default", "10.0.0.1", "AAAA").hook()
+        SlurmHook(HeadNode("slurm_default", "10.0.0.1", "AAAA"))
     with pytest.raises(ValueError, match="unreadable"):
         SlurmHook({"conn_id": "slurm_default", "host_key": "ssh-ed25519 not-base64!"})
 
