@@ -236,9 +236,11 @@ def find_image(ec2: Any, stack: str, recipe: str) -> dict[str, Any] | None:
 class _Bake:
     """One bake of one recipe; every method can be re-entered after a crash."""
 
-    def __init__(self, ec2: Any, ssm: Any, spec: AmiSpec, *, recipe: str, base_image: str, waiter_delay: int):
+    def __init__(
+        self, ec2: Any, ssm: Any, spec: AmiSpec, *, recipe: str, base_image: str, waiter_delay: int, attempt: str
+    ):
         self.ec2, self.ssm, self.spec, self.recipe, self.base_image = ec2, ssm, spec, recipe, base_image
-        self.waiter_delay = waiter_delay
+        self.waiter_delay, self.attempt = waiter_delay, attempt
         self.name = resource_name(spec.stack, Component.AMI, recipe)
 
     def tags(self, role: str, ttl: dt.timedelta | None = None) -> dict[str, str]:
@@ -278,7 +280,7 @@ class _Bake:
             "SubnetId": self.spec.subnet_id,
             "IamInstanceProfile": {"Name": self.spec.instance_profile},
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-            "ClientToken": f"pcflow-{digest(self.spec.stack, 'ami-builder', self.recipe, length=40)}",
+            "ClientToken": self.client_token,
             "TagSpecifications": tag_specifications(["instance", "volume"], self.tags("builder", BUILDER_TTL)),
         }
         if self.spec.security_group_ids:
@@ -286,6 +288,13 @@ class _Bake:
         instance_id = self.ec2.run_instances(**kwargs)["Instances"][0]["InstanceId"]
         log.info("launched builder %s (%s) from %s", instance_id, self.spec.instance_type, self.base_image)
         return instance_id
+
+    @property
+    def client_token(self) -> str:
+        """RunInstances' idempotency token: the same for a repeat within one attempt (a request that timed
+        out), new for the next attempt. EC2 keeps a token for at least 24 hours after its instance ended,
+        so a token per recipe alone would hand a retry after a failed bootstrap its terminated builder."""
+        return f"pcflow-{digest(self.spec.stack, 'ami-builder', self.recipe, self.attempt, length=40)}"
 
     def builder_state(self, instance_id: str) -> str:
         reservations = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
@@ -398,8 +407,11 @@ class _Bake:
             self.ec2.terminate_instances(InstanceIds=[candidate])
 
 
-def prepare_bake(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -> tuple[_Bake, dict[str, Any] | None]:
-    """Validate inputs and look for an image of the recipe; nothing is created here."""
+def prepare_bake(
+    ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15, attempt: str = ""
+) -> tuple[_Bake, dict[str, Any] | None]:
+    """Validate inputs and look for an image of the recipe; nothing is created here. `attempt` names this
+    try of the bake (a task's run and try number): a builder it launches is its own, one it finds is adopted."""
     check_instance_type(ec2, spec.instance_type, spec.region)
     base = spec.base_image_id or find_base_image(
         ec2,
@@ -411,14 +423,19 @@ def prepare_bake(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -
     )
     check_base_image(ec2, base, spec.region)
     recipe = recipe_hash(base, spec.bootstrap_script, spec.pcluster_version, spec.recipe_inputs)
-    bake = _Bake(ec2, ssm, spec, recipe=recipe, base_image=base, waiter_delay=waiter_delay)
+    bake = _Bake(ec2, ssm, spec, recipe=recipe, base_image=base, waiter_delay=waiter_delay, attempt=attempt)
     return bake, find_image(ec2, spec.stack, recipe)
 
 
-def bake_image(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15) -> dict[str, Any]:
+def attempt_of(context: Any) -> str:
+    """This try of the task, as the builder's idempotency token tells tries apart."""
+    return f"{context['run_id']}/{context['ti'].try_number}"
+
+
+def bake_image(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15, attempt: str = "") -> dict[str, Any]:
     """Ensure an available image of the recipe, waiting in this process; returns `{"image_id",
     "recipe_hash", "reused"}`. The builder is terminated at the end, also when a step failed."""
-    bake, found = prepare_bake(ec2, ssm, spec, waiter_delay=waiter_delay)
+    bake, found = prepare_bake(ec2, ssm, spec, waiter_delay=waiter_delay, attempt=attempt)
     if found and found["State"] == "available":
         return bake.reuse(found)
     try:
@@ -546,13 +563,20 @@ class BakeImageOperator(PcflowAwsOperator):
             return {"image_id": None, "recipe_hash": None, "reused": False}
         spec = self.spec()
         if not self.deferrable:
-            return bake_image(self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay)
-        bake, found = prepare_bake(self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay)
+            return bake_image(
+                self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay, attempt=attempt_of(context)
+            )
+        bake, found = self.prepare(context, spec)
         self._bake = bake
         if found and found["State"] == "available":
             bake.terminate_builder(None)  # left by an attempt that died after CreateImage, if any
             return bake.reuse(found)
         return self.advance(bake)
+
+    def prepare(self, context: Any, spec: AmiSpec) -> tuple[_Bake, dict[str, Any] | None]:
+        return prepare_bake(
+            self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay, attempt=attempt_of(context)
+        )
 
     def advance(self, bake: _Bake) -> dict[str, Any]:
         """Take the bake's next step and defer its wait; once the image is available, terminate the builder
@@ -576,7 +600,7 @@ class BakeImageOperator(PcflowAwsOperator):
         """Back from one of the bake's waits: on to the next step, or fail with the reason (the builder
         terminated). The recipe is recomputed, not carried in the deferral's kwargs: `dag.test` drops those."""
         event = validate_event(event, task=self.task_id)
-        bake, _ = prepare_bake(self.ec2, self.client("ssm"), self.spec(), waiter_delay=self.waiter_delay)
+        bake, _ = self.prepare(context, self.spec())
         self._bake = bake
         if event["status"] == SUCCESS:
             return self.advance(bake)

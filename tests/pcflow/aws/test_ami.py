@@ -9,7 +9,15 @@ import uuid
 
 import pytest
 
-from pcflow.aws.ami import AmiSpec, BootstrapFailed, bake_image, delete_image, find_base_image, recipe_hash
+from pcflow.aws.ami import (
+    AmiSpec,
+    BootstrapFailed,
+    bake_image,
+    delete_image,
+    find_base_image,
+    prepare_bake,
+    recipe_hash,
+)
 from pcflow.aws.network import NetworkSpec, ensure_network
 
 pytestmark = pytest.mark.stack
@@ -181,3 +189,16 @@ def test_reusing_the_image_stamps_its_expiry_and_its_snapshots_again(aws, spec):
     (expires,) = stamped
     assert parse_expires(expires) > dt.datetime.now(dt.UTC) + dt.timedelta(hours=47)
     delete_image(aws.ec2, first["image_id"])
+
+
+def test_each_try_launches_its_builder_with_its_own_token(aws, spec):
+    """EC2 answers a repeated ClientToken with the first instance for at least 24 hours after it ended (moto
+    does not keep tokens): a retry after a failed bootstrap must not be handed its terminated builder, while
+    a repeat within one try must be answered with the instance it launched."""
+    tokens = {
+        attempt: prepare_bake(aws.ec2, aws.ssm, spec(), waiter_delay=0, attempt=attempt)[0].client_token
+        for attempt in ("manual__1/1", "manual__1/2", "manual__2/1")
+    }
+    assert len(set(tokens.values())) == 3
+    again = prepare_bake(aws.ec2, aws.ssm, spec(), waiter_delay=0, attempt="manual__1/1")[0]
+    assert again.client_token == tokens["manual__1/1"] and len(again.client_token) <= 64
