@@ -429,7 +429,8 @@ def prepare_bake(
 
 def attempt_of(context: Any) -> str:
     """This try of the task, as the builder's idempotency token tells tries apart."""
-    return f"{context['run_id']}/{context['ti'].try_number}"
+    ti = context["ti"]
+    return f"{ti.run_id}/{ti.try_number}"
 
 
 def bake_image(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15, attempt: str = "") -> dict[str, Any]:

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.stack
 
 class _TI:
     dag_id, run_id, map_index = "pretrain", "manual__2026-11-29T18:00:00+00:00", -1
+    try_number = 1
 
 
 def test_network_operators_return_ids_and_tear_down(aws, stack, counts):
@@ -51,7 +52,7 @@ def drive(op, deferred):
         assert trigger.serialize()[1]["botocore_config"]["retries"]["mode"] == "standard"
         waits.append(trigger.waiter_name)
         try:
-            return op.execute_complete({}, event=first_event(trigger)), waits
+            return op.execute_complete({"ti": _TI()}, event=first_event(trigger)), waits
         except TaskDeferred as again:
             deferred = again
 
