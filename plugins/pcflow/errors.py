@@ -10,7 +10,15 @@ without retries (a setting is wrong, and a retry would get the same answer). A m
 
 from __future__ import annotations
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+try:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+except ModuleNotFoundError:  # tests write shards in the payload's environment, which has no Airflow
+
+    class AirflowException(Exception):  # type: ignore[no-redef]
+        """Stands in for Airflow's base exception where Airflow is absent."""
+
+    class AirflowFailException(AirflowException):  # type: ignore[no-redef]
+        """Stands in for Airflow's fail-without-retry exception where Airflow is absent."""
 
 
 class PcflowError(AirflowException):
