@@ -8,7 +8,7 @@ fails is reported to the `alerts.sns_topic_arn` of the deployment's default prof
 from airflow.sdk import DAG, Param
 
 from pcflow.alerts import with_failure_alerts
-from pcflow.aws.janitor import JanitorOperator
+from pcflow.aws.janitor import JANITOR_HANDLER_SETS, JanitorOperator
 from pcflow.cluster.idle import StopIdleFleetsOperator
 from pcflow.pipeline import STAGE_TIMEOUTS
 
@@ -36,7 +36,7 @@ with DAG(
     ) >> JanitorOperator(
         task_id="reap",
         dry_run="{{ params.dry_run }}",
-        handler_sets=("pcluster", "ec2", "fsx", "images"),
+        handler_sets=JANITOR_HANDLER_SETS,
         execution_timeout=STAGE_TIMEOUTS["janitor"],
         trigger_rule="all_done",  # the reaping does not wait on a head node that did not answer
     )

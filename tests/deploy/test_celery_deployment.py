@@ -13,6 +13,9 @@ and hostname. One deployment for the module:
   nothing is created twice, and both nights succeed on the shared network and image.
 - the trigger form of `pretrain` in headless Chromium, after logging in as the first user.
 - lineage, read from the api-server as the UI's Assets view reads it: each night's partition and model.
+- the pcflow page (pcflow.ui, served by the api-server behind Airflow's login) after those runs: the
+  stack and its resources, each run's objective and cost, the sweep's leaderboard; the metrics task's
+  extra link opens the report inside Airflow.
 
 The evidence (task states and Slurm elements over time, sacct spans, who ran what) is kept in
 tests/artifacts/<test>/."""
@@ -28,6 +31,8 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
+import urllib.request
 from datetime import date, datetime, timedelta
 from pathlib import Path
 
@@ -531,3 +536,99 @@ def test_trigger_form_renders_every_param(airflow, artifacts_dir):
             assert not field["select"], (name, field)
         if "minimum" in schema:
             assert (field["min"], field["max"]) == (str(schema["minimum"]), str(schema["maximum"])), (name, field)
+
+
+# -- the pcflow page and the report inside Airflow, after the sweep and the backfill ------------------------
+
+#: What the pcflow page shows, read from its DOM (its tables carry the stack, run and trial they show).
+READ_PCFLOW_PAGE = """(doc => ({
+  stacks: [...doc.querySelectorAll('.stack')].map(s => ({stack: s.dataset.stack, title: s.querySelector('h3').innerText,
+    kinds: [...new Set([...s.querySelectorAll('tr[data-kind]')].map(r => r.dataset.kind))]})),
+  dags: Object.fromEntries([...doc.querySelectorAll('.dag')].map(d => [d.dataset.dag, {
+    charts: d.querySelectorAll('svg.chart').length,
+    runs: [...d.querySelectorAll('tr[data-run]')].map(r => ({run: r.dataset.run,
+      outcome: r.querySelector('.outcome').innerText, objective: r.querySelector('.objective').innerText,
+      cost: r.querySelector('.cost').innerText, report: r.querySelector('a.report')?.href ?? null}))}])),
+  boards: [...doc.querySelectorAll('.leaderboard')].map(b => ({run: b.dataset.run,
+    trials: [...b.querySelectorAll('tr[data-trial]')].map(r => [Number(r.dataset.trial), r.querySelector('.value').innerText])})),
+  janitor: doc.querySelector('#janitor').innerText,
+}))"""
+
+
+def refused(airflow: Deployment, path: str, headers: dict[str, str]) -> int:
+    """The HTTP status the api-server answers a request for a page of the plugin with these headers."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(airflow.url + path, headers=headers), timeout=30):
+            return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_pcflow_page_shows_the_stack_runs_and_leaderboard_and_the_report_opens_inside_airflow(
+    airflow, sweep, backfill, artifacts_dir
+):
+    """The plugin's page in the real api-server, in headless Chromium after logging in: the `local`
+    stack with the resources its runs keep (by tag) and their cost per day; each night of the backfill
+    with the objective and cost its metrics task returned; the sweep's leaderboard in the ranks its
+    metrics task gave. The metrics task's extra link points into Airflow and opens the report there,
+    served with a policy that forbids scripts. Without Airflow's token the page is refused."""
+    from pcflow.metrics.report import fmt
+    from pcflow.ui.links import report_path
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium not installed")
+    started = time.monotonic()
+    for headers in ({}, {"Authorization": "Bearer forged"}):
+        assert refused(airflow, "/pcflow/", headers) in (401, 403), headers
+    nights = sorted(
+        airflow.api("GET", "/dags/pretrain_nightly/dagRuns?run_type=backfill")["dag_runs"],
+        key=lambda r: r["logical_date"],
+    )
+    night = nights[-1]["dag_run_id"]
+    with Chromium(chromium) as browser:
+        log_in(browser, airflow, "/plugin/pcflow")  # the page in the UI's navigation: framed by Airflow
+        frame = "document.querySelector('iframe')?.contentDocument"
+        browser.wait_for(f"{frame}?.querySelector('#leaderboards')", timeout=120)
+        browser.screenshot(artifacts_dir / "pcflow-page-in-airflow.png")
+        shown = browser.evaluate(f"{READ_PCFLOW_PAGE}({frame})")
+        browser.navigate(f"{airflow.url}/pcflow/")  # the page on its own, whole, for the screenshot
+        browser.wait_for("document.querySelector('#leaderboards')")
+        browser.screenshot(artifacts_dir / "pcflow-page.png")
+        link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === 'Metrics report')"
+        browser.navigate(f"{airflow.url}/dags/pretrain_nightly/runs/{urllib.parse.quote(night, safe='')}/tasks/metrics")
+        browser.wait_for(link, timeout=120)
+        browser.screenshot(artifacts_dir / "metrics-task-extra-links.png")
+        href, target = browser.evaluate(f"[({link}).getAttribute('href'), ({link}).target]")
+        browser.click(link)  # same origin: the UI opens it in place (target _self), inside Airflow
+        browser.wait_for("document.title.startsWith('pcflow run')")
+        report_title = browser.evaluate("document.title")
+        browser.screenshot(artifacts_dir / "report-in-airflow.png")
+    (artifacts_dir / "pcflow-page.json").write_text(json.dumps(shown, indent=1))
+
+    local = next((s for s in shown["stacks"] if s["stack"] == "local"), None)
+    assert local is not None, shown["stacks"]
+    assert {"vpc", "subnet", "image"} <= set(local["kinds"]), local
+    assert "per day" in local["title"], local
+    runs = {r["run"]: r for r in shown["dags"]["pretrain_nightly"]["runs"]}
+    assert shown["dags"]["pretrain_nightly"]["charts"] == 2  # the objective's and the cost's trend
+    for run in nights:
+        summary = returned(airflow, "pretrain_nightly", run["dag_run_id"], "metrics")
+        row = runs[run["dag_run_id"]]
+        assert row["outcome"] == summary["outcome"] == "completed", row
+        objective = summary["objective"]
+        assert row["objective"] == f"{objective['name']} {fmt(objective['value'])}", (row, objective)
+        assert row["cost"] == fmt(summary["cost_usd_estimate"]), (row, summary["cost_usd_estimate"])
+    leaderboard = returned(airflow, "pretrain_sweep", sweep["run_id"], "metrics")["leaderboard"]
+    board = next(b for b in shown["boards"] if b["run"] == sweep["run_id"])
+    assert board["trials"] == [[r["trial"], fmt(r["value"])] for r in leaderboard], board
+    assert len(board["trials"]) == len(TRIALS)
+    # The extra link: the report inside Airflow (not the S3 console), served with no script allowed.
+    assert href == report_path("pretrain_nightly", night, "") and target == "_self", (href, target)
+    assert report_title.startswith("pcflow run"), report_title
+    request = urllib.request.Request(airflow.url + href, headers={"Authorization": f"Bearer {airflow.token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        policy = response.headers["Content-Security-Policy"]
+    assert "default-src 'none'" in policy and "sandbox" in policy and "script-src" not in policy, policy
+    assert refused(airflow, href, {}) == 401
+    (artifacts_dir / "timing.json").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1)}))

@@ -31,6 +31,9 @@ from pcflow.naming import TAG_EXPIRES, TAG_RUN, parse_expires
 
 log = logging.getLogger(__name__)
 
+#: What the `janitor` DAG reaps: ParallelCluster stacks, network and instances, file systems, images.
+JANITOR_HANDLER_SETS = ("pcluster", "ec2", "fsx", "images")
+
 
 def reapable(now: dt.datetime, active_run_keys: Collection[str] | None = None) -> Callable[[Mapping[str, str]], bool]:
     """The janitor's rule on a resource's tags: expired, or belonging to a run that is no longer active."""

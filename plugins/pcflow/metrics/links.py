@@ -1,4 +1,5 @@
-"""Buttons on the metrics task: its report (S3) and the stack's CloudWatch dashboard.
+"""Buttons on the metrics task: its report, opened inside Airflow (the pcflow page serves the S3 copy,
+pcflow.ui), and the stack's CloudWatch dashboard.
 
 Airflow 3 renders extra links from XCom: the task pushes each URL under the link's `xcom_key` while
 it runs, and `get_link` reads it back (no database or AWS call at render time)."""

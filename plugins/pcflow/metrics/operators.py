@@ -301,11 +301,14 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         self.log.info("%s of stack %s: %.4f USD", publish.RUN_COST_METRIC, self.stack, usd)
         return dashboard
 
-    def link(self, context: Context, report_key: str, dashboard: str | None) -> None:
-        region = self.hook.region_name
-        MetricsReportLink.persist(context, publish.s3_console_url(self.bucket, report_key, region))
+    def link(self, context: Context, dashboard: str | None) -> None:
+        """The report opens inside Airflow (the pcflow page serves its S3 copy); the dashboard in AWS."""
+        from pcflow.ui.links import report_path
+
+        ti = context["ti"]
+        MetricsReportLink.persist(context, report_path(ti.dag_id, ti.run_id))
         if dashboard:
-            MetricsDashboardLink.persist(context, publish.dashboard_url(region, dashboard))
+            MetricsDashboardLink.persist(context, publish.dashboard_url(self.hook.region_name, dashboard))
 
     def asset_events(self, context: Context, extra: Mapping[str, Any]) -> None:
         """An Asset outlet gets the event's extra; an AssetAlias, an event of this stack's own Asset
@@ -333,13 +336,12 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             if len(refs) == 1 and refs[0].trial is None:
                 document, summary = self.harvest_one(context, refs[0], key, objective, definitions)
                 documents, result = [document], summary
-                report_key = publish.run_prefix(key) + "report.html"
             else:
-                documents, result, report_key = self.harvest_trials(context, refs, key, objective, definitions)
+                documents, result = self.harvest_trials(context, refs, key, objective, definitions)
             dashboard = self.publish_run(context, key, documents)
         finally:
             self.slurm.close()
-        self.link(context, report_key, dashboard)
+        self.link(context, dashboard)
         self.asset_events(context, {"run_key": key, **result})
         return result
 
@@ -349,11 +351,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             document, summary = self.harvest_one(context, ref, f"{key}/trials/{ref.trial}", objective, definitions)
             documents.append(document)
             summaries.append(summary)
-        return (
-            documents,
-            {"run_key": key, "trials": summaries},
-            publish.run_prefix(f"{key}/trials/{refs[0].trial}") + "report.html",
-        )
+        return documents, {"run_key": key, "trials": summaries, "cost_usd_estimate": publish.run_cost(documents)}
 
 
 class SweepLeaderboardOperator(HarvestMetricsOperator):
@@ -361,7 +359,7 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
     `s3://<bucket>/runs/<run key>/leaderboard.csv` and `leaderboard.html` (the trials' curves overlaid).
 
     Returns `{"run_key", "objective", "leaderboard": [...], "best": {"trial", "value",
-    "hyperparameters"}, "leaderboard_csv", "leaderboard_html"}`; `best` is None when no trial
+    "hyperparameters"}, "cost_usd_estimate", "leaderboard_csv", "leaderboard_html"}`; `best` is None when no trial
     reported the objective.
     """
 
@@ -372,7 +370,7 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
         refs = self.refs_to_harvest()
         key = run_key_from_context(context)
         try:
-            documents, _, _ = self.harvest_trials(context, refs, key, objective, definitions)
+            documents, _ = self.harvest_trials(context, refs, key, objective, definitions)
             dashboard = self.publish_run(context, key, documents)
         finally:
             self.slurm.close()
@@ -387,7 +385,7 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
             leaderboard_page(rows, documents, objective, key),
             "text/html; charset=utf-8",
         )
-        self.link(context, prefix + "leaderboard.html", dashboard)
+        self.link(context, dashboard)
         best = next((r for r in rows if r["value"] is not None), None)
         if best is not None:  # every trial's model is in S3 under its own prefix; the best one is named here
             model = next(d["model"]["model"] for d in documents if d["job"]["trial"] == best["trial"])
@@ -397,6 +395,7 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
             "objective": objective.as_dict(),
             "leaderboard": rows,
             "best": best,
+            "cost_usd_estimate": publish.run_cost(documents),  # the trials' shared head node and FSx once
             "leaderboard_csv": csv_url,
             "leaderboard_html": html_url,
         }

@@ -26,6 +26,7 @@ from pcflow.metrics.operators import HarvestMetricsOperator
 from pcflow.metrics.publish import NAMESPACE, dashboard_name
 from pcflow.metrics.series import Objective
 from pcflow.slurm.operators import SlurmJobOperator
+from pcflow.ui.links import report_path
 
 pytestmark = pytest.mark.stack
 
@@ -275,7 +276,7 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
 
     # Links, pushed for the UI.
     xcoms = metrics_context["ti"].xcoms
-    assert xcoms[MetricsReportLink().xcom_key].endswith(prefix + "report.html")
+    assert xcoms[MetricsReportLink().xcom_key] == report_path("slurm_tests", context["run_id"])  # inside Airflow
     assert dashboard_name(stack_name) in xcoms[MetricsDashboardLink().xcom_key]
 
     # Re-harvest: same keys overwritten, no datapoint sent twice, no widget or dashboard duplicated.
