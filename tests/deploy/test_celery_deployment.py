@@ -550,7 +550,8 @@ READ_PCFLOW_PAGE = """(doc => ({
       outcome: r.querySelector('.outcome').innerText, objective: r.querySelector('.objective').innerText,
       cost: r.querySelector('.cost').innerText, report: r.querySelector('a.report')?.href ?? null}))}])),
   boards: [...doc.querySelectorAll('.leaderboard')].map(b => ({run: b.dataset.run,
-    trials: [...b.querySelectorAll('tr[data-trial]')].map(r => [Number(r.dataset.trial), r.querySelector('.value').innerText])})),
+    trials: [...b.querySelectorAll('tr[data-trial]')]
+      .map(r => [Number(r.dataset.trial), r.querySelector('.value').innerText])})),
   janitor: doc.querySelector('#janitor').innerText,
 }))"""
 
