@@ -231,3 +231,24 @@ def test_the_app_refuses_a_request_without_airflows_token():
     for path in ("/", "/runs/pretrain/r1/report"):
         response = client.get(path)
         assert response.status_code == 401, (path, response.text)
+
+
+def test_the_page_renders_stacks_runs_trends_and_leaderboards_as_escaped_html_without_scripts():
+    from pcflow.ui.app import render_page
+    from pcflow.ui.resources import Overview
+
+    hostile = "<script>alert(1)</script>"
+    line = {"kind": "instance", "id": "i-1", "stack": "night", "usd_per_day": 4.08, "basis": hostile, "reaped": True}
+    ov = Overview({"night": [line]}, {"night": 4.08}, [line], "prices: us-east-1")
+    start = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    rows = [
+        RunRow("pretrain_nightly", f"r{i}", "success", start, start, summary_of_a_run("pretrain_nightly", f"r{i}"))
+        for i in range(3)
+    ]
+    page = render_page({"pretrain_nightly": rows}, {"overview": ov, "error": None})
+    assert "<script" not in page and "&lt;script&gt;" in page
+    assert 'data-stack="night"' in page and "$4.08 per day" in page and 'id="would-delete"' in page
+    assert page.count('<tr data-run="') == 3 and page.count('class="chart"') == 2
+    assert 'href="runs/pretrain_nightly/r0/report"' in page and 'href="../dags/pretrain_nightly/runs/r0"' in page
+    hidden = render_page({}, None)
+    assert "needs read access to the <code>janitor</code> DAG" in hidden
