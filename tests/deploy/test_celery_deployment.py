@@ -590,7 +590,7 @@ def test_the_pcflow_page_shows_the_stack_runs_and_leaderboard_and_the_report_ope
     with Chromium(chromium) as browser:
         log_in(browser, airflow, "/plugin/pcflow")  # the page in the UI's navigation: framed by Airflow
         frame = "document.querySelector('iframe')?.contentDocument"
-        browser.wait_for(f"{frame}?.querySelector('#leaderboards')", timeout=120)
+        browser.wait_for(f"!!{frame}?.querySelector('#leaderboards')", timeout=120)  # the frame's own Node
         browser.screenshot(artifacts_dir / "pcflow-page-in-airflow.png")
         shown = browser.evaluate(f"{READ_PCFLOW_PAGE}({frame})")
         browser.navigate(f"{airflow.url}/pcflow/")  # the page on its own, whole, for the screenshot
