@@ -69,36 +69,32 @@ def stack_overview() -> dict[str, Any]:
         return {"overview": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
 
+def trend_charts(rows: list[runs.RunRow]) -> list[Markup]:
+    """Two small charts of a DAG's last runs: the objective's best value, and the cost."""
+    from pcflow.metrics.svg import line_chart
+
+    points = runs.trend(rows)
+    name = next((r.objective[0] for r in rows if r.objective[0]), "objective")
+    series = ({name: points["objective"]}, f"{name} (best per run)"), ({"USD": points["cost"]}, "cost per run (USD)")
+    return [Markup(line_chart(data, title=title, x_label="run", width=380, height=200)) for data, title in series]
+
+
 def render_page(dags: dict[str, list[runs.RunRow]], stacks: dict[str, Any] | None) -> str:
     from pcflow.metrics.report import fmt
-    from pcflow.metrics.svg import line_chart
     from pcflow.ui.resources import resource_summary
-
-    def charts(rows: list[runs.RunRow]) -> list[Markup]:
-        points, name = runs.trend(rows), next((r.objective[0] for r in rows if r.objective[0]), "objective")
-        return [
-            Markup(
-                line_chart(
-                    {name: points["objective"]}, title=f"{name} (best per run)", x_label="run", width=380, height=200
-                )
-            ),
-            Markup(
-                line_chart({"USD": points["cost"]}, title="cost per run (USD)", x_label="run", width=380, height=200)
-            ),
-        ]
 
     return (
         templates()
         .get_template("page.html.j2")
         .render(
             dags=dags,
-            charts={dag_id: charts(rows) for dag_id, rows in dags.items()},
+            charts={dag_id: trend_charts(rows) for dag_id, rows in dags.items()},
             leaderboards=[board for rows in dags.values() for board in runs.leaderboards(rows)],
             stacks=stacks,
             fmt=fmt,
             resource_summary=resource_summary,
-            run_url=run_href,
-            report_url=report_href,
+            run_href=run_href,
+            report_href=report_href,
         )
     )
 
