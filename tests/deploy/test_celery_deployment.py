@@ -597,7 +597,8 @@ def test_the_pcflow_page_shows_the_stack_runs_and_leaderboard_and_the_report_ope
         browser.wait_for("document.querySelector('#leaderboards')")
         browser.screenshot(artifacts_dir / "pcflow-page.png")
         link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === 'Metrics report')"
-        browser.navigate(f"{airflow.url}/dags/pretrain_nightly/runs/{urllib.parse.quote(night, safe='')}/tasks/metrics")
+        task = f"/dags/pretrain_nightly/runs/{urllib.parse.quote(night, safe='')}/tasks/metrics/details"
+        browser.navigate(airflow.url + task)  # the task instance's details, where the UI lists its extra links
         browser.wait_for(link, timeout=120)
         browser.screenshot(artifacts_dir / "metrics-task-extra-links.png")
         href, target = browser.evaluate(f"[({link}).getAttribute('href'), ({link}).target]")
