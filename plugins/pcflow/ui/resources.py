@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcflow.aws.buckets import USERS_PREFIX
-from pcflow.aws.janitor import JANITOR_HANDLER_SETS, kept_report, kept_resources, run_janitor
+from pcflow.aws.janitor import JANITOR_HANDLER_SETS, kept_report, kept_resources, reapable, run_janitor
+from pcflow.aws.teardown import Selector
 from pcflow.naming import TAG_PREFIX, TAG_STACK
 
 MAX_BUCKETS = 200
@@ -38,7 +39,8 @@ def overview(clients: Callable[[str], Any], region: str | None, now: dt.datetime
     it bills until then)."""
     now = now or dt.datetime.now(dt.UTC)
     dry_run = run_janitor(clients, now=now, dry_run=True, handler_sets=JANITOR_HANDLER_SETS)
-    kept = kept_resources(clients, now=now, handler_sets=JANITOR_HANDLER_SETS)
+    rule = reapable(now)  # as the janitor DAG decides: by expiry
+    kept = kept_resources(clients, Selector(predicate=lambda tags: not rule(tags)), JANITOR_HANDLER_SETS)
     costs = kept_report([*dry_run.would_delete, *dry_run.held, *kept], region)  # held: reapable, kept for now
     doomed = {(r.kind, r.id) for r in dry_run.would_delete}
     stacks: dict[str, list[dict[str, Any]]] = {}
