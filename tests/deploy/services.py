@@ -263,7 +263,9 @@ class Deployment:
         of this test process's (no AIRFLOW_*, no AWS_*, no connections: those come from compose)."""
         keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TZ", "USER", "TMPDIR")}
         path = os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"])
-        return {**keep, "PATH": path, "PYTHONUNBUFFERED": "1"}
+        # This checkout's pcflow, as the image runs the wheel built from it: the environment's editable
+        # install may be another checkout's (a git worktree sharing the virtual environment).
+        return {**keep, "PATH": path, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "plugins")}
 
     def endpoints(self) -> dict[tuple[str, int], int]:
         ports = {("postgres", 5432): self.postgres, ("redis", 6379): self.redis}
