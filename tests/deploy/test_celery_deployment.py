@@ -596,6 +596,9 @@ def test_the_pcflow_page_shows_the_stack_runs_and_leaderboard_and_the_report_ope
         browser.navigate(f"{airflow.url}/pcflow/")  # the page on its own, whole, for the screenshot
         browser.wait_for("document.querySelector('#leaderboards')")
         browser.screenshot(artifacts_dir / "pcflow-page.png")
+        browser.click("document.querySelector('.dag[data-dag=pretrain_sweep] a.report')")  # the sweep's report
+        browser.wait_for("document.querySelector('table#leaderboard')")
+        browser.screenshot(artifacts_dir / "sweep-leaderboard-in-airflow.png")
         link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === 'Metrics report')"
         task = f"/dags/pretrain_nightly/runs/{urllib.parse.quote(night, safe='')}/tasks/metrics/details"
         browser.navigate(airflow.url + task)  # the task instance's details, where the UI lists its extra links
