@@ -503,9 +503,7 @@ def test_trigger_form_renders_every_param(airflow, artifacts_dir):
     values; integer bounds reach the number inputs. Screenshots of each section are kept."""
     from pcflow.pipeline import training_params
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("chromium not installed")
+    chromium = chromium_or_skip()
     wait_for_dag(airflow, "pretrain")
     params = airflow.api("GET", "/dags/pretrain/details")["params"]  # the DAG's Params, as the UI reads them
     assert params.keys() == training_params().keys()
@@ -565,29 +563,29 @@ def refused(airflow: Deployment, path: str, headers: dict[str, str]) -> int:
         return exc.code
 
 
-def test_the_pcflow_page_shows_the_stack_runs_and_leaderboard_and_the_report_opens_inside_airflow(
-    airflow, sweep, backfill, artifacts_dir
-):
-    """The plugin's page in the real api-server, in headless Chromium after logging in: the `local`
-    stack with the resources its runs keep (by tag) and their cost per day; each night of the backfill
-    with the objective and cost its metrics task returned; the sweep's leaderboard in the ranks its
-    metrics task gave. The metrics task's extra link points into Airflow and opens the report there,
-    served with a policy that forbids scripts. Without Airflow's token the page is refused."""
-    from pcflow.metrics.report import fmt
-    from pcflow.ui.links import report_path
-
+def chromium_or_skip() -> str:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium not installed")
+    return chromium
+
+
+def backfill_nights(airflow: Deployment) -> list[dict]:
+    runs = airflow.api("GET", "/dags/pretrain_nightly/dagRuns?run_type=backfill")["dag_runs"]
+    return sorted(runs, key=lambda r: r["logical_date"])
+
+
+def test_the_pcflow_page_shows_the_stack_runs_and_leaderboard(airflow, sweep, backfill, artifacts_dir):
+    """The plugin's page in the real api-server, in headless Chromium after logging in, framed by the UI:
+    the `local` stack with the resources its runs keep (found by tag) and their cost per day; each night
+    of the backfill with the objective and cost its metrics task returned; the sweep's leaderboard in the
+    ranks its metrics task gave, and its report opened from the page. Without Airflow's token: refused."""
+    from pcflow.metrics.report import fmt
+
     started = time.monotonic()
     for headers in ({}, {"Authorization": "Bearer forged"}):
         assert refused(airflow, "/pcflow/", headers) in (401, 403), headers
-    nights = sorted(
-        airflow.api("GET", "/dags/pretrain_nightly/dagRuns?run_type=backfill")["dag_runs"],
-        key=lambda r: r["logical_date"],
-    )
-    night = nights[-1]["dag_run_id"]
-    with Chromium(chromium) as browser:
+    with Chromium(chromium_or_skip()) as browser:
         log_in(browser, airflow, "/plugin/pcflow")  # the page in the UI's navigation: framed by Airflow
         frame = "document.querySelector('iframe')?.contentDocument"
         browser.wait_for(f"!!{frame}?.querySelector('#leaderboards')", timeout=120)  # the frame's own Node
@@ -599,38 +597,46 @@ def test_the_pcflow_page_shows_the_stack_runs_and_leaderboard_and_the_report_ope
         browser.click("document.querySelector('.dag[data-dag=pretrain_sweep] a.report')")  # the sweep's report
         browser.wait_for("document.querySelector('table#leaderboard')")
         browser.screenshot(artifacts_dir / "sweep-leaderboard-in-airflow.png")
-        link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === 'Metrics report')"
-        task = f"/dags/pretrain_nightly/runs/{urllib.parse.quote(night, safe='')}/tasks/metrics/details"
-        browser.navigate(airflow.url + task)  # the task instance's details, where the UI lists its extra links
-        browser.wait_for(link, timeout=120)
-        browser.screenshot(artifacts_dir / "metrics-task-extra-links.png")
-        href, target = browser.evaluate(f"[({link}).getAttribute('href'), ({link}).target]")
-        browser.click(link)  # same origin: the UI opens it in place (target _self), inside Airflow
-        browser.wait_for("document.title.startsWith('pcflow run')")
-        report_title = browser.evaluate("document.title")
-        browser.screenshot(artifacts_dir / "report-in-airflow.png")
     (artifacts_dir / "pcflow-page.json").write_text(json.dumps(shown, indent=1))
-
     local = next((s for s in shown["stacks"] if s["stack"] == "local"), None)
     assert local is not None, shown["stacks"]
-    assert {"vpc", "subnet", "image"} <= set(local["kinds"]), local
-    assert "per day" in local["title"], local
+    assert {"vpc", "subnet", "image"} <= set(local["kinds"]) and "per day" in local["title"], local
     runs = {r["run"]: r for r in shown["dags"]["pretrain_nightly"]["runs"]}
     assert shown["dags"]["pretrain_nightly"]["charts"] == 2  # the objective's and the cost's trend
-    for run in nights:
-        summary = returned(airflow, "pretrain_nightly", run["dag_run_id"], "metrics")
-        row = runs[run["dag_run_id"]]
+    for run in backfill_nights(airflow):
+        summary, row = returned(airflow, "pretrain_nightly", run["dag_run_id"], "metrics"), runs[run["dag_run_id"]]
         assert row["outcome"] == summary["outcome"] == "completed", row
         objective = summary["objective"]
         assert row["objective"] == f"{objective['name']} {fmt(objective['value'])}", (row, objective)
         assert row["cost"] == fmt(summary["cost_usd_estimate"]), (row, summary["cost_usd_estimate"])
     leaderboard = returned(airflow, "pretrain_sweep", sweep["run_id"], "metrics")["leaderboard"]
     board = next(b for b in shown["boards"] if b["run"] == sweep["run_id"])
-    assert board["trials"] == [[r["trial"], fmt(r["value"])] for r in leaderboard], board
-    assert len(board["trials"]) == len(TRIALS)
-    # The extra link: the report inside Airflow (not the S3 console), served with no script allowed.
+    assert board["trials"] == [[r["trial"], fmt(r["value"])] for r in leaderboard] and len(leaderboard) == len(TRIALS)
+    (artifacts_dir / "timing.json").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1)}))
+
+
+def test_the_metrics_task_s_extra_link_opens_the_report_inside_airflow(airflow, backfill, artifacts_dir):
+    """The *Metrics report* button of a night's metrics task (its Details tab) points into Airflow, not to
+    the S3 console: a click opens the report in place, served with a policy that allows no script; without
+    Airflow's token it is refused."""
+    from pcflow.ui.links import report_path
+
+    started = time.monotonic()
+    night = backfill_nights(airflow)[-1]["dag_run_id"]
+    link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === 'Metrics report')"
+    with Chromium(chromium_or_skip()) as browser:
+        log_in(
+            browser, airflow, f"/dags/pretrain_nightly/runs/{urllib.parse.quote(night, safe='')}/tasks/metrics/details"
+        )
+        browser.wait_for(link, timeout=120)
+        browser.screenshot(artifacts_dir / "metrics-task-extra-links.png")
+        href, target = browser.evaluate(f"[({link}).getAttribute('href'), ({link}).target]")
+        browser.click(link)  # same origin: the UI opens it in place (target _self), inside Airflow
+        browser.wait_for("document.title.startsWith('pcflow run')")
+        title = browser.evaluate("document.title")
+        browser.screenshot(artifacts_dir / "report-in-airflow.png")
     assert href == report_path("pretrain_nightly", night, "") and target == "_self", (href, target)
-    assert report_title.startswith("pcflow run"), report_title
+    assert title.startswith("pcflow run"), title
     request = urllib.request.Request(airflow.url + href, headers={"Authorization": f"Bearer {airflow.token}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         policy = response.headers["Content-Security-Policy"]
