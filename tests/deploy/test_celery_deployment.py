@@ -625,9 +625,10 @@ def test_the_metrics_task_s_extra_link_opens_the_report_inside_airflow(airflow, 
     night = backfill_nights(airflow)[-1]["dag_run_id"]
     link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === 'Metrics report')"
     with Chromium(chromium_or_skip()) as browser:
-        log_in(
-            browser, airflow, f"/dags/pretrain_nightly/runs/{urllib.parse.quote(night, safe='')}/tasks/metrics/details"
-        )
+        log_in(browser, airflow, "/dags/pretrain_nightly")
+        browser.wait_for("location.pathname.endsWith('/dags/pretrain_nightly')")  # logged in and back
+        task = f"/dags/pretrain_nightly/runs/{urllib.parse.quote(night, safe='')}/tasks/metrics/details"
+        browser.navigate(airflow.url + task)  # the task instance's Details tab lists its extra links
         browser.wait_for(link, timeout=120)
         browser.screenshot(artifacts_dir / "metrics-task-extra-links.png")
         href, target = browser.evaluate(f"[({link}).getAttribute('href'), ({link}).target]")
