@@ -137,11 +137,14 @@ def api_dataset_events(stack: str, run_id: str, client: Any) -> list[dict[str, A
 @contextlib.contextmanager
 def api_client() -> Iterator[Any]:
     """Airflow's api-server app, served in this process, its simple auth manager letting everyone in as admin."""
+    from secrets import token_hex
     from unittest import mock
 
     from airflow.api_fastapi.app import create_app
     from fastapi.testclient import TestClient
 
-    with mock.patch.dict("os.environ", {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}):
+    # The in-process app needs a JWT secret, as every api-server does; a fresh AIRFLOW_HOME has none yet.
+    app_env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True", "AIRFLOW__API_AUTH__JWT_SECRET": token_hex(32)}
+    with mock.patch.dict("os.environ", app_env):
         with TestClient(create_app()) as client:
             yield client
