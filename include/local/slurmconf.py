@@ -74,6 +74,7 @@ class SlurmSite:
     cluster: str = CLUSTER_NAME
     controller_addr: str | None = None  # SlurmctldHost=name(addr)
     ctld_port: int | None = None
+    first_job_id: int | None = None  # FirstJobId: where this cluster's job ids start (Slurm's default 1)
     slurmd_port: int | None = None
     accounting_port: int | None = None
     munge_socket: str | None = None  # a private munged (AuthInfo, and slurmdbd's AccountingStoragePass)
@@ -119,6 +120,7 @@ def render_slurm_conf(site: SlurmSite) -> str:
                 "ClusterName": site.cluster,
                 "SlurmctldHost": controller,
                 "SlurmctldPort": site.ctld_port,
+                "FirstJobId": site.first_job_id,
                 "SlurmdPort": site.slurmd_port,
                 "SlurmUser": site.user,
                 "SlurmdUser": site.user,

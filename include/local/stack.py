@@ -55,8 +55,10 @@ PORT_NAMES = ("moto", "sshd", "slurmctld", "slurmdbd", "mariadb")
 #: The compute nodes: nodeN at 127.<net>.0.(N+1), each with a slurmd port of its own (`slurmd-nodeN`).
 NODE_COUNT = 3
 #: <net>: 0 unless PCFLOW_NODE_NET says otherwise. Two stacks on one host (`make test`'s lanes) take different
-#: ones: launchers derive rendezvous ports from the job id, and both stacks' job 5 once met on one address.
+#: ones, and their job ids start 500 apart (FIRST_JOB_ID): launchers listen for their rendezvous on every
+#: address, at a port derived from the job id (base + id modulo 1000 or 8000), and both stacks' job 5 met.
 NODE_NET = int(os.environ.get("PCFLOW_NODE_NET", "0"))
+FIRST_JOB_ID = 1 + 500 * NODE_NET
 NODE_NAMES = tuple(f"node{i}" for i in range(1, NODE_COUNT + 1))
 OPEN_MPI_SITE = {
     "OMPI_MCA_oob_tcp_if_include": "lo",
@@ -360,6 +362,7 @@ def ensure_slurm(lay: Layout) -> None:
         controller=lay.host,
         controller_addr="127.0.0.1",
         ctld_port=lay.ports["slurmctld"],
+        first_job_id=FIRST_JOB_ID,
         nodes=lay.nodes,
         cpus=slurm_cpus(),
         memory_mb=real_memory_mb(),
