@@ -30,6 +30,11 @@ def airflow_environment(airflow_home: Path) -> dict[str, str]:
         # pcflow's operators wait in the triggerer when Airflow's default says so, as the providers' do:
         # every pcflow deployment sets it (docker-compose.yaml too).
         "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+        # Every local run parses the DAG files again, and a run may follow another on a changed profile
+        # within seconds (the nightly's schedule, for one). By default a serialized DAG younger than 30 s
+        # is not rewritten while its DagModel is: the scheduler then read a cron timetable for a DAG the
+        # DagModel had scheduled on an asset, and made no run for the asset's event.
+        "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
         # The deployment's default profile (the trigger form's, and every scheduled run's): the emulator.
         "PCFLOW_DEFAULT_PROFILE": "local",
     }
