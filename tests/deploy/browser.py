@@ -88,14 +88,20 @@ class Chromium:
         self.cdp("Page.navigate", url=url)
 
     def wait_for(self, expression: str, timeout: float = 60) -> Any:
-        """Poll a page expression until it is truthy (the UI renders asynchronously)."""
+        """Poll a page expression until it is truthy (the UI renders asynchronously). While a page loads
+        its document may have no body yet, so an expression that throws is polled again too; the last
+        error is reported if it never comes true."""
         deadline = time.monotonic() + timeout
+        last_error = ""
         while time.monotonic() < deadline:
-            value = self.evaluate(f"(() => {{ const v = ({expression}); return v instanceof Node ? true : v }})()")
+            try:
+                value = self.evaluate(f"(() => {{ const v = ({expression}); return v instanceof Node ? true : v }})()")
+            except BrowserError as error:
+                value, last_error = None, f" (last: {error})"
             if value:
                 return value
             time.sleep(0.5)
-        raise BrowserError(f"not true after {timeout}s: {expression}")
+        raise BrowserError(f"not true after {timeout}s: {expression}{last_error}")
 
     def click(self, element: str) -> None:
         """A left click at the centre of the element the expression yields, scrolled into view."""
