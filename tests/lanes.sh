@@ -18,9 +18,9 @@ mkdir -p tests/artifacts
 ignores=()
 for path in "${LANE_B[@]}"; do ignores+=(--ignore "$path"); done
 
-# Lane B's compute nodes live at 127.1.0.x and its job ids start at 501: jobs listen for their rendezvous
-# on every address at a port derived from the job id, and the two stacks' job 5 met there (EADDRINUSE).
-in_lane_b() { PCFLOW_STACK_DIR="$LANE_B_STATE" AIRFLOW_HOME="$LANE_B_STATE/airflow" PCFLOW_NODE_NET=1 "$@"; }
+# Lane B's job ids start at 501: jobs listen for their rendezvous on every address at a port derived from
+# the job id, and the two stacks' job 5 met there (EADDRINUSE).
+in_lane_b() { PCFLOW_STACK_DIR="$LANE_B_STATE" AIRFLOW_HOME="$LANE_B_STATE/airflow" PCFLOW_FIRST_JOB_ID=501 "$@"; }
 stack_a() { $PY include/local/stack.py "$@"; }
 stack_b() { in_lane_b $PY include/local/stack.py "$@"; }
 is_up() { "$1" status --json 2>/dev/null | $PY -c 'import json, sys; sys.exit(not all(s["ready"] for s in json.load(sys.stdin).values()))'; }

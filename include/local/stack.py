@@ -1,7 +1,7 @@
 """The embedded default: AWS (moto, HTTPS), Slurm (munge, MariaDB, slurmdbd, slurmctld, 3 slurmd) and sshd.
 
 The head node (slurmctld, slurmdbd, sshd) is this host at 127.0.0.1. Each compute node is a slurmd of
-its own, with its own node name and loopback address (127.0.0.2, .3, ...; see NODE_NET), started in its own UTS and
+its own, with its own node name and loopback address (127.0.0.2, .3, ...), started in its own UTS and
 mount namespaces: `hostname` there says the node's name, and the node's /etc/hosts (a copy of this
 host's, bind-mounted in its namespace only, so the host's file is never edited) resolves every node's
 name to its address, as a cluster's DNS does. Jobs run inside their node's namespaces, so launchers
@@ -52,14 +52,13 @@ PCLUSTER_VERSION = "3.16.1"
 READY_TIMEOUT_S = 90
 STOP_TIMEOUT_S = 20
 PORT_NAMES = ("moto", "sshd", "slurmctld", "slurmdbd", "mariadb")
-#: The compute nodes: nodeN at 127.<net>.0.(N+1), each with a slurmd port of its own (`slurmd-nodeN`).
+#: The compute nodes: nodeN at 127.0.0.(N+1), each with a slurmd port of its own (`slurmd-nodeN`).
 NODE_COUNT = 3
-#: <net>: 0 unless PCFLOW_NODE_NET says otherwise. Two stacks on one host (`make test`'s lanes) take different
-#: ones, and their job ids start 500 apart (FIRST_JOB_ID): launchers listen for their rendezvous on every
-#: address, at a port derived from the job id (base + id modulo 1000 or 8000), and both stacks' job 5 met.
-NODE_NET = int(os.environ.get("PCFLOW_NODE_NET", "0"))
-FIRST_JOB_ID = 1 + 500 * NODE_NET
 NODE_NAMES = tuple(f"node{i}" for i in range(1, NODE_COUNT + 1))
+#: Where this stack's Slurm job ids start (PCFLOW_FIRST_JOB_ID, else 1). Two stacks on one host (`make test`'s
+#: lanes) start 500 apart: launchers listen for their rendezvous on every address, at a port derived from the
+#: job id (base + id modulo 1000 or 8000), and both stacks' job 5 met there (EADDRINUSE).
+FIRST_JOB_ID = int(os.environ.get("PCFLOW_FIRST_JOB_ID", "1"))
 OPEN_MPI_SITE = {
     "OMPI_MCA_oob_tcp_if_include": "lo",
     "OMPI_MCA_btl_tcp_if_include": "lo",
@@ -152,7 +151,7 @@ class Layout:
 
 
 def node_addr(name: str) -> str:
-    return f"127.{NODE_NET}.0.{NODE_NAMES.index(name) + 2}"
+    return f"127.0.0.{NODE_NAMES.index(name) + 2}"
 
 
 def port_names() -> dict[str, str]:
