@@ -18,7 +18,7 @@ import random
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -201,50 +201,60 @@ def shard_to_s3(
         label=f"shard {src.uri} -> s3://{bucket}/{root} ({len(shards)} shards)",
         interval_s=progress_interval_s,
     )
-    on_disk = threading.BoundedSemaphore(workers)
-    width = max(6, len(str(len(shards))))
     try:
         writer.load_state()
-        with tempfile.TemporaryDirectory(prefix="pcflow-shards-") as tmp:
-            for index, members in enumerate(shards):
-                on_disk.acquire()
-                try:
-                    path = Path(tmp, f"{index}.tar")
-                    with path.open("wb") as out:
-                        sha, size = write_shard(src, members, out)
-                except BaseException:
-                    on_disk.release()
-                    raise
-                shard = _BuiltShard(
-                    path=path,
-                    key=f"shard-{index:0{width}d}-{sha[:12]}.tar",
-                    size=size,
-                    sha256=sha,
-                    samples=len(members),
-                    source_files=sum(len(s.files) for s in members),
-                    source_bytes=sum(f.size for s in members for f in s.files),
-                )
-                writer.submit(_upload_shard, writer, shard, progress, on_disk)
-            writer.drain()
+        build_and_upload(src, shards, writer, progress, workers=workers)
+        extra = {
+            "classes": classes,
+            "shards": {"format": "webdataset-tar", "target_bytes": target_shard_bytes, "seed": shuffle_seed},
+            "source_files": len(files),
+        }
+        objects = list(writer.entries.values())
         manifest = build_manifest(
             mode="shard",
             bucket=bucket,
             root=root,
             partition=partition,
             source_uri=src.uri,
-            objects=list(writer.entries.values()),
+            objects=objects,
             run=run,
-            extra={
-                "classes": classes,
-                "shards": {"format": "webdataset-tar", "target_bytes": target_shard_bytes, "seed": shuffle_seed},
-                "source_files": len(files),
-            },
+            extra=extra,
         )
         committed = writer.commit(manifest, prune=prune)
     finally:
         writer.close()
     progress.report(final=True)
     return writer.outcome(manifest, committed)
+
+
+def build_and_upload(
+    src: Source, shards: Sequence[Sequence[Sample]], writer: PartitionWriter, progress: Progress, *, workers: int
+) -> None:
+    """Write each shard to local disk and hand it to the writer's uploads: at most `workers` shards are
+    on disk at once (built, waiting or uploading), so a partition larger than the disk still loads."""
+    on_disk = threading.BoundedSemaphore(workers)
+    width = max(6, len(str(len(shards))))
+    with tempfile.TemporaryDirectory(prefix="pcflow-shards-") as tmp:
+        for index, members in enumerate(shards):
+            on_disk.acquire()
+            try:
+                path = Path(tmp, f"{index}.tar")
+                with path.open("wb") as out:
+                    sha, size = write_shard(src, members, out)
+            except BaseException:
+                on_disk.release()
+                raise
+            shard = _BuiltShard(
+                path=path,
+                key=f"shard-{index:0{width}d}-{sha[:12]}.tar",
+                size=size,
+                sha256=sha,
+                samples=len(members),
+                source_files=sum(len(s.files) for s in members),
+                source_bytes=sum(f.size for s in members for f in s.files),
+            )
+            writer.submit(_upload_shard, writer, shard, progress, on_disk)
+        writer.drain()
 
 
 @dataclass(frozen=True)
