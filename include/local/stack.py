@@ -286,7 +286,9 @@ def ensure_ssh(lay: Layout) -> None:
                 # A login's environment, which sbatch passes to jobs: the site's slurm.conf, and Open MPI told
                 # that this site's nodes talk over the loopback interface (which it skips by default) and
                 # that jobs run as root here (which mpirun refuses unless told).
-                f"SetEnv SLURM_CONF={lay.slurm_conf} {' '.join(f'{k}={v}' for k, v in OPEN_MPI_SITE.items())}",
+                # SHLVL=1: bash, started by sshd for a command, reads ~/.bashrc only at shell level 1, and this
+                # host's root ~/.bashrc is its owner's interactive setup (pyenv init: 0.3 s per command).
+                f"SetEnv SLURM_CONF={lay.slurm_conf} {' '.join(f'{k}={v}' for k, v in OPEN_MPI_SITE.items())} SHLVL=1",
                 "Subsystem sftp internal-sftp",
                 "MaxStartups 100:30:200",
                 "MaxSessions 100",
