@@ -1,5 +1,6 @@
 """Where pcflow's non-Python assets live (`include/`), in a checkout and in the Airflow image alike; where
-the deployment's profiles are; and the one check that keeps a path under its root."""
+the deployment's profiles are and which of them it offers; and the one check that keeps a path under its
+root."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 PROFILES_DIR_ENV = "PCFLOW_PROFILES_DIR"
 #: The profile each DAG's trigger form (and every scheduled run) starts with.
 DEFAULT_PROFILE_ENV = "PCFLOW_DEFAULT_PROFILE"
+#: The profiles a run may name, comma-separated (the form's choices); unset or empty: every profile found.
+OFFERED_PROFILES_ENV = "PCFLOW_OFFERED_PROFILES"
 
 
 def include_dir() -> Path:
@@ -37,6 +40,45 @@ def profile_names() -> list[str]:
 def default_profile() -> str | None:
     """The deployment's default profile (an environment setting: no I/O), None when it names none."""
     return os.environ.get(DEFAULT_PROFILE_ENV) or None
+
+
+def offered_profiles() -> list[str]:
+    """The profiles this deployment offers: `PCFLOW_OFFERED_PROFILES` in the admin's order, else every
+    profile found. The form asks when a DAG file is parsed and the first task asks again for each run,
+    so a setting that names a profile with no file, or leaves the default out, fails both (a
+    ConfigurationError naming the setting): the DAG files do not import, and no run starts."""
+    from pcflow.errors import ConfigurationError
+
+    found = profile_names()
+    setting = os.environ.get(OFFERED_PROFILES_ENV, "")
+    named = list(dict.fromkeys(name.strip() for name in setting.split(",") if name.strip()))
+    missing = [name for name in named if name not in found]
+    if missing:
+        raise ConfigurationError(
+            f"{OFFERED_PROFILES_ENV}: no profile file for {', '.join(map(repr, missing))} in "
+            f"{os.pathsep.join(map(str, profile_dirs()))}; profiles found: {', '.join(found)}"
+        )
+    offered = named or found
+    default = default_profile()
+    if default is not None and default not in offered:
+        where = f"{OFFERED_PROFILES_ENV} offers" if named else f"that exist ({OFFERED_PROFILES_ENV} unset)"
+        raise ConfigurationError(
+            f"{DEFAULT_PROFILE_ENV}: {default!r} is not among the profiles {where} ({', '.join(offered)}); "
+            "the default must be one of them"
+        )
+    return offered
+
+
+def check_offered(profile: object) -> None:
+    """Refuse (ConfigurationError) a run that names a profile this deployment does not offer."""
+    from pcflow.errors import ConfigurationError
+
+    offered = offered_profiles()
+    if profile not in offered:
+        raise ConfigurationError(
+            f"profile: {profile!r} is not offered on this deployment; choose one of {', '.join(offered)} "
+            f"(the admin decides which, in {OFFERED_PROFILES_ENV})"
+        )
 
 
 def within(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:

@@ -133,6 +133,23 @@ def test_invalid_conf_is_refused_before_anything_is_created(admin_profiles, admi
     assert not Path("/tmp/pwned").exists()
 
 
+@pytest.mark.usefixtures("airflow")
+def test_a_profile_the_admin_does_not_offer_is_refused_before_anything_is_created(monkeypatch, capfd):
+    """The DAG parsed while every profile was offered (Airflow checks a new run's conf against that form);
+    the workers offer `local` alone: the first task refuses the rehearsal profile, naming the setting."""
+    from pcflow.paths import profile_names
+    from pcflow.pipeline import form
+
+    monkeypatch.setattr(form, "offered_profiles", profile_names)  # the form, as parsed before the change
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", "local")
+    result = run_dag("pretrain", {"profile": "aws-gpu-rehearsal", "partition": PARTITION})
+    assert "profile: 'aws-gpu-rehearsal' is not offered on this deployment" in "".join(capfd.readouterr())
+    assert result.state == "failed" and result.task_states["validate"] == "failed"
+    assert all(state in ("upstream_failed", "skipped", "failed", "None") for state in result.task_states.values())
+    assert result.returned == {}
+    assert tagged_resources("pcflow:stack", "research") == []  # the rehearsal's stack, as aws-gpu's
+
+
 def test_nightly_backfill_of_two_days_shares_infrastructure_and_keeps_outputs_apart(airflow):
     """Night 2 adopts what night 1 made and stamps its expiry again; each night's model is in S3; once
     the nights stop, the janitor's rule selects the kept network and image when their expiry passes."""

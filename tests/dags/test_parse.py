@@ -8,7 +8,9 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from dagrun import REPO
 
 _spec = importlib.util.spec_from_file_location("dag_parse", REPO / "benchmarks" / "dag_parse.py")
@@ -46,3 +48,43 @@ def test_a_worker_that_parsed_only_the_janitor_finds_the_cluster_teardown_handle
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert "ParallelClusterStackHandler" in out.stdout and "VpcHandler" in out.stdout
+
+
+TRAINING_DAG_FILES = {"pretrain.py", "pretrain_nightly.py", "pretrain_sweep.py"}
+
+
+@pytest.mark.parametrize(
+    ("offered", "complaint"),
+    [
+        ("aws-gpu", "PCFLOW_DEFAULT_PROFILE: 'local' is not among the profiles PCFLOW_OFFERED_PROFILES offers"),
+        ("local, ghost", "PCFLOW_OFFERED_PROFILES: no profile file for 'ghost' in "),
+    ],
+)
+def test_an_offer_without_the_default_or_with_a_missing_profile_stops_the_training_dags(
+    monkeypatch, offered, complaint
+):
+    """The admin's mistake is an import error of each training DAG (the UI shows them), naming the
+    setting: no run starts, none on a profile nobody offered. The janitor, which has no form, still runs."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", offered)
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert {Path(path).name for path in bag.import_errors} == TRAINING_DAG_FILES
+    assert all(complaint in error for error in bag.import_errors.values()), bag.import_errors
+    assert sorted(bag.dag_ids) == ["janitor"]
+
+
+def test_airflow_refuses_a_run_of_a_profile_the_form_does_not_offer(monkeypatch):
+    """Airflow checks every new run's conf against the form (trigger form, REST API, CLI, backfill); the
+    first task asks again for the profiles its worker offers (tests/pcflow/pipeline/test_conf_boundary.py)."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", "local")
+    params = DagBag(dag_folder=str(REPO / "dags")).dags["pretrain"].params
+    params.validate()
+    with pytest.raises(ParamValidationError, match="aws-gpu-rehearsal"):
+        params["profile"] = "aws-gpu-rehearsal"  # what a run's conf does to the form's values
+        params.validate()

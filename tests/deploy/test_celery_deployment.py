@@ -63,8 +63,9 @@ def airflow(local_stack, tmp_path_factory):
     if bindir is None or redis_server is None:
         pytest.skip("PostgreSQL or Redis is not installed and cannot be installed here (needs root + apt-get)")
     root = Path(tempfile.mkdtemp(prefix="pcflow-deploy-"))
-    # The user's .env: README's steps, plus the local stack's connections as a user adds theirs.
-    env_file = fill_env_file(root / ".env", extra=local_stack.env)
+    # The user's .env: README's steps, plus the local stack's connections as a user adds theirs, and the
+    # emulator's profile offered, as .env.example says for it (compose offers aws-gpu alone).
+    env_file = fill_env_file(root / ".env", extra={**local_stack.env, "PCFLOW_OFFERED_PROFILES": "local"})
     deployment = Deployment(Project.resolve(env_file), root, workers=2, triggerers=2)
     started = time.monotonic()
     try:

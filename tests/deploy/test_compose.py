@@ -299,6 +299,33 @@ def test_the_default_services_need_no_local_profile_password(tmp_path):
     assert proc.returncode != 0 and "SLURM_DB_PASSWORD" in proc.stderr, proc.stderr
 
 
+def offered_by(service, monkeypatch) -> list[str]:
+    """The profiles a run may name in this service's environment, as the trigger form and the first task
+    ask (`pcflow.paths.offered_profiles`, which refuses a default outside them or a profile with no file)."""
+    from pcflow.paths import offered_profiles
+
+    for name in ("PCFLOW_OFFERED_PROFILES", "PCFLOW_DEFAULT_PROFILE", "PCFLOW_PROFILES_DIR"):
+        monkeypatch.delenv(name, raising=False)
+        if name in service.environment:
+            monkeypatch.setenv(name, service.environment[name])
+    return offered_profiles()
+
+
+def test_the_deployment_offers_the_real_accounts_profile_not_the_emulators(tmp_path, monkeypatch):
+    """The image ships `local` and `aws-gpu-rehearsal` too, whose runs expect the emulator: compose offers
+    `aws-gpu` alone, its default; `--profile local`, with .env as .env.example says, offers `local`."""
+    services = resolve(tmp_path).services
+    for name in AIRFLOW_SERVICES:
+        assert services[name].environment["PCFLOW_DEFAULT_PROFILE"] == "aws-gpu", name
+        assert offered_by(services[name], monkeypatch) == ["aws-gpu"], name
+    example = (REPO / ".env.example").read_text()
+    emulator = dict(re.findall(r"^# (PCFLOW_[A-Z_]+)=(\S+)$", example, re.MULTILINE))
+    assert emulator == {"PCFLOW_DEFAULT_PROFILE": "local", "PCFLOW_OFFERED_PROFILES": "local"}
+    local = Project.resolve(fill_env_file(tmp_path / "local.env", extra=emulator), "local").services
+    for name in AIRFLOW_SERVICES:
+        assert offered_by(local[name], monkeypatch) == ["local"], name
+
+
 def test_the_auth_manager_is_fab_whose_first_user_airflow_init_creates(tmp_path):
     """FAB, as in the official file: airflow-init's `airflow users create` needs it (the simple auth
     manager has no users to create). The deployment test logs in as this user."""

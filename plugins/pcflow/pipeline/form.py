@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from pcflow.paths import default_profile, profile_names
+from pcflow.paths import default_profile, offered_profiles
 from pcflow.patterns import INSTANCE_TYPE, PARTITION
 
 #: The form's fields that change a run setting, by the setting's dotted path. Whether a trigger user
@@ -34,10 +34,12 @@ OTHER_FIELDS = ("profile", "trials", "grid", "overrides")
 
 
 def profile_param() -> Param:
-    """Which profile: the deployment's default (`PCFLOW_DEFAULT_PROFILE`), chosen among those that exist.
-    Without a default the field starts empty, and a run that leaves it so (a scheduled one too) is
-    refused by the first task: no run falls back to a profile nobody chose."""
-    choices = profile_names()
+    """Which profile: the deployment's default (`PCFLOW_DEFAULT_PROFILE`), chosen among those the admin
+    offers (`PCFLOW_OFFERED_PROFILES`; unset: every profile found). A setting that leaves the default out
+    or names a profile with no file raises here, so the DAG files do not import and the admin reads why
+    among the UI's import errors. Without a default the field starts empty, and a run that leaves it so (a
+    scheduled one too) is refused by the first task: no run falls back to a profile nobody chose."""
+    choices = offered_profiles()
     chosen = default_profile()
     schema: dict[str, Any] = {"type": "string", "enum": choices}
     if chosen is None:
@@ -46,7 +48,7 @@ def profile_param() -> Param:
         chosen,
         **schema,
         title="Profile",
-        description=f"Where the run happens and what it may change (the admin's profiles: {', '.join(choices)}).",
+        description=f"Where the run happens and what it may change (the admin offers: {', '.join(choices)}).",
         section="Where",
     )
 

@@ -104,12 +104,14 @@ def resolve_for_run(
     `dated_partitions`: the DAG trains on the partition of its logical date (a scheduled DAG), also
     when one of its runs is started by hand or by a backfill."""
     from pcflow.naming import run_key_from_context
+    from pcflow.paths import check_offered
     from pcflow.runspec import RunSpecError, resolve_run_spec
 
     if not params.get("profile"):
         raise AirflowFailException(
             "profile: none chosen, and the deployment sets no default (the admin sets PCFLOW_DEFAULT_PROFILE)"
         )
+    check_offered(params["profile"])  # the form's choices were fixed when the DAG was parsed, maybe elsewhere
     check_conf_fields(params)
     try:
         spec = resolve_run_spec(params["profile"], overrides_from_params(params))

@@ -211,6 +211,7 @@ def test_a_dataset_source_must_lie_under_a_root_and_hold_data(offline, admin_pro
 def test_the_default_profile_comes_from_the_deployment(monkeypatch, admin_profiles):
     from pcflow.pipeline import training_params
 
+    monkeypatch.delenv("PCFLOW_OFFERED_PROFILES", raising=False)  # unset: every profile found is offered
     monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "aws-gpu")
     extra = admin_profiles.make("local", name="team-a")
     shipped = ["aws-gpu", "aws-gpu-rehearsal", "local"]  # include/profiles/, then the admin's
@@ -219,6 +220,59 @@ def test_the_default_profile_comes_from_the_deployment(monkeypatch, admin_profil
     monkeypatch.delenv("PCFLOW_DEFAULT_PROFILE")
     profile = training_params()["profile"]
     assert profile.value is None and profile.schema["enum"] == [None, *shipped, extra]
+
+
+def test_the_form_offers_the_profiles_the_admin_offers(monkeypatch, admin_profiles):
+    from pcflow.pipeline import training_params
+
+    team = admin_profiles.make("local", name="team-a")
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", f" {team}, aws-gpu,{team}")  # the admin's order, once each
+    monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "aws-gpu")
+    profile = training_params()["profile"]
+    assert profile.value == "aws-gpu" and profile.schema["enum"] == [team, "aws-gpu"]
+    assert "offers: team-a, aws-gpu)" in profile.description
+    monkeypatch.delenv("PCFLOW_DEFAULT_PROFILE")
+    assert training_params()["profile"].schema["enum"] == [None, team, "aws-gpu"]
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", "")  # empty is unset: every profile found
+    assert training_params()["profile"].schema["enum"] == [None, "aws-gpu", "aws-gpu-rehearsal", "local", team]
+
+
+def test_a_profile_the_admin_does_not_offer_is_refused_before_it_is_read(offline, monkeypatch):
+    """The form's choices are fixed where and when the DAG was parsed; a conf from the CLI, the REST
+    API, a backfill or a DAG serialized under another setting reaches the first task, which asks again."""
+    import pcflow.runspec
+
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", "local")
+    assert offline({"profile": "local", "partition": "p1"})["profile"] == "local"
+
+    def read(name, *args):
+        raise AssertionError(f"profile {name!r} was read")
+
+    monkeypatch.setattr(pcflow.runspec, "load_profile", read)
+    for name in ("aws-gpu-rehearsal", "aws-gpu", "no-such-profile", ["local"]):
+        complaint = refusal(offline, {"profile": name, "partition": "p1"})
+        assert complaint == (
+            f"profile: {name!r} is not offered on this deployment; choose one of local "
+            "(the admin decides which, in PCFLOW_OFFERED_PROFILES)"
+        )
+
+
+@pytest.mark.parametrize(
+    ("offered", "complaint"),
+    [
+        ("aws-gpu", "PCFLOW_DEFAULT_PROFILE: 'local' is not among the profiles PCFLOW_OFFERED_PROFILES offers"),
+        ("local,aws-gpu-rehersal", "PCFLOW_OFFERED_PROFILES: no profile file for 'aws-gpu-rehersal' in "),  # misspelt
+    ],
+)
+def test_a_worker_whose_offer_is_wrong_refuses_every_run(offline, monkeypatch, offered, complaint):
+    """The DAG processor's setting fails the DAG files' import (tests/dags/test_parse.py); a worker's,
+    where it differs, fails the first task of every run, the default profile's too."""
+    from pcflow.paths import profile_names
+    from pcflow.pipeline import form
+
+    monkeypatch.setattr(form, "offered_profiles", profile_names)  # the form, as parsed under a good setting
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", offered)
+    assert complaint in refusal(offline, {"profile": "local", "partition": "p1"})
 
 
 def test_a_run_without_a_profile_is_refused(offline):
