@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -17,13 +18,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 #: The pools pcflow's DAGs put their cluster and train tasks in (`airflow pools import` format).
 POOLS_FILE = REPO / "include" / "pools.json"
+#: pcflow's DAG files: Airflow's DAGs folder here (its `dags-folder` bundle).
+DAGS_FOLDER = REPO / "dags"
+LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
 
 
 def airflow_environment(airflow_home: Path) -> dict[str, str]:
     """Settings for an Airflow home dedicated to pcflow's local runs (SQLite metadata, no examples)."""
     return {
         "AIRFLOW_HOME": str(airflow_home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO"),
@@ -105,6 +109,25 @@ def resume_as_the_triggerer() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def dag_bundle(folder: Path) -> Iterator[None]:
+    """`dag.test` runs only a DAG of one of Airflow's configured DAG bundles: it writes their DAGs to the
+    metadata database first, and refuses to create a run of a DAG not serialized there ("the dag is not
+    serialized"). Within this, a folder other than the DAGs folder is one bundle more."""
+    from unittest import mock
+
+    from airflow.configuration import conf
+
+    if folder.resolve() == DAGS_FOLDER.resolve():
+        yield
+        return
+    bundles = conf.getjson("dag_processor", "dag_bundle_config_list")
+    name = f"{folder.name}-{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]}"
+    own = {"name": name, "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(folder)}}
+    with mock.patch.dict(os.environ, {"AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([*bundles, own])}):
+        yield
+
+
 @dataclass
 class DagRunResult:
     dag_id: str
@@ -125,18 +148,21 @@ def run_dag(
     logical_date: dt.datetime | None = None,
     run_after: dt.datetime | None = None,
     only: Sequence[str] | None = None,
+    *,
+    dag_folder: Path = DAGS_FOLDER,
 ) -> DagRunResult:
     """Run the DAG to the end in this process (tasks, deferrals and teardowns included).
 
     The run id is `manual__<run_after>` (now, unless given): give it to know the run's key beforehand.
-    `only`: run these tasks and mark the others successful without running them (`mark_success_pattern`)."""
+    `only`: run these tasks and mark the others successful without running them (`mark_success_pattern`).
+    `dag_folder`: where the DAG's file is (a test's own DAG, kept out of the users' `dags/`)."""
     import time
 
     from airflow.dag_processing.dagbag import DagBag
 
-    dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
+    dag = DagBag(dag_folder=str(dag_folder)).dags[dag_id]
     started = time.monotonic()
-    with resume_as_the_triggerer():
+    with resume_as_the_triggerer(), dag_bundle(dag_folder):
         dag_run = dag.test(
             run_conf=conf or {}, logical_date=logical_date, run_after=run_after, mark_success_pattern=_others(only)
         )
@@ -210,7 +236,7 @@ def run_existing_dag_run(dag_id: str, run_id: str, only: Sequence[str] | None = 
         dag_run = _find_run(session, dag_id, run_id)
         dag_run.state = DagRunState.RUNNING
         logical_date, run_after = dag_run.logical_date, dag_run.run_after
-    dag = DagBag(dag_folder=str(REPO / "dags")).dags[dag_id]
+    dag = DagBag(dag_folder=str(DAGS_FOLDER)).dags[dag_id]
     started = time.monotonic()
     # `dag.test` is the loop that runs a DAG run to its end; here it takes the existing run rather than
     # replacing it with a new one (and clearing it).

@@ -5,10 +5,10 @@ own params are left to the host."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
-from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.pipeline import (
@@ -16,17 +16,18 @@ from pcflow.pipeline import (
     TRAINING_DAG_ARGS,
     build_training_pipeline,
     training_params,
-    training_pipeline_group,
 )
 from pcflow.pipeline.settings import check_conf_fields
 from pcflow.pipeline.validation import training_form
 
 
 def host_dag() -> DAG:
-    params = {**training_params(partition="default"), "note": Param("for the release notes", type="string")}
-    with DAG("host", schedule=None, params=params) as dag:
-        EmptyOperator(task_id="extract") >> training_pipeline_group() >> EmptyOperator(task_id="publish")
-    return dag
+    """The worked example: host_dags/training_host.py (test_pipeline_group_run.py runs it end to end)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(Path(__file__).parent / "host_dags"))
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags["training_host"]
 
 
 def shape(tasks, prefix: str = "") -> dict[str, tuple]:
