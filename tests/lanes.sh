@@ -12,6 +12,7 @@ PY=.venv/bin/python
 LANE_B=(
     tests/deploy/test_celery_deployment.py tests/dags/test_rehearsal.py tests/dags/test_dags.py
     tests/dags/test_node_loss.py tests/dags/test_budget_cap.py tests/dags/test_crash_retry.py
+    tests/pcflow/pipeline/test_pipeline_group_run.py
 )
 LANE_B_STATE="$PWD/.stack-lane-b"
 mkdir -p tests/artifacts
