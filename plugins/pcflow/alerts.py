@@ -1,15 +1,15 @@
 """Failure alerts: when a task of the nightly or the janitor fails for good, tell a person through the
 Amazon provider's SNS notifier which stage failed, why, and what is still there.
 
-The topic is the deployment admin's (`alerts.sns_topic_arn` of the run's profile, the janitor's: the
-deployment's default profile), read from the profile itself when the alert is sent, never from the run's
-conf: a person who triggers a run cannot send its alerts elsewhere. The notifier is each task's
-`on_failure_callback` (it runs on the worker after the last try), not the DAG's: Airflow runs a DAG's
-callbacks in the DAG processor with the failed task's context but without its exception, and "why" is the
-exception. The message is plain text built here and published as data (never rendered by Jinja): the
-reason is redacted by Airflow's secrets masker and cut to a bound, and what is still there is one bounded,
-time-limited listing of the stack's tagged resources, whose failure is reported in the message instead of
-failing the alert.
+The topic is the deployment admin's (`alerts.sns_topic_arn` of the run's profile when the deployment offers
+it, else of the deployment's default profile, as for the janitor), read from the profile itself when the
+alert is sent, never from the run's conf: a person who triggers a run cannot send its alerts elsewhere. The
+notifier is each task's `on_failure_callback` (it runs on the worker after the last try), not the DAG's:
+Airflow runs a DAG's callbacks in the DAG processor with the failed task's context but without its
+exception, and "why" is the exception. The message is plain text built here and published as data (never
+rendered by Jinja): the reason is redacted by Airflow's secrets masker and cut to a bound, and what is still
+there is one bounded, time-limited listing of the stack's tagged resources, whose failure is reported in the
+message instead of failing the alert.
 """
 
 from __future__ import annotations
@@ -67,6 +67,21 @@ class LeftRunning:
     unpriced: int = 0
     error: str | None = None
     counted: Mapping[str, int] = field(default_factory=dict)
+
+
+def alerting_profile(params: Mapping[str, Any]) -> str | None:
+    """The profile whose topic hears of a failed run: the one it named when this deployment offers it,
+    else the deployment's default. A run refused for its profile (not offered, no such file) is still
+    alerted, to the admin's topic, and a name nobody offered never picks the topic."""
+    from pcflow.errors import PcflowError
+    from pcflow.paths import default_profile, offered_profiles
+
+    named = params.get("profile")
+    try:
+        offered = offered_profiles()
+    except PcflowError:  # the admin's setting is wrong: the default alone is the admin's choice
+        offered = []
+    return named if named in offered else default_profile()
 
 
 def topic_for(profile: str | None) -> str | None:
@@ -191,9 +206,7 @@ class FailureAlert(BaseNotifier):
     def notify(self, context: Any) -> None:
         from airflow.providers.amazon.aws.notifications.sns import SnsNotifier
 
-        from pcflow.paths import default_profile
-
-        profile = (context.get("params") or {}).get("profile") or default_profile()
+        profile = alerting_profile(context.get("params") or {})
         topic = topic_for(profile)
         if topic is None:
             log.info("no alert: profile %s sets no alerts.sns_topic_arn", profile)

@@ -17,6 +17,7 @@ from pcflow.alerts import (
     LeftRunning,
     alert_message,
     alert_subject,
+    alerting_profile,
     failure_reason,
     left_running,
     topic_for,
@@ -168,3 +169,15 @@ def test_no_topic_no_aws_call(monkeypatch):
     """The local profile: the notifier returns before it reads a connection or lists anything."""
     monkeypatch.setattr(alerts, "left_running", lambda *args: pytest.fail("listed without a topic"))
     FailureAlert().notify({"params": {"profile": "local"}})
+
+
+@pytest.mark.parametrize("named", ["aws-gpu-rehearsal", "no-such-profile", "../local", None])
+def test_a_run_refused_for_its_profile_alerts_the_default_s_topic(monkeypatch, named):
+    """The named profile's topic only when the deployment offers it; otherwise the default's, so the run
+    refused for its profile still reaches the admin, and a name nobody offered never picks the topic."""
+    monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "aws-gpu")
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", "aws-gpu,local")
+    assert alerting_profile({"profile": named}) == "aws-gpu"
+    assert alerting_profile({"profile": "local"}) == "local"
+    monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", "aws-gpu,nowhere")  # a wrong setting: the default still alerts
+    assert alerting_profile({"profile": "local"}) == "aws-gpu"
