@@ -21,6 +21,10 @@ and lives only in this server, which only the local stack starts: no deployment 
 - SSM DescribeInstanceInformation (moto lacks it): every running instance of the region that was
   launched with an instance profile is a managed node whose agent is `Online` (on AWS the agent
   registers once the profile lets it reach SSM), so the AMI bake's wait for the agent runs here too.
+- S3's daily storage metric in CloudWatch (`AWS/S3` `BucketSizeBytes`, StorageType StandardStorage):
+  moto reports the Python objects' memory size (64 bytes a key) for every bucket; as S3 documents, it is
+  the bytes of every version and unfinished upload part in S3 Standard, one datapoint a day stamped at
+  midnight UTC, and none yet for a bucket created since (S3 publishes a bucket's first the next day).
 - `POST /moto-api/static/fsx/task-outcomes` with `{"results": [{"Lifecycle": "FAILED", "Message": ...,
   "Seconds": 2}]}`: how the next data repository tasks end, one result each, and how long each stays
   EXECUTING first (a test's failed export, or one still running when its task looks; by default a task
@@ -43,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from moto.cloudformation.parsing import get_model_list, get_model_map
+from moto.cloudwatch.models import MetricDatum
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.common_models import CloudFormationModel
 from moto.core.exceptions import JsonRESTError
@@ -55,8 +60,9 @@ from moto.fsx.exceptions import FileSystemNotFound
 from moto.fsx.models import FSxBackend, fsx_backends
 from moto.fsx.responses import FSxResponse
 from moto.moto_api._internal import urls as moto_api_urls
-from moto.s3.models import FakeKey, s3_backends
+from moto.s3.models import FakeKey, S3Backend, s3_backends
 from moto.ssm.responses import SimpleSystemManagerResponse
+from moto.utilities.utils import get_partition
 
 ACTIVE = ("PENDING", "EXECUTING")
 
@@ -466,6 +472,29 @@ def create_image(self: Any, instance_id: str, name: str, description: str, tag_s
     return image
 
 
+_moto_s3_metrics = S3Backend.get_cloudwatch_metrics
+
+
+def standard_bytes(bucket: Any) -> int:
+    """What S3 Standard holds for a bucket: every object version (not delete markers) and upload part."""
+    versions = [v for _, listed in bucket.keys.iterlists() for v in listed if isinstance(v, FakeKey)]
+    parts = [part for upload in bucket.multiparts.values() for part in upload.parts.values()]
+    return sum(v.size for v in [*versions, *parts] if (v.storage_class or "STANDARD") == "STANDARD")
+
+
+def s3_cloudwatch_metrics(account_id: str, region: str) -> list[MetricDatum]:
+    """moto's S3 metrics with BucketSizeBytes as S3 publishes it (module docstring)."""
+    midnight = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    metrics = [m for m in _moto_s3_metrics(account_id, region) if m.name != "BucketSizeBytes"]
+    for name, bucket in s3_backends[account_id][get_partition(region)].buckets.items():
+        if bucket.creation_date < midnight:
+            dimensions = [{"Name": "StorageType", "Value": "StandardStorage"}, {"Name": "BucketName", "Value": name}]
+            size = standard_bytes(bucket)
+            stamp = midnight.replace(tzinfo=None)  # moto keeps metric timestamps naive, in UTC
+            metrics.append(MetricDatum("AWS/S3", "BucketSizeBytes", size, dimensions, stamp, unit="Bytes"))
+    return metrics
+
+
 def install() -> None:
     """Add the stand-ins to moto (before its server builds its routes)."""
     FSxBackend.create_file_system = create_file_system
@@ -481,6 +510,7 @@ def install() -> None:
     SimpleSystemManagerResponse.describe_instance_information = describe_instance_information
     ec2_amis.AmisResponse.register_image = register_image
     ec2_amis_models.AmiBackend.create_image = create_image
+    S3Backend.get_cloudwatch_metrics = staticmethod(s3_cloudwatch_metrics)
     moto_api_urls.url_paths["{0}/moto-api/static/ec2/console-output"] = set_console_output
     moto_api_urls.url_paths["{0}/moto-api/static/fsx/task-outcomes"] = set_task_outcomes
     get_model_list.cache_clear()

@@ -8,8 +8,8 @@ notifier is each task's `on_failure_callback` (it runs on the worker after the l
 Airflow runs a DAG's callbacks in the DAG processor with the failed task's context but without its
 exception, and "why" is the exception. The message is plain text built here and published as data (never
 rendered by Jinja): the reason is redacted by Airflow's secrets masker and cut to a bound, and what is still
-there is one bounded, time-limited listing of the stack's tagged resources, whose failure is reported in the
-message instead of failing the alert.
+there is one bounded, time-limited listing of the stack's tagged resources and buckets, whose failure is
+reported in the message instead of failing the alert.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ MAX_LISTED = 12
 LOOKUP_SECONDS = 20.0
 #: Each AWS call of that listing: short timeouts, one retry.
 LOOKUP_BOTOCORE = {"connect_timeout": 5, "read_timeout": 10, "retries": {"mode": "standard", "max_attempts": 2}}
-#: What the listing covers: the teardown's handler sets (ParallelCluster stacks, EC2, FSx, images).
+#: What the listing covers: the teardown's handler sets (ParallelCluster stacks, EC2, FSx, images), and
+#: the stack's buckets, sized by S3's CloudWatch metric or a bounded listing (pcflow.aws.kept_buckets).
 LISTED_SETS = ("pcluster", "ec2", "fsx", "images")
-LOOKUP_SERVICES = ("ec2", "fsx", "cloudformation")
+LOOKUP_SERVICES = ("ec2", "fsx", "cloudformation", "s3", "cloudwatch")
 #: Kinds that only make up a network, counted on one line instead of listed.
 NETWORK_PARTS = frozenset({"subnet", "security-group", "internet-gateway", "route-table", "network-interface"})
 #: SNS refuses a subject longer than this, or one with line breaks or non-ASCII characters.
@@ -110,11 +111,13 @@ def list_left_running(clients: Callable[[str], Any], stack: str | None, region: 
     """The stack's (every stack's) tagged resources with their cost per day; unbounded in time: see
     `left_running`."""
     from pcflow.aws.janitor import kept_report
+    from pcflow.aws.kept_buckets import kept_buckets
     from pcflow.aws.teardown import Selector, build_handlers
     from pcflow.naming import TAG_EXPIRES, TAG_RUN
 
     selector = Selector(stack=stack)
     resources = [r for handler in build_handlers(clients, LISTED_SETS) for r in handler.list(selector)]
+    resources += kept_buckets(clients, region, stack)
     report = kept_report(resources, region)
     lines, counted = [], Counter()
     for resource, line in zip(resources, report["kept"], strict=True):
@@ -157,7 +160,7 @@ def _resource_line(line: Mapping[str, Any]) -> str:
 def left_running_text(failure: Failure, left: LeftRunning) -> list[str]:
     scope = f"stack {failure.stack}" if failure.stack else "every pcflow stack"
     where = f" in {failure.region}" if failure.region else ""
-    head = f"Still there ({scope}{where}; tagged EC2, FSx, images and ParallelCluster stacks; S3 data not listed):"
+    head = f"Still there ({scope}{where}; tagged EC2, FSx, images, ParallelCluster stacks and buckets):"
     if left.error:
         return [head, f"  {left.error}"]
     if not left.lines and not left.counted:

@@ -52,9 +52,11 @@ class Listed(Handler):
         return [r for r in self.resources if selector.matches(r.tags)]
 
 
-def listing(monkeypatch, *resources: Resource) -> None:
+def listing(monkeypatch, *resources: Resource, buckets: tuple[Resource, ...] = ()) -> None:
+    """The teardown's handler sets and the bucket lookup (pcflow.aws.kept_buckets) answer these."""
     register_handlers("alerts-test", lambda clients: [Listed(list(resources))], replace=True)
     monkeypatch.setattr(alerts, "LISTED_SETS", ("alerts-test",))
+    monkeypatch.setattr("pcflow.aws.kept_buckets.kept_buckets", lambda clients, region, stack: list(buckets))
 
 
 def test_the_message_names_the_stage_why_the_run_and_what_is_still_there(monkeypatch):
@@ -66,6 +68,7 @@ def test_the_message_names_the_stage_why_the_run_and_what_is_still_there(monkeyp
         Resource("subnet", "subnet-2", TAGS),
         Resource("security-group", "sg-1", TAGS),
         Resource("vpc", "vpc-other", {"pcflow:stack": "someone-else"}),
+        buckets=(Resource("bucket", "research-data", TAGS, "", {"Bytes": 500 * 2**30, "BytesSource": "listed"}),),
     )
     left = left_running(lambda service: None, "research", "us-east-1")
     message = alert_message(FAILURE, left)
@@ -79,7 +82,9 @@ def test_the_message_names_the_stage_why_the_run_and_what_is_still_there(monkeyp
     assert "vpc vpc-1 (available), stack research, expires 2026-12-01T02:00:00Z: $0.00/day (free)" in message
     assert "network parts and image snapshots: 1 security-group, 2 subnet" in message
     assert "vpc-other" not in message  # another stack's
-    assert "About $8.16 per day in all." in message
+    bucket = "bucket research-data, stack research, expires 2026-12-01T02:00:00Z: $0.38/day (500.0 GiB in S3 Standard"
+    assert bucket in message  # 500 GiB x $0.023 per GiB-month / 730 h x 24 h
+    assert "About $8.54 per day in all." in message
 
 
 def test_what_is_still_there_is_bounded(monkeypatch):

@@ -146,9 +146,10 @@ def check_adoptable(s3: Any, name: str, differences: Sequence[Difference]) -> li
 # --- a bucket shared by stacks ------------------------------------------------------------------
 
 
-def bucket_users(s3: Any, name: str) -> list[str]:
-    """The stacks that use `name` (their markers under USERS_PREFIX)."""
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=name, Prefix=USERS_PREFIX)
+def bucket_users(s3: Any, name: str, limit: int | None = None) -> list[str]:
+    """The stacks that use `name` (their markers under USERS_PREFIX), the first `limit` if given."""
+    bound = {"PaginationConfig": {"MaxItems": limit}} if limit else {}
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=name, Prefix=USERS_PREFIX, **bound)
     return sorted(obj["Key"].removeprefix(USERS_PREFIX) for page in pages for obj in page.get("Contents", []))
 
 

@@ -1,7 +1,8 @@
 """The janitor: finds pcflow resources whose run is over or whose `pcflow:expires` has passed, and
 deletes them with the same convergence loop as every teardown (a second cleanup path, for runs that
 were killed before their teardown task ran). Its report also lists every resource it keeps, with what
-each costs per day (pcflow.aws.kept), so nothing bills unseen.
+each costs per day (pcflow.aws.kept), so nothing bills unseen: buckets too (pcflow.aws.kept_buckets),
+which it never deletes.
 
 "Run is over" needs to know which runs are alive; the caller passes the run keys of active DAG runs
 (`active_run_keys`). Without it, only expiry decides. Shared resources (no `pcflow:run` tag and
@@ -17,14 +18,17 @@ from dataclasses import replace
 from typing import Any
 
 from pcflow.aws.base import aws_template_fields
+from pcflow.aws.kept_buckets import kept_buckets
 from pcflow.aws.teardown import (
     DEFAULT_HANDLER_SETS,
     ClientSource,
     Resource,
+    ResourceHandler,
     Selector,
     TeardownOperator,
     TeardownReport,
     build_handlers,
+    converge,
     teardown,
 )
 from pcflow.naming import TAG_EXPIRES, TAG_RUN, parse_expires
@@ -60,6 +64,43 @@ def kept_resources(
     the janitor leaves, which keeps billing."""
     handlers = build_handlers(clients, dict.fromkeys([*handler_sets, "images"]))
     return [resource for handler in handlers for resource in handler.list(selector)]
+
+
+class _Listed:
+    """A handler whose resources were listed once: a selector picks from that listing, without calling
+    AWS again (deleting, holding and ordering are still the handler's)."""
+
+    def __init__(self, handler: ResourceHandler, everything: Selector):
+        self.handler, self.kind, self.order = handler, handler.kind, handler.order
+        self.resources = handler.list(everything)
+
+    def list(self, selector: Selector) -> list[Resource]:
+        return [resource for resource in self.resources if selector.matches(resource.tags)]
+
+    def prepare(self, resources: Sequence[Resource]) -> None:
+        self.handler.prepare(resources)
+
+    def delete(self, resource: Resource) -> None:
+        self.handler.delete(resource)
+
+    def holds(self, resources: Sequence[Resource]) -> dict[tuple[str, str], str]:
+        return self.handler.holds(resources)
+
+
+def janitor_view(
+    clients: ClientSource,
+    now: dt.datetime,
+    handler_sets: Sequence[str] = JANITOR_HANDLER_SETS,
+    active_run_keys: Collection[str] | None = None,
+) -> tuple[TeardownReport, list[Resource]]:
+    """The janitor's dry run over every stack and what it keeps (as `kept_resources` lists it), from one
+    listing of every pcflow resource instead of one for each."""
+    everything, rule = Selector(), reapable(now, active_run_keys)
+    reaping = [_Listed(handler, everything) for handler in build_handlers(clients, handler_sets)]
+    images = [] if "images" in handler_sets else [_Listed(h, everything) for h in build_handlers(clients, ["images"])]
+    dry_run = converge(reaping, replace(everything, predicate=rule), dry_run=True)
+    keeps = replace(everything, predicate=lambda tags: not rule(tags))
+    return dry_run, [resource for handler in [*reaping, *images] for resource in handler.list(keeps)]
 
 
 def kept_report(resources: Sequence[Resource], region: str | None) -> dict[str, Any]:
@@ -136,7 +177,8 @@ class JanitorOperator(TeardownOperator):
         rule = reapable(dt.datetime.now(dt.UTC), self.active_run_keys)
         report = self.converge(replace(selection, predicate=rule), dry_run=dry_run)
         kept = kept_resources(self.client, replace(selection, predicate=lambda tags: not rule(tags)), self.handler_sets)
-        costs = kept_report(kept, self.hook.region_name)
+        buckets = kept_buckets(self.client, self.hook.region_name, selection.stack)
+        costs = kept_report([*kept, *buckets], self.hook.region_name)
         self.log_kept(costs)
         return {**report.to_xcom(), **costs}
 

@@ -1,8 +1,8 @@
 """What each resource pcflow keeps costs per day, for the janitor's report: the nightly's cluster, network
 and image, a run kept for debugging until its TTL, the shared bucket's neighbours. Priced from the
 region's dated table (pcflow/metrics/prices.json) and what the listing shows (instance type and state,
-file system size, endpoint subnets, snapshot sizes); free kinds cost 0, and what the table cannot price
-says so instead of counting as 0.
+file system size, endpoint subnets, snapshot sizes, a bucket's stored bytes as pcflow.aws.kept_buckets
+measured them); free kinds cost 0, and what the table cannot price says so instead of counting as 0.
 """
 
 from __future__ import annotations
@@ -65,11 +65,16 @@ def _endpoint(resource: Resource, table: Mapping[str, Any]) -> Priced:
     return per_hour * zones * HOURS_PER_DAY, f"interface endpoint in {zones} zone(s) at ${per_hour:g}/h each"
 
 
+def _per_day(per_month: float, table: Mapping[str, Any]) -> float:
+    """A monthly price per day, by the table's hours in a month."""
+    return per_month / float(table.get("hours_per_month", 730)) * HOURS_PER_DAY
+
+
 def _snapshot_gib(gib: float, table: Mapping[str, Any], what: str) -> Priced:
     per_month = table.get("ebs_snapshot_per_gib_month")
     if per_month is None:
         return None, "ebs_snapshot_per_gib_month not in the price table"
-    per_day = gib * per_month / float(table.get("hours_per_month", 730)) * HOURS_PER_DAY
+    per_day = gib * _per_day(per_month, table)
     return per_day, f"{what}: {gib:g} GiB of snapshots (at most: they bill for the blocks they hold)"
 
 
@@ -81,6 +86,34 @@ def _image(resource: Resource, table: Mapping[str, Any]) -> Priced:
 
 def _snapshot(resource: Resource, table: Mapping[str, Any]) -> Priced:
     return _snapshot_gib(float(resource.detail.get("VolumeSize") or 0), table, "snapshot")
+
+
+#: What S3 calls a GB when it bills storage: 2^30 bytes.
+BYTES_PER_GIB = 2**30
+
+
+def _bucket(resource: Resource, table: Mapping[str, Any]) -> Priced:
+    """Stored bytes x the S3 Standard price per GB-month; a shared bucket's line is its stack's share."""
+    detail = resource.detail
+    if "Bytes" not in detail:
+        return None, detail.get("SizeError", "size not known")
+    per_month = table.get("s3_standard_per_gib_month")
+    if per_month is None:
+        return None, "s3_standard_per_gib_month not in the price table"
+    gib = detail["Bytes"] / BYTES_PER_GIB
+    users = len(detail.get("SharedBy") or ()) or 1
+    per_day = gib * _per_day(per_month, table) / users
+    at_least = "at least " if detail.get("AtLeast") else ""
+    size = f"{at_least}{_size(detail['Bytes'])} in S3 Standard at ${per_month:g}/GiB-month"
+    share = f"; 1/{users} of it: shared by {users} stacks" if users > 1 else ""
+    return per_day, f"{size} ({detail['BytesSource']}){share}"
+
+
+def _size(stored: int) -> str:
+    for unit, size in (("GiB", BYTES_PER_GIB), ("MiB", 2**20)):
+        if stored >= size:
+            return f"{stored / size:,.1f} {unit}"
+    return f"{stored:,} bytes"
 
 
 def _unpriced(resource: Resource, table: Mapping[str, Any]) -> Priced:
@@ -95,6 +128,7 @@ PRICERS: dict[str, Callable[[Resource, Mapping[str, Any]], Priced]] = {
     "vpc-endpoint": _endpoint,
     "image": _image,
     "snapshot": _snapshot,
+    "bucket": _bucket,
 }
 
 

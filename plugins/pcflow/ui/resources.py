@@ -1,24 +1,22 @@
 """Live pcflow resources by stack, their cost per day, and what the janitor would delete now.
 
 The same lookups as the janitor (pcflow.aws.janitor: its handler sets list every pcflow-tagged network
-part, instance, image, snapshot, file system and ParallelCluster stack), its own dry run for "would
-delete", and pcflow.aws.kept for the prices. Buckets are listed by their tags (a shared bucket names the
-stacks using it by marker objects, pcflow.aws.buckets). Every listing is bounded."""
+part, instance, image, snapshot, file system and ParallelCluster stack), listed once for both its dry
+run ("would delete") and what it keeps, and pcflow.aws.kept for the prices. Buckets, priced by the bytes
+they store, come from pcflow.aws.kept_buckets (a shared bucket names the stacks using it by marker
+objects). Every listing is bounded."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcflow.aws.buckets import USERS_PREFIX
-from pcflow.aws.janitor import JANITOR_HANDLER_SETS, kept_report, kept_resources, reapable, run_janitor
-from pcflow.aws.teardown import Selector
-from pcflow.naming import TAG_PREFIX, TAG_STACK
+from pcflow.aws.janitor import JANITOR_HANDLER_SETS, janitor_view, kept_report
+from pcflow.aws.kept_buckets import kept_buckets
 
-MAX_BUCKETS = 200
-MAX_STACKS_PER_BUCKET = 100
 #: Shown for a resource no stack tag names: a bucket shared by stacks that no longer use it, say.
 NO_STACK = "(none)"
 
@@ -38,13 +36,15 @@ def overview(clients: Callable[[str], Any], region: str | None, now: dt.datetime
     """Every live pcflow resource, by stack, priced; and what the janitor would delete now (priced too:
     it bills until then)."""
     now = now or dt.datetime.now(dt.UTC)
-    dry_run = run_janitor(clients, now=now, dry_run=True, handler_sets=JANITOR_HANDLER_SETS)
-    rule = reapable(now)  # as the janitor DAG decides: by expiry
-    kept = kept_resources(clients, Selector(predicate=lambda tags: not rule(tags)), JANITOR_HANDLER_SETS)
-    costs = kept_report([*dry_run.would_delete, *dry_run.held, *kept], region)  # held: reapable, kept for now
+    clients("s3"), clients("cloudwatch")  # made here: a botocore session does not make clients thread-safely
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcflow-buckets") as pool:
+        sizing = pool.submit(kept_buckets, clients, region, None, now)  # S3 and CloudWatch, while EC2 lists
+        dry_run, kept = janitor_view(clients, now, JANITOR_HANDLER_SETS)  # as the janitor DAG decides: by expiry
+        buckets = sizing.result()
+    costs = kept_report([*dry_run.would_delete, *dry_run.held, *kept, *buckets], region)  # held: kept for now
     doomed = {(r.kind, r.id) for r in dry_run.would_delete}
     stacks: dict[str, list[dict[str, Any]]] = {}
-    for priced in [*costs["kept"], *bucket_lines(clients("s3"))]:
+    for priced in costs["kept"]:
         line = {**priced, "reaped": (priced["kind"], priced["id"]) in doomed}
         stacks.setdefault(line["stack"] or NO_STACK, []).append(line)
     totals = {
@@ -52,35 +52,6 @@ def overview(clients: Callable[[str], Any], region: str | None, now: dt.datetime
     }
     would_delete = [line for lines in stacks.values() for line in lines if line["reaped"]]
     return Overview(dict(sorted(stacks.items())), totals, would_delete, costs["prices"])
-
-
-def bucket_lines(s3: Any) -> list[dict[str, Any]]:
-    """pcflow's buckets (any `pcflow:` tag), one line per stack using each: its own `pcflow:stack`, or the
-    stacks whose marker a shared bucket holds. S3 bills by bytes stored, which listing does not tell."""
-    from pcflow.aws.storage import bucket_tags
-
-    lines = []
-    for bucket in s3.list_buckets().get("Buckets", [])[:MAX_BUCKETS]:
-        tags = bucket_tags(s3, bucket["Name"])
-        if not any(key.startswith(TAG_PREFIX) for key in tags):
-            continue
-        for stack in [tags[TAG_STACK]] if TAG_STACK in tags else bucket_users(s3, bucket["Name"]) or [None]:
-            lines.append(
-                {
-                    "kind": "bucket",
-                    "id": bucket["Name"],
-                    "stack": stack,
-                    "usd_per_day": None,
-                    "basis": "billed by bytes stored" + ("" if TAG_STACK in tags else "; shared by stacks"),
-                }
-            )
-    return lines
-
-
-def bucket_users(s3: Any, bucket: str) -> list[str]:
-    """The stacks that left their marker in a shared bucket."""
-    listed = s3.list_objects_v2(Bucket=bucket, Prefix=USERS_PREFIX, MaxKeys=MAX_STACKS_PER_BUCKET)
-    return [item["Key"].removeprefix(USERS_PREFIX) for item in listed.get("Contents", [])]
 
 
 def resource_summary(lines: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -21,6 +21,7 @@ class Clients:
     iam: Any
     fsx: Any
     sts: Any
+    cloudwatch: Any
     tagging: Any
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -44,7 +45,7 @@ class Clients:
 
 @pytest.fixture(scope="session")
 def aws(local_stack) -> Clients:
-    services = ("ec2", "s3", "ssm", "iam", "fsx", "sts")
+    services = ("ec2", "s3", "ssm", "iam", "fsx", "sts", "cloudwatch")
     made = {s: aws_client(s, aws_conn_id="aws_default") for s in services}
     return Clients(**made, tagging=aws_client("resourcegroupstaggingapi", aws_conn_id="aws_default"))
 

@@ -101,16 +101,25 @@ def test_the_report_lists_what_it_keeps_with_its_cost_per_day(aws, stack):
         LustreConfiguration={"DeploymentType": "SCRATCH_2"},
         Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
     )["FileSystem"]["FileSystemId"]
+    bucket = f"pcflow-{stack}-data"  # the janitor never deletes a bucket: it is kept, priced by its bytes
+    aws.s3.create_bucket(Bucket=bucket)
+    aws.s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in tags.items()]})
+    aws.s3.put_object(Bucket=bucket, Key="shard-0000.tar", Body=b"x" * 4096)
     try:
         out = JanitorOperator(task_id="janitor", stack=stack, pass_delay=0).execute({"dag_run": _DagRun("manual")})
         assert out["would_delete"] == []  # all of it is kept: the run is alive and has not expired
+        [kept_bucket] = [line for line in out["kept"] if line["kind"] == "bucket"]
+        assert kept_bucket["id"] == bucket and kept_bucket["basis"].startswith("4,096 bytes in S3 Standard")
         per_day = {line["kind"]: line["usd_per_day"] for line in out["kept"]}
         assert per_day["instance"] == pytest.approx(0.0104 * 24)  # t3.micro
         assert per_day["fsx-file-system"] == pytest.approx(1200 * 0.14 / 730 * 24, abs=1e-4)  # $5.52
         assert per_day["nat-gateway"] == pytest.approx(0.045 * 24)
         assert per_day["elastic-ip"] == pytest.approx(0.005 * 24)
         assert per_day["vpc"] == per_day["subnet"] == 0
+        assert per_day["bucket"] == pytest.approx(4096 / 2**30 * 0.023 / 730 * 24, abs=1e-4)
         assert out["kept_usd_per_day"] == pytest.approx(sum(per_day.values()), abs=0.01)
         assert out["kept_unpriced"] == 0 and out["prices"] == "prices: us-east-1 price table as of 2026-11-01"
     finally:
         aws.fsx.delete_file_system(FileSystemId=fs_id)
+        aws.s3.delete_object(Bucket=bucket, Key="shard-0000.tar")
+        aws.s3.delete_bucket(Bucket=bucket)

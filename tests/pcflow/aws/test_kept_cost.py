@@ -67,3 +67,24 @@ def test_what_the_table_cannot_price_is_said_not_counted_as_zero():
     (line,) = daily_costs([Resource("instance", "i-x", TAGS, "running", {"InstanceType": "x9.huge"})], TABLE)
     assert line["usd_per_day"] is None and line["basis"] == "x9.huge not in the price table"
     assert line["stack"] == "research"
+
+
+def test_a_bucket_is_priced_by_the_bytes_it_stores_and_a_shared_one_by_its_share():
+    gib = 2**30
+    measured = {"Bytes": 200 * gib, "BytesSource": "CloudWatch BucketSizeBytes of 2026-11-30"}
+    lines = priced(
+        Resource("bucket", "data", TAGS, "", measured),
+        Resource(
+            "bucket", "big", TAGS, "", {"Bytes": 5 * gib, "BytesSource": "the first 5,000 objects", "AtLeast": True}
+        ),
+        Resource("bucket", "shared", TAGS, "", {**measured, "SharedBy": ["research", "nightly"]}),
+        Resource("bucket", "denied", TAGS, "", {"SizeError": "size not read: AccessDenied"}),
+    )
+    per_day = 200 * 0.023 / 730 * 24  # GiB x S3 Standard per GiB-month, per day
+    assert lines["data"] == (
+        pytest.approx(per_day, abs=1e-4),
+        "200.0 GiB in S3 Standard at $0.023/GiB-month (CloudWatch BucketSizeBytes of 2026-11-30)",
+    )
+    assert lines["big"][1].startswith("at least 5.0 GiB in S3 Standard")
+    assert lines["shared"][0] == pytest.approx(per_day / 2, abs=1e-4) and "shared by 2 stacks" in lines["shared"][1]
+    assert lines["denied"] == (None, "size not read: AccessDenied")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from collections import Counter
 
 import pytest
 
@@ -87,16 +88,24 @@ def rehearsal_stack(clients):
     clients("s3").put_bucket_tagging(
         Bucket=bucket, Tagging={"TagSet": aws_tags(standard_tags(stack=stack, component="metrics"))}
     )
+    clients("s3").put_object(Bucket=bucket, Key="runs/k/report.html", Body=b"x" * 2048)
     yield {"stack": stack, "image": image, "fsx": fs_id, "bucket": bucket, "vpc": ids.vpc_id}
     clients("fsx").delete_file_system(FileSystemId=fs_id)
     clients("cloudformation").delete_stack(StackName=f"{stack}-cluster")
+    clients("s3").delete_object(Bucket=bucket, Key="runs/k/report.html")
     clients("s3").delete_bucket(Bucket=bucket)
     teardown(clients, Selector(stack=stack), handler_sets=("ec2", "images"), pass_delay=0, raise_on_leftovers=False)
 
 
 def test_overview_lists_a_rehearsal_stack_by_tag_with_its_cost_and_the_janitors_dry_run(clients, rehearsal_stack):
     stack = rehearsal_stack["stack"]
+    calls = Counter()
+    for service in ("ec2", "fsx", "cloudformation", "s3", "cloudwatch"):
+        clients(service).meta.events.register("before-call", lambda model, **_: calls.update([model.name]))
     found = overview(clients, "us-east-1", NOW)
+    # One listing serves the janitor's dry run and what it keeps (main's page listed everything twice).
+    listings = ("DescribeInstances", "DescribeFileSystems", "DescribeImages", "DescribeSnapshots", "DescribeStacks")
+    assert {name: calls[name] for name in listings} == dict.fromkeys(listings, 1), calls
     lines = found.stacks[stack]
     kinds = {line["kind"] for line in lines}
     assert {"vpc", "subnet", "instance", "image", "fsx-file-system", "pcluster-cluster", "bucket"} <= kinds, kinds
@@ -109,7 +118,10 @@ def test_overview_lists_a_rehearsal_stack_by_tag_with_its_cost_and_the_janitors_
     # The janitor's dry run: the killed run's instance only; the kept stack stays.
     doomed = [line for line in found.would_delete if line["stack"] == stack]
     assert [line["kind"] for line in doomed] == ["instance"]
-    assert {line["id"] for line in lines if line["kind"] == "bucket"} == {rehearsal_stack["bucket"]}
+    [bucket] = [line for line in lines if line["kind"] == "bucket"]
+    assert bucket["id"] == rehearsal_stack["bucket"] and not bucket["reaped"]
+    assert bucket["basis"].startswith("2,048 bytes in S3 Standard at $0.023/GiB-month (1 object(s) listed")
+    assert bucket["usd_per_day"] == pytest.approx(2048 / 2**30 * 0.023 / 730 * 24, abs=1e-4)  # priced, if tiny
 
 
 def summary_of_a_run(dag_id: str, run_id: str, **fields) -> dict:
