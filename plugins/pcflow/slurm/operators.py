@@ -267,17 +267,9 @@ class SlurmJobOperator(BaseOperator):
         run_dir = self.run_dir(context)
         previous, log_offset = self.find_previous_job(context, run_dir)
 
-        if previous is not None and previous.state is JobState.COMPLETED:
-            self.log.info("Slurm job %s of this run already completed; adopting its result", previous.job_id)
-            self.job_id = previous.job_id
-            return self.result(run_dir, previous, exit_code=previous.exit_code or 0)
-        if previous is not None and (outcome := self.ended_on_purpose(previous, run_dir)):
-            self.log.info(
-                "Slurm job %s of this run was ended on purpose; adopting that outcome (%s)", previous.job_id, outcome
-            )
-            self.job_id = previous.job_id
-            return self.result(run_dir, previous, outcome=str(outcome))
-        if previous is not None and (previous.state.is_active or previous.state.is_interruption):
+        if previous is not None and (adopted := self.adopt(previous, run_dir)) is not None:
+            return adopted
+        if previous is not None and self.waits_again(previous):
             self.log.info("Re-attaching to Slurm job %s (%s)", previous.job_id, previous.raw_state)
             self.job_id = previous.job_id
         else:
@@ -292,6 +284,26 @@ class SlurmJobOperator(BaseOperator):
             self.defer(trigger=trigger, method_name="execute_complete")
         event = asyncio.run(_first_event(trigger))
         return self.execute_complete(context, event)
+
+    def adopt(self, previous: JobInfo, run_dir: RunDir) -> dict[str, Any] | None:
+        """The result of this run's earlier job when it is over and wants no other (it completed, or pcflow
+        ended it on purpose); None otherwise."""
+        if previous.state is JobState.COMPLETED:
+            self.log.info("Slurm job %s of this run already completed; adopting its result", previous.job_id)
+            self.job_id = previous.job_id
+            return self.result(run_dir, previous, exit_code=previous.exit_code or 0)
+        if outcome := self.ended_on_purpose(previous, run_dir):
+            self.log.info(
+                "Slurm job %s of this run was ended on purpose; adopting that outcome (%s)", previous.job_id, outcome
+            )
+            self.job_id = previous.job_id
+            return self.result(run_dir, previous, outcome=str(outcome))
+        return None
+
+    def waits_again(self, previous: JobInfo) -> bool:
+        """Whether to wait on this run's earlier job (running, or interrupted and coming back) rather than
+        submit another."""
+        return previous.state.is_active or previous.state.is_interruption
 
     def trigger_kwargs(self, run_dir: RunDir) -> dict[str, Any]:
         return {
@@ -467,18 +479,20 @@ class SlurmArrayJobOperator(SlurmJobOperator):
             state = JobState.COMPLETED if enough else JobState.FAILED
         return JobInfo(job_id=job_id, state=state, raw_state=str(state), exit_code=0, source="array")
 
+    def adopt(self, previous: JobInfo, run_dir: RunDir) -> dict[str, Any] | None:
+        """Never from the array's summary, which says only whether enough elements succeeded: an array over
+        and done is waited on again (`waits_again`), and its trigger reads each element's end anew."""
+        return None
+
+    def waits_again(self, previous: JobInfo) -> bool:
+        return super().waits_again(previous) or previous.state is JobState.COMPLETED
+
     def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:
         from pcflow.slurm.trigger import SlurmArrayTrigger
 
         return SlurmArrayTrigger(
             size=len(self.trials), min_success_ratio=self.min_success_ratio, **self.trigger_kwargs(run_dir)
         )
-
-    def result(
-        self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0, outcome: str = str(Outcome.SUCCESS)
-    ) -> dict[str, Any]:
-        elements = [{"index": i, "outcome": "success", "exit_code": 0} for i in range(len(self.trials))]
-        return self.result_from_event(run_dir, {"elements": elements})
 
     def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:
         trials = []

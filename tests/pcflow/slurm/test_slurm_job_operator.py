@@ -288,9 +288,12 @@ def test_array_of_four_trials_runs_each_with_its_hyperparameters(slurm: SlurmHoo
     for trial in result["trials"]:
         log = slurm.read_file(trial["log"]).decode()
         assert f"'trial': {trial['index']}" in log, log
-    # One sbatch for all four; executing again adopts instead of submitting a second array.
+    # One sbatch for all four; executing again (a retry) re-attaches instead of submitting a second array,
+    # and its trigger reads each element's end again: the failed trial stays failed.
     same = SlurmArrayJobOperator(task_id="sweep", program=bash(script), trials=trials, min_success_ratio=0.75, **FAST)
-    assert same.execute(context)["job_id"] == result["job_id"]
+    adopted = run_to_completion(same, context)
+    assert adopted["job_id"] == result["job_id"]
+    assert [(t["outcome"], t["exit_code"]) for t in adopted["trials"]] == [("success", 0)] * 3 + [("failed", 5)]
     assert {j.job_id.split("_")[0] for j in jobs_named(slurm, op.job_name(context))} == {result["job_id"]}
 
 
