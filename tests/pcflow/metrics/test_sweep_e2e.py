@@ -124,8 +124,14 @@ def test_the_train_task_stops_trials_early_while_it_waits(slurm):
     assert [r["decision"]["reason"] for r in records] == ["diverged", "no_improvement"]
     assert [r["job_id"] for r in records] == [f"{job['job_id']}_1", f"{job['job_id']}_2"]
     assert slurm.read_file(job["trials"][0]["run_dir"] + "/early_stop.json") == b""
-    # A retry of the task (a worker lost after the job ended) adopts the array instead of training again.
-    assert train.execute(make_context("sweep-stop", run_id=context["run_id"]))["job_id"] == job["job_id"]
+    # A retry of the task (a worker lost after the job ended) re-attaches to the array instead of training
+    # again, and its trigger reads each trial's end anew: the stopped trials stay stopped.
+    retry_context = make_context("sweep-stop", run_id=context["run_id"])
+    with pytest.raises(TaskDeferred) as reattached:
+        train.execute(retry_context)
+    retry = train.execute_complete(retry_context, first_event(revive(reattached.value)))
+    assert retry["job_id"] == job["job_id"]
+    assert [t["outcome"] for t in retry["trials"]] == ["success", "stopped_early", "stopped_early"]
 
 
 def test_a_single_job_stopped_early_says_so(slurm):
