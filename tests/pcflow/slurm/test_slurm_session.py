@@ -238,8 +238,11 @@ def test_an_urgent_wait_without_accounting_brings_the_squeue_forward():
 
 
 def test_a_waiter_whose_files_changed_is_served_first():
-    """A job that just ended (its marker appeared) does not wait behind a thousand idle waits' views."""
+    """A job that just ended (its marker appeared) does not wait behind a thousand idle waits' views.
+    A poll interval of half a second lets every waiter take its first view before the second tick, also
+    on a loaded machine (with 10 ms, a second tick could stat before the marker appeared)."""
     server = Server()
+    slow = WatchPolicy(poll_interval=0.5, confirm_interval=1.0)
     order: list[str] = []
 
     async def wait(waiter: Waiter, rounds: int) -> None:
@@ -251,7 +254,7 @@ def test_a_waiter_whose_files_changed_is_served_first():
                     server.sizes["/runs/149/exit.json"] = 120
 
     async def scenario():
-        await asyncio.gather(*(wait(Waiter(server, str(i)), 2) for i in range(150)))
+        await asyncio.gather(*(wait(Waiter(server, str(i), watch_policy=slow), 2) for i in range(150)))
 
     asyncio.run(scenario())
     assert order[:150].index("149") >= 100 and order[150:].index("149") < 50
