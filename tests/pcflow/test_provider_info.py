@@ -72,7 +72,12 @@ def test_airflow_providers_list_shows_pcflow(tmp_path):
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
     out = subprocess.run(
         [sys.executable, "-m", "airflow", "providers", "list", "-o", "json"],
-        capture_output=True, text=True, check=True, env=env, cwd=tmp_path, timeout=120,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
     ).stdout
     listed = {p["package_name"]: p["version"] for p in json.loads(out[out.index("[") :])}
     assert listed["pcflow"] == pcflow.__version__
