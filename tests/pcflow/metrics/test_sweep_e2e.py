@@ -140,3 +140,24 @@ def test_a_single_job_stopped_early_says_so(slurm):
     retry = train.execute(make_context("single-stop", run_id=context["run_id"]))  # adopts, does not resubmit
     assert (retry["job_id"], retry["outcome"]) == (result["job_id"], "stopped_early")
     assert json.loads(slurm.read_file(result["run_dir"] + "/early_stop.json"))["decision"]["reason"] == "no_improvement"
+
+
+# pcflow's check wrote its record, then the program died of the SIGTERM before the batch shell heard of
+# it (Slurm signals the two in no set order, and a shell whose program ended first never hears of it).
+DIES_BEFORE_ITS_SHELL = r"""
+printf '{"job_id": "%s"}\n' "$SLURM_JOB_ID" > "$PCFLOW_RUN_DIR/early_stop.json"
+kill -TERM $$
+"""
+
+
+def test_a_program_killed_before_its_shell_heard_of_it_was_still_stopped_early(slurm):
+    context = make_context("dies-first")
+    train = SlurmJobOperator(
+        task_id="dies-first", program=["bash", "-c", DIES_BEFORE_ITS_SHELL], poll_interval=0.2, confirm_interval=1.0
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        train.execute(context)
+    result = train.execute_complete(context, first_event(revive(deferred.value)))
+    assert result["outcome"] == "stopped_early"
+    marker = json.loads(slurm.read_file(result["run_dir"] + "/exit.json"))
+    assert (marker["exit_code"], marker["signal"]) == (143, "early_stop")
