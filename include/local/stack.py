@@ -981,13 +981,28 @@ def fail_node(lay: Layout, name: str) -> list[int]:
         namespace = os.readlink(f"/proc/{pid}/ns/uts")
         if namespace == os.readlink("/proc/self/ns/uts"):
             raise StackError(f"{svc.name} (pid {pid}) runs in this host's namespace; refusing to kill it")
-        killed = [p for p in _pids() if _uts_namespace(p) == namespace]
-        for victim in killed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
+        killed = _kill_namespace(namespace)
     reason = "pcflow stack.py fail-node: node lost"
     run(["scontrol", "update", f"nodename={name}", "state=down", f"reason={reason}"], env=lay.slurm_env())
     return killed
+
+
+def _kill_namespace(namespace: str, timeout: float = 30.0) -> list[int]:
+    """SIGKILL every process of the UTS namespace until none is left. Once is not enough: a slurmd
+    can fork a step between the listing and the kill, and a process is not gone (its sockets still
+    accept) the moment it is signalled; marking the node DOWN before then let a late answer from it
+    put the node back in service (ReturnToService=2) and the requeued job was placed on it again."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while alive := [p for p in _pids() if _uts_namespace(p) == namespace]:
+        if time.monotonic() > deadline:
+            raise StackError(f"processes {alive} of the lost node survived SIGKILL for {timeout:.0f} s")
+        for victim in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+        killed.update(alive)
+        time.sleep(0.05)
+    return sorted(killed)
 
 
 def _pids() -> list[int]:
