@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -86,6 +87,31 @@ def test_failing_exit_code_fails_with_code_and_log_tail(slurm: SlurmHook):
         run_to_completion(op, make_context("bad"))
     message = str(failure.value)
     assert "exit code 3" in message and "about to fail" in message
+
+
+def test_a_task_failing_beside_another_is_a_failure_not_an_interruption(slurm: SlurmHook):
+    """srun ends the other task when one fails and returns 143, though the batch shell had no SIGTERM: the
+    marker names no signal, so the wait reports the failure instead of holding it for a requeue that will
+    not come (the interruption grace, here an hour; the wait for the event is bounded well below it)."""
+    op = SlurmJobOperator(
+        task_id="one-fails",
+        program=bash('[ "$SLURM_PROCID" = 0 ] && exit 3; exec sleep 120'),
+        allocation={"tasks_per_node": 2},
+        **FAST,
+    )
+    trigger = defer(op, make_context("one-fails"))
+    _, kwargs = trigger.serialize()
+    patient = type(trigger)(**{**kwargs, "policy": {**kwargs["policy"], "interruption_grace": 3600.0}})
+
+    async def first_payload() -> dict:
+        async for event in patient.run():
+            return event.payload
+        raise AssertionError("trigger ended without an event")
+
+    event = asyncio.run(asyncio.wait_for(first_payload(), timeout=600))
+    assert (event["status"], event["outcome"]) == ("failed", "failed"), event
+    marker = json.loads(slurm.read_file(event["run_dir"] + "/exit.json"))
+    assert (marker["exit_code"], marker["signal"]) == (143, "")
 
 
 def test_retry_reattaches_instead_of_resubmitting(slurm: SlurmHook):
