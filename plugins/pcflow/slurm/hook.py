@@ -378,11 +378,25 @@ class SlurmHook(BaseHook):
     def _exec(self, argv: tuple[str, ...], command: str, limit: float) -> CommandResult:
         client = self.get_conn()
         with self._deadline(client, limit, f"`{shlex.join(argv)[:200]}`"):
-            _, stdout, stderr = client.exec_command(command, timeout=limit)
+            stdout, stderr = self._open_exec(client, command, limit)
             out = stdout.read().decode(errors="replace")
             err = stderr.read().decode(errors="replace")
             code = stdout.channel.recv_exit_status()
         return CommandResult(argv, code, out, err)
+
+    @staticmethod
+    def _open_exec(client: paramiko.SSHClient, command: str, limit: float) -> tuple[IO[bytes], IO[bytes]]:
+        """`SSHClient.exec_command` without the stdin file a command that reads nothing never needs: that
+        file's `__del__` takes the channel's lock, and when the garbage collector ran it on paramiko's
+        transport thread while that thread held the lock, the connection hung for good (seen in CI: every
+        later channel open timed out, and closing the client waited forever)."""
+        transport = client.get_transport()
+        if transport is None:
+            raise paramiko.SSHException("SSH session not active")
+        channel = transport.open_session(timeout=limit)
+        channel.settimeout(limit)
+        channel.exec_command(command)
+        return channel.makefile("rb"), channel.makefile_stderr("rb")
 
     @contextmanager
     def command_input(self, argv: Sequence[str]) -> Iterator[IO[bytes]]:
