@@ -7,11 +7,28 @@ import os
 import shlex
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 STACK_SCRIPT = REPO / "include" / "local" / "stack.py"
+T = TypeVar("T")
+
+
+def settled(read: Callable[[], T], *, quiet_s: float, timeout_s: float, every_s: float) -> T:
+    """What `read` returns once its answer has not changed for `quiet_s` (or at `timeout_s`): what a
+    service shows just after a client was killed or a job ended can still change for a moment."""
+    deadline = time.monotonic() + timeout_s
+    answer, stable_since = read(), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - stable_since < quiet_s:
+        time.sleep(every_s)
+        again = read()
+        if again != answer:
+            answer, stable_since = again, time.monotonic()
+    return answer
 
 
 def stack_cli(*args: str, state_dir: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

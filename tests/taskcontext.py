@@ -39,13 +39,16 @@ def make_context(task_id: str, *, store: MemoryStateStore | None = None, run_id:
     return {"ti": ti, "run_id": ti.run_id, "task_state_store": store if store is not None else MemoryStateStore()}
 
 
-def first_event(trigger) -> dict:
+def first_event(trigger, timeout: float | None = None) -> dict:
+    """The trigger's first event's payload; with `timeout`, a wait past it fails (TimeoutError) and
+    cancels the trigger's run instead of blocking the test."""
+
     async def _first():
         async for event in trigger.run():
             return event.payload
         raise AssertionError("trigger ended without an event")
 
-    return asyncio.run(_first())
+    return asyncio.run(asyncio.wait_for(_first(), timeout))
 
 
 def deferred_trigger(op, context: dict):

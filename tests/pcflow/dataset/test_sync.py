@@ -7,13 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from boto3.s3.transfer import TransferConfig
 from dataset_s3 import make_client
-from stacktools import REPO
+from stacktools import REPO, settled
 
 from pcflow.dataset.errors import DestinationError, SourceChangedError, SourceError
 from pcflow.dataset.manifest import JOURNAL_KEY, read_listed_object, read_manifest
@@ -38,20 +37,6 @@ def make_tree(root: Path, n: int = 12, big: bool = False) -> Path:
 def objects(s3, bucket: str) -> dict[str, int]:
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
     return {o["Key"]: o["Size"] for p in pages for o in p.get("Contents", [])}
-
-
-def settled_objects(s3, bucket: str, quiet_s: float = 1.0, timeout_s: float = 30.0) -> dict[str, int]:
-    """The bucket's listing once it has not changed for `quiet_s`: a PUT a killed client had sent whole
-    can still complete on the server after the client died (seen in CI: two objects appeared after the
-    first listing, and the resume rightly skipped them)."""
-    deadline = time.monotonic() + timeout_s
-    listing, stable_since = objects(s3, bucket), time.monotonic()
-    while time.monotonic() - stable_since < quiet_s and time.monotonic() < deadline:
-        time.sleep(0.2)
-        again = objects(s3, bucket)
-        if again != listing:
-            listing, stable_since = again, time.monotonic()
-    return listing
 
 
 def test_sync_then_resync_uploads_nothing_and_tags_every_object(s3, bucket, counter, tmp_path, tags):
@@ -341,7 +326,10 @@ def test_load_killed_half_way_uploads_only_what_is_missing_on_resume(s3, bucket,
     plugins = str(REPO / "plugins")
     killed = subprocess.run([sys.executable, "-c", KILLED_HALF_WAY, plugins, str(src), "100", bucket], check=False)
     assert killed.returncode == -9
-    present = {k.removeprefix("ds/p/") for k in settled_objects(s3, bucket) if "/_pcflow/" not in k}
+    # A PUT the killed client had sent whole can still complete on the server after it died (seen in CI:
+    # two objects appeared after the first listing, and the resume rightly skipped them).
+    listing = settled(lambda: objects(s3, bucket), quiet_s=1.0, timeout_s=30.0, every_s=0.2)
+    present = {k.removeprefix("ds/p/") for k in listing if "/_pcflow/" not in k}
     assert 0 < len(present) < 200 and read_manifest(s3, bucket, "ds/p/") is None
 
     counter.reset()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import threading
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from stacktools import LocalStack
+from stacktools import LocalStack, settled
 from taskcontext import MemoryStateStore, deferred_trigger, first_event, make_context
 
 from pcflow.slurm.hook import SlurmConnectionError, SlurmHook
@@ -38,14 +37,7 @@ def run_to_completion(op: SlurmJobOperator, context: dict) -> dict:
 
 def jobs_named(slurm: SlurmHook, name: str, settle_s: float = 3.0) -> list:
     """Every job of that name Slurm knows, once the answer has stopped changing for `settle_s`."""
-    deadline = time.monotonic() + 30
-    jobs, stable_since = slurm.find_jobs(name), time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - stable_since < settle_s:
-        time.sleep(0.5)
-        again = slurm.find_jobs(name)
-        if again != jobs:
-            jobs, stable_since = again, time.monotonic()
-    return jobs
+    return settled(lambda: slurm.find_jobs(name), quiet_s=settle_s, timeout_s=30, every_s=0.5)
 
 
 def test_success_streams_every_log_line_once_in_order(slurm: SlurmHook, capsys):
@@ -102,13 +94,7 @@ def test_a_task_failing_beside_another_is_a_failure_not_an_interruption(slurm: S
     trigger = defer(op, make_context("one-fails"))
     _, kwargs = trigger.serialize()
     patient = type(trigger)(**{**kwargs, "policy": {**kwargs["policy"], "interruption_grace": 3600.0}})
-
-    async def first_payload() -> dict:
-        async for event in patient.run():
-            return event.payload
-        raise AssertionError("trigger ended without an event")
-
-    event = asyncio.run(asyncio.wait_for(first_payload(), timeout=600))
+    event = first_event(patient, timeout=600)
     assert (event["status"], event["outcome"]) == ("failed", "failed"), event
     marker = json.loads(slurm.read_file(event["run_dir"] + "/exit.json"))
     assert (marker["exit_code"], marker["signal"]) == (143, "")
