@@ -38,7 +38,7 @@ class DatasetSettings(_Section):
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, value: str) -> str:
-        if not BUCKET_NAME.match(value) or ".." in value:
+        if not BUCKET_NAME.fullmatch(value) or ".." in value:
             raise ValueError("must be an S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens")
         return value
 
@@ -330,7 +330,7 @@ class RunSpec(_Section):
     @field_validator("instance_type")
     @classmethod
     def _instance_type(cls, value: str) -> str:
-        if not INSTANCE_TYPE.match(value):
+        if not INSTANCE_TYPE.fullmatch(value):
             raise ValueError("must be an EC2 instance type such as g5.12xlarge")
         return value
 

@@ -85,7 +85,7 @@ def parse_rules(section: Any, profile: str) -> dict[str, Rule]:
         raise ConfRefused(f"profile {profile!r}: overridable: must map dotted setting paths to rules")
     rules = {}
     for path, rule in section.items():
-        if not isinstance(path, str) or not DOTTED_PATH.match(path):
+        if not isinstance(path, str) or not DOTTED_PATH.fullmatch(path):
             raise ConfRefused(f"profile {profile!r}: overridable: {path!r} is not a dotted setting path")
         try:
             rules[path] = Rule.model_validate(rule or {})
