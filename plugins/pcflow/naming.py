@@ -98,7 +98,7 @@ def run_key_from_context(context: Mapping[str, Any]) -> str:
 
 def validate_stack_name(name: str) -> str:
     """A stack groups shared resources (network, AMI, cluster) across runs; it appears in AWS names."""
-    if not isinstance(name, str) or not STACK_NAME_RE.match(name):
+    if not isinstance(name, str) or not STACK_NAME_RE.fullmatch(name):
         raise ValueError(
             f"invalid stack name {name!r}: use 1-24 lower-case letters, digits and hyphens, "
             "starting with a letter and not ending with a hyphen (for example 'research' or 'team-a')"
@@ -165,7 +165,7 @@ def standard_tags(
             raise ValueError(f"extra tag {key!r} would override a standard pcflow tag")
         tags[key] = value
     for key, value in tags.items():
-        if not AWS_TAG_VALUE_RE.match(value):
+        if not AWS_TAG_VALUE_RE.fullmatch(value):
             raise ValueError(f"tag {key}={value!r} has characters AWS does not accept in tag values")
     return tags
 

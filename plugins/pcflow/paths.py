@@ -34,7 +34,7 @@ def profile_names() -> list[str]:
     from pcflow.patterns import PROFILE_NAME
 
     found = {p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.yaml")}
-    return sorted(name for name in found if PROFILE_NAME.match(name))
+    return sorted(name for name in found if PROFILE_NAME.fullmatch(name))
 
 
 def default_profile() -> str | None:

@@ -23,7 +23,7 @@ PREFIX_RE = re.compile(r"^[A-Za-z0-9!_.*'()/-]{1,512}$")
 def validate_prefix(prefix: str) -> str:
     """The prefix without its outer slashes; refused unless every segment is a plain name."""
     stripped = prefix.strip("/") if isinstance(prefix, str) else ""
-    if not PREFIX_RE.match(stripped) or any(part in ("", ".", "..") for part in stripped.split("/")):
+    if not PREFIX_RE.fullmatch(stripped) or any(part in ("", ".", "..") for part in stripped.split("/")):
         raise ValueError(
             f"invalid dataset prefix {prefix!r}: use S3 key segments of letters, digits and !_.*'()- "
             "separated by single slashes, none of them '.' or '..' (for example 'datasets/imagenet')"

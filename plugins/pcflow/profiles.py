@@ -27,7 +27,7 @@ class RunSpecError(ConfigurationError):
 def load_profile(name: str, _children: tuple[str, ...] = ()) -> dict[str, Any]:
     """The profile's document as its admin wrote it (`overridable` included), from the first profile
     directory that has it; one with `extends: <profile>` is laid over that profile (an overlay)."""
-    if not isinstance(name, str) or not PROFILE_NAME.match(name):
+    if not isinstance(name, str) or not PROFILE_NAME.fullmatch(name):
         raise RunSpecError(f"profile: {name!r} is not a profile name; available: {', '.join(profile_names())}")
     for directory in profile_dirs():
         path = directory / f"{name}.yaml"

@@ -38,7 +38,7 @@ class DatasetSettings(_Section):
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, value: str) -> str:
-        if not BUCKET_NAME.match(value) or ".." in value:
+        if not BUCKET_NAME.fullmatch(value) or ".." in value:
             raise ValueError("must be an S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens")
         return value
 
@@ -88,6 +88,21 @@ class ClusterSettings(_Section):
     suppress_validators: list[str] = Field(default_factory=list)
 
 
+#: Hyperparameters pcflow sets itself (the train task adds them): no profile, conf, trial or grid may.
+RESERVED_HYPERPARAMETERS = frozenset({"data_dir"})
+
+
+def reserved_hyperparameters(hyperparameters: Any, where: str) -> list[str]:
+    """One line per hyperparameter that would replace one pcflow sets: a job told `data_dir: /etc` would
+    read (and a payload might write) what the run's staged partition is not."""
+    if not isinstance(hyperparameters, dict):
+        return []
+    return [
+        f"{where}.{name}: pcflow sets this itself (the run's staged data on the cluster); a run cannot set it"
+        for name in sorted(RESERVED_HYPERPARAMETERS & set(hyperparameters))
+    ]
+
+
 class TrainingSettings(_Section):
     launcher: Literal["srun", "torchrun", "vissl", "mpirun"] = "srun"
     payload: str | None = Field(
@@ -107,6 +122,13 @@ class TrainingSettings(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     max_restarts: int = Field(3, ge=0, le=100)
     pending_timeout_s: float | None = Field(None, gt=0)
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _not_reserved(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if lines := reserved_hyperparameters(value, "hyperparameters"):
+            raise ValueError("; ".join(lines))
+        return value
 
     @model_validator(mode="after")
     def _payload(self) -> TrainingSettings:
@@ -199,7 +221,7 @@ class BudgetSettings(_Section):
     where `overridable` lists `budget.usd`), the hard maximum no budget may exceed, when a person must
     approve, and how long a kept cluster may sit idle before its compute fleet is stopped."""
 
-    usd: float | None = Field(None, description="the most a run may cost, in USD; empty: no cap")
+    usd: float | None = Field(None, description="the most a run may cost, in USD; empty: max_usd, else no cap")
     max_usd: float | None = Field(None, description="no run's budget may exceed this, whoever sets it")
     approval_above_usd: float | None = Field(None, description="a run whose maximum is above this waits for approval")
     approval_timeout_hours: float = Field(24, gt=0, le=24 * 14)
@@ -230,6 +252,8 @@ class BudgetSettings(_Section):
 
     @model_validator(mode="after")
     def _within_maximum(self) -> BudgetSettings:
+        if self.usd is None and self.max_usd is not None:
+            self.usd = self.max_usd  # a hard maximum is a budget: the run is checked and capped at it
         if self.usd is not None and self.max_usd is not None and self.usd > self.max_usd:
             raise ValueError(
                 f"budget.usd: {self.usd:g} USD is above the profile's hard maximum of {self.max_usd:g} USD "
@@ -306,7 +330,7 @@ class RunSpec(_Section):
     @field_validator("instance_type")
     @classmethod
     def _instance_type(cls, value: str) -> str:
-        if not INSTANCE_TYPE.match(value):
+        if not INSTANCE_TYPE.fullmatch(value):
             raise ValueError("must be an EC2 instance type such as g5.12xlarge")
         return value
 
@@ -375,10 +399,18 @@ def resolve_run_spec(profile: str, overrides: dict[str, Any] | None = None) -> R
 
 def check_conf(profile: str, *changes: dict[str, Any], labels: dict[str, str] | None = None) -> None:
     """Refuse (RunSpecError, one line per field) what a run's conf changes beyond the profile's
-    `overridable`; `changes` are partial documents (the form and overrides, a sweep's trials)."""
+    `overridable`, and hyperparameters that are pcflow's own; `changes` are partial documents (the form
+    and overrides, a sweep's trials and grid points)."""
     try:
         rules = profile_rules(profile)
         found = [line for document in changes for line in refusals(document, rules, profile, labels)]
+        found += [
+            line
+            for document in changes
+            for line in reserved_hyperparameters(
+                (document.get("training") or {}).get("hyperparameters"), "training.hyperparameters"
+            )
+        ]
     except ConfRefused as exc:
         raise RunSpecError(str(exc)) from None
     lines = list(dict.fromkeys(found))

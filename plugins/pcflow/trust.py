@@ -12,7 +12,9 @@ refuses it, naming the field and who may change it.
       dataset.source: {under: [builtin:digits, /data/raw, s3://raw-data/imagenet]}  # dataset roots
 
 A path covers everything below it (`training.hyperparameters` covers `training.hyperparameters.lr`);
-bounds apply to the value at the path itself.
+bounds apply to the value at the path itself. A conf never removes a setting: null at any path is
+refused (a budget of null would otherwise run with no cap at all), so what a conf leaves out, or sets
+to null, is the profile's.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def parse_rules(section: Any, profile: str) -> dict[str, Rule]:
         raise ConfRefused(f"profile {profile!r}: overridable: must map dotted setting paths to rules")
     rules = {}
     for path, rule in section.items():
-        if not isinstance(path, str) or not DOTTED_PATH.match(path):
+        if not isinstance(path, str) or not DOTTED_PATH.fullmatch(path):
             raise ConfRefused(f"profile {profile!r}: overridable: {path!r} is not a dotted setting path")
         try:
             rules[path] = Rule.model_validate(rule or {})
@@ -124,6 +126,11 @@ def refusals(
             lines.append(
                 f"{field}: only the deployment admin may change this (profile {profile!r}); a run's conf may "
                 f"change only {', '.join(sorted(rules)) or 'nothing'}"
+            )
+        elif value is None:
+            lines.append(
+                f"{field}: null would remove the profile's value, which only the deployment admin may do "
+                f"(profile {profile!r}); leave the field out to keep the profile's value"
             )
         elif why := rule.refuses(value):
             lines.append(f"{field}: {why}; the deployment admin sets the bounds in profile {profile!r}")

@@ -135,7 +135,7 @@ def test_a_region_without_prices_says_so_instead_of_using_another_regions(offlin
     message = refusal(offline, {"profile": profile})
     assert "budget.usd: this run has a budget of $5.00, but it cannot be priced" in message
     assert "no prices for region eu-west-1 (it has us-east-1)" in message
-    unbudgeted = admin_profiles.make("local", {"region": "eu-west-1", "budget": {"usd": None}})
+    unbudgeted = admin_profiles.make("local", {"region": "eu-west-1", "budget": {"usd": None, "max_usd": None}})
     cost = offline({"profile": unbudgeted})["cost"]
     assert cost["maximum_usd"] is None and cost["summary"].startswith("Cost of this run: unknown (no budget)")
 
@@ -144,7 +144,7 @@ def test_an_unknown_price_cannot_be_capped(offline, admin_profiles):
     profile = admin_profiles.make("local", {"instance_type": "m7i.xlarge"})
     message = refusal(offline, {"profile": profile})
     assert "no price for m7i.xlarge (not in the us-east-1 price table). An unknown price cannot be capped" in message
-    unbudgeted = admin_profiles.make("local", {"instance_type": "m7i.xlarge", "budget": {"usd": None}})
+    unbudgeted = admin_profiles.make("local", {"instance_type": "m7i.xlarge", "budget": {"usd": None, "max_usd": None}})
     assert offline({"profile": unbudgeted})["cost"]["unknown"] == ["m7i.xlarge (not in the us-east-1 price table)"]
 
 

@@ -78,7 +78,7 @@ class AmiSpec:
         if not self.bootstrap_script.strip():
             raise ValueError("the bootstrap script is empty")
         for name in self.script_env:
-            if not re.match(r"^[A-Z_][A-Z0-9_]{0,127}$", name):
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", name):
                 raise ValueError(f"bootstrap environment variable {name!r} is not an upper-case shell name")
 
     @property

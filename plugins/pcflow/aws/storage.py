@@ -55,7 +55,7 @@ class BucketUnavailable(ResourceConflict):
 def validate_bucket_name(name: str) -> str:
     if (
         not isinstance(name, str)
-        or not BUCKET_NAME_RE.match(name)
+        or not BUCKET_NAME_RE.fullmatch(name)
         or ".." in name
         or ".-" in name
         or "-." in name

@@ -33,7 +33,7 @@ class ClusterSpecError(ConfigurationError):
 
 def validate_cluster_name(name: str, *, slurm_accounting: bool = False) -> str:
     limit = CLUSTER_NAME_MAX_ACCOUNTING if slurm_accounting else CLUSTER_NAME_MAX
-    if not isinstance(name, str) or not CLUSTER_NAME_RE.match(name):
+    if not isinstance(name, str) or not CLUSTER_NAME_RE.fullmatch(name):
         raise ClusterSpecError(
             f"invalid cluster name {name!r}: ParallelCluster names start with a letter and contain only "
             "letters, digits and hyphens (for example 'pcflow-research-cluster')"
@@ -159,7 +159,7 @@ class ClusterSpec(BaseModel):
     @field_validator("queue_name", "compute_resource_name")
     @classmethod
     def _short_name(cls, value: str) -> str:
-        if not NAME_RE.match(value):
+        if not NAME_RE.fullmatch(value):
             raise ValueError(f"{value!r}: use up to 25 lower-case letters, digits and hyphens, starting with a letter")
         return value
 
@@ -179,7 +179,7 @@ class ClusterSpec(BaseModel):
     @classmethod
     def _tags(cls, value: dict[str, str]) -> dict[str, str]:
         for key, tag_value in value.items():
-            if not key or len(key) > 128 or not AWS_TAG_VALUE_RE.match(tag_value):
+            if not key or len(key) > 128 or not AWS_TAG_VALUE_RE.fullmatch(tag_value):
                 raise ValueError(f"tag {key}={tag_value!r} is not a valid AWS tag")
             _refuse_reserved_tag(key, "tags")
         return value

@@ -19,7 +19,7 @@ DATE_FORMAT = "%Y-%m-%d"
 
 def validate_partition(partition: str) -> str:
     """A single S3 key segment: letters, digits, `. _ = -`; no slashes, no `..`."""
-    if not isinstance(partition, str) or not PARTITION_RE.match(partition) or ".." in partition:
+    if not isinstance(partition, str) or not PARTITION_RE.fullmatch(partition) or ".." in partition:
         raise ValueError(
             f"invalid partition {partition!r}: use one path segment of letters, digits, '.', '_', '=' or '-' "
             "(for example '2026-11-29' or 'v3')"

@@ -46,7 +46,7 @@ class MetricDefinition:
     regex: str
 
     def __post_init__(self) -> None:
-        if not NAME.match(self.name or ""):
+        if not NAME.fullmatch(self.name or ""):
             raise ValueError(f"metric definition name {self.name!r}: use 1-128 letters, digits and _.:/-")
         if not isinstance(self.regex, str) or not 0 < len(self.regex) <= MAX_PATTERN_CHARS:
             raise ValueError(f"metric definition {self.name!r}: the regex must be 1-{MAX_PATTERN_CHARS} characters")

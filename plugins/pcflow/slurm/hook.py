@@ -10,7 +10,7 @@ The `slurm` connection type shows them, and the SSH provider's `host_key`, as fo
 A cluster pcflow created itself has an address and a host key known only at run time: both travel
 with the connection id as one `HeadNode` (pcflow.slurm.head_node), so the key is still pinned, never
 trusted on first use. The provider's hooks are given them through their own inputs (the connection they
-read, their `known_hosts`), never by changing a hook after it is made.
+read), never by changing a hook after it is made.
 """
 
 from __future__ import annotations
@@ -67,6 +67,11 @@ class SlurmConnectionError(SlurmError):
     """The head node could not be reached or authenticated."""
 
 
+class HostKeyNotPinned(SlurmConnectionError, AirflowFailException):
+    """The connection turns host key checking off and nothing pins the head node's key: the admin's to
+    fix, so not retried."""
+
+
 class HostKeyMismatch(SlurmConnectionError, AirflowFailException):
     """The head node's host key is not the pinned one: not transient, so no retry (of the connection or
     the task) tries again; a person decides whether the node was rebuilt or the connection intercepted."""
@@ -116,10 +121,23 @@ def json_object(data: bytes | None, max_bytes: int = SMALL_FILE_BYTES) -> dict |
 def head_node_connection(conn: Connection, head_node: HeadNode) -> Connection:
     """The connection as this head node amends it: its address instead of the connection's host, and its
     key pinned where the connection pins none (an admin's own `host_key` extra always wins), checked. A
-    form field left empty (null or "") counts as not set, as in `SlurmHook.extras`."""
+    form field left empty (null or "") counts as not set, as in `SlurmHook.extras`.
+
+    Once a key is pinned, by the connection or the run, it is checked whatever `no_host_key_check` says:
+    the provider's hooks would otherwise drop the run's key (the async hook then trusts any server) or
+    refuse the connection. A connection that turns checking off and pins nothing is refused: pcflow never
+    talks to a head node it cannot identify."""
     extra = {k: v for k, v in conn.extra_dejson.items() if v not in (None, "")}
-    if head_node.host_key and not extra.get("host_key"):
-        extra = {**extra, "host_key": head_node.host_key, "no_host_key_check": False}
+    key = extra.get("host_key") or head_node.host_key
+    if key is None and str(extra.get("no_host_key_check", "false")).lower() == "true":
+        raise HostKeyNotPinned(
+            f"connection {head_node.conn_id!r} turns host key checking off (extra no_host_key_check) and pins no "
+            "key: pcflow does not connect to a head node it cannot identify. The Airflow admin puts the head "
+            "node's public host key (`<type> <base64>`) in the connection's `host_key` extra and removes "
+            "no_host_key_check. Not retried."
+        )
+    if key is not None:
+        extra = {**extra, "host_key": key, "no_host_key_check": False}
     return attrs.evolve(conn, host=head_node.address or conn.host, extra=json.dumps(extra))
 
 
@@ -135,24 +153,25 @@ class HeadNodeSSHHook(SSHHook):
         return head_node_connection(super().get_connection(conn_id), self.head_node)
 
 
-async def pinned_known_hosts(head_node: HeadNode) -> bytes | None:
-    """The known_hosts line pinning the head node's key; None when it pins none."""
-    if not head_node.host_key:
-        return None
-    host = head_node.address or (await get_async_connection(head_node.conn_id)).host
-    return f"{host} {head_node.host_key}".encode()
+class HeadNodeSSHHookAsync(SSHHookAsync):
+    """The provider's async hook reading the connection as the head node amends it, as the sync hook
+    does: one rule for which key is pinned, in the worker and in the triggerer alike."""
+
+    def __init__(self, head_node: HeadNode, **kwargs: Any) -> None:
+        self.head_node = head_node
+        super().__init__(ssh_conn_id=head_node.conn_id, host=head_node.address, **kwargs)
+
+    def _parse_extras(self, conn: Any) -> None:
+        super()._parse_extras(head_node_connection(conn, self.head_node))
 
 
 async def connect_async(head_node: HeadNode) -> asyncssh.SSHClientConnection:
-    """An asyncssh connection to the head node through the provider's async hook, the runtime key given
-    as its `known_hosts` (the connection's own `host_key` extra, if any, wins there as in the sync hook)."""
+    """An asyncssh connection to the head node through the provider's async hook, the key pinned as in
+    the sync hook (the connection's own `host_key` extra, if any, wins)."""
     import asyncssh
 
-    known_hosts = await pinned_known_hosts(head_node)
-    pinned = {"known_hosts": known_hosts} if known_hosts else {}
-    hook = SSHHookAsync(ssh_conn_id=head_node.conn_id, host=head_node.address, **pinned)
     try:
-        return await hook.get_conn()
+        return await HeadNodeSSHHookAsync(head_node).get_conn()
     except asyncssh.HostKeyNotVerifiable as exc:
         raise HostKeyMismatch(await async_mismatch_message(head_node)) from exc
 

@@ -53,11 +53,11 @@ def payloads_dir() -> Path:
 
 def payload_source(name: str) -> Path:
     """`include/payloads/<name>/`, refused unless it is a plain name of an existing directory there."""
-    if not isinstance(name, str) or not PAYLOAD_NAME.match(name):
+    if not isinstance(name, str) or not PAYLOAD_NAME.fullmatch(name):
         raise PayloadError(f"payload: {name!r} is not a payload name (lower-case letters, digits, _ and -)")
     source = payloads_dir() / name
     if not source.is_dir():
-        available = sorted(p.name for p in payloads_dir().iterdir() if p.is_dir() and PAYLOAD_NAME.match(p.name))
+        available = sorted(p.name for p in payloads_dir().iterdir() if p.is_dir() and PAYLOAD_NAME.fullmatch(p.name))
         raise PayloadError(f"payload: no directory {name!r} in {payloads_dir()}; available: {', '.join(available)}")
     try:
         return within(source, payloads_dir())  # a link out of include/payloads/ is refused
@@ -106,7 +106,7 @@ def build_archive(name: str) -> PayloadArchive:
 
 
 def payload_root(shared_root: str) -> str:
-    if not ABS_PATH.match(shared_root or ""):
+    if not ABS_PATH.fullmatch(shared_root or ""):
         raise PayloadError(
             f"shared root must be an absolute path of letters, digits and _.@+-/ (got {shared_root!r}); set the "
             "cluster connection's `shared_root` extra"

@@ -58,13 +58,13 @@ def sbatch_directives(spec: JobSpec, run_dir: RunDir, job_name: str) -> list[str
     lines.append("--requeue" if res.requeue else "--no-requeue")
     lines += [f"--{key}={value}" if value else f"--{key}" for key, value in sorted(res.extra_sbatch.items())]
     for line in lines:
-        if not SBATCH_VALUE.match(line.lstrip("-")):
+        if not SBATCH_VALUE.fullmatch(line.lstrip("-")):
             raise ValueError(f"refusing to write the sbatch directive {line!r}: it has characters sbatch would misread")
     return lines
 
 
 def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_key: str) -> str:
-    if not NAME.match(job_name):
+    if not NAME.fullmatch(job_name):
         raise ValueError(f"job name must be letters, digits and _.- (got {job_name!r})")
     try:
         template = _environment().get_template(f"{spec.launcher}.sbatch.j2")

@@ -69,7 +69,7 @@ def time_limit_seconds(text: str | None) -> int | None:
     """A time limit as sbatch reads `--time` (`minutes`, `minutes:seconds`, `hours:minutes:seconds`,
     `days-hours`, `days-hours:minutes`, `days-hours:minutes:seconds`) in seconds; None when it is unset
     or unlimited (the partition's limit then applies, which pcflow does not know)."""
-    if text is None or not TIME_LIMIT.match(text) or text in ("UNLIMITED", "INFINITE"):
+    if text is None or not TIME_LIMIT.fullmatch(text) or text in ("UNLIMITED", "INFINITE"):
         return None
     days, _, clock = text.rpartition("-")
     parts = [int(p) for p in clock.split(":")]
@@ -157,7 +157,7 @@ class JobSpec(BaseModel):
     @field_validator("python")
     @classmethod
     def _python(cls, python: str) -> str:
-        if not (ABS_PATH.match(python) or NAME.match(python)):
+        if not (ABS_PATH.fullmatch(python) or NAME.fullmatch(python)):
             raise ValueError(f"python must be a command name or an absolute path, got {python!r}")
         return python
 
@@ -165,7 +165,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _env(cls, env: dict[str, str]) -> dict[str, str]:
         for name, value in env.items():
-            if not ENV_NAME.match(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"environment variable name {name!r} is not a valid shell identifier")
             if name.startswith(RESERVED_ENV_PREFIXES):
                 raise ValueError(f"environment variable {name!r} is reserved for Slurm/pcflow")
@@ -226,13 +226,13 @@ class RunDir:
 
     @classmethod
     def for_job(cls, shared_root: str, run_key: str, task: str) -> RunDir:
-        if not ABS_PATH.match(shared_root or ""):
+        if not ABS_PATH.fullmatch(shared_root or ""):
             raise ValueError(
                 f"shared root must be an absolute path of letters, digits and _.@+-/ (got {shared_root!r}); set "
                 "the SSH connection's `shared_root` extra or the operator's shared_root"
             )
         for part in (run_key, task):
-            if not NAME.match(part) or part in (".", ".."):
+            if not NAME.fullmatch(part) or part in (".", ".."):
                 raise ValueError(f"run key and task must be simple names, got {part!r}")
         runs = posixpath.join(shared_root, "pcflow", "runs")
         return cls(remote_within(posixpath.join(runs, run_key, task), runs))

@@ -97,6 +97,15 @@ def test_what_the_profile_lets_a_trigger_user_change_passes(offline):
         ({"overrides": {"training": {"nodes": "2"}}}, "training.nodes (form field 'nodes'): '2' is not a number"),
         ({"overrides": {"training": {"nodes": True}}}, "(form field 'nodes'): True is not a number"),
         ({"overrides": {"training": {"nodes": float("nan")}}}, "(form field 'nodes'): nan is not a number"),
+        # null: removing what the profile sets (issue 24: a budget of null ran with no cap at all)
+        ({"overrides": {"budget": {"usd": None}}}, "budget.usd (form field 'budget_usd'): null would remove"),
+        ({"overrides": {"training": {"hyperparameters": None}}}, "training.hyperparameters (form field"),
+        ({"overrides": {"metrics": {"early_stopping": None}}}, "metrics.early_stopping: null would remove"),
+        ({"overrides": {"teardown": {"policy": None}}}, "teardown.policy (form field 'teardown_policy'): null"),
+        ({"overrides": {"dataset": {"partition": None}}}, "dataset.partition (form field 'partition'): null"),
+        # pcflow's own hyperparameters: where the job reads its data
+        ({"hyperparameters": {"data_dir": "/etc"}}, "training.hyperparameters.data_dir: pcflow sets this itself"),
+        ({"overrides": {"training": {"hyperparameters": {"data_dir": "/"}}}}, "hyperparameters.data_dir: pcflow"),
     ],
 )
 def test_a_conf_beyond_the_profile_is_refused_naming_the_field(offline, conf, complaint):
@@ -128,6 +137,28 @@ def test_sweep_trials_and_grid_change_only_what_the_profile_allows(offline, admi
     message = refusal(offline, {"profile": closed, "partition": "p1", "trials": [{"lr": 0.1}]}, sweep=True)
     assert "training.hyperparameters.lr: only the deployment admin may change this" not in message
     assert "training.hyperparameters (form field 'hyperparameters'): {'lr': 0.1} is not one the profile" in message
+
+
+def test_a_trial_or_grid_point_cannot_set_pcflow_s_own_hyperparameters(offline):
+    sweep = {"partition": "p1", "trials": [{"lr": 0.1}]}
+    reserved = "training.hyperparameters.data_dir: pcflow sets this itself"
+    assert reserved in refusal(offline, {**sweep, "trials": [{"data_dir": "/etc"}]}, sweep=True)
+    assert reserved in refusal(offline, {**sweep, "grid": {"data_dir": ["/etc", "/root"]}}, sweep=True)
+
+
+def test_not_even_a_profile_sets_pcflow_s_own_hyperparameters(offline, admin_profiles):
+    profile = admin_profiles.make("local", {"training": {"hyperparameters": {"data_dir": "/data"}}})
+    assert "hyperparameters.data_dir: pcflow sets this itself" in refusal(offline, {"profile": profile})
+
+
+def test_no_conf_removes_or_exceeds_the_budget(offline, admin_profiles):
+    """Absent (or a form field left empty) means the profile's budget; a hard maximum alone is a budget."""
+    assert offline({"partition": "p1"})["cost"]["budget_usd"] == 5
+    assert offline({"partition": "p1", "budget_usd": None})["cost"]["budget_usd"] == 5
+    assert "null would remove" in refusal(offline, {"partition": "p1", "overrides": {"budget": {"usd": None}}})
+    assert "above the profile's hard maximum" in refusal(offline, {"partition": "p1", "budget_usd": 51})
+    capped = admin_profiles.make("local", {"budget": {"usd": None, "max_usd": 7}})
+    assert offline({"profile": capped, "partition": "p1"})["cost"]["budget_usd"] == 7
 
 
 def test_a_profile_without_an_overridable_section_allows_nothing(offline, admin_profiles):

@@ -78,6 +78,36 @@ def test_the_provider_hook_is_made_with_the_address_and_key_pinned(connection):
     assert unpinned.host_key is None and unpinned.no_host_key_check is False
 
 
+def test_checking_off_and_no_key_pinned_is_refused(connection):
+    from pcflow.slurm.hook import HostKeyNotPinned
+
+    with pytest.raises(HostKeyNotPinned, match="pins no key"):
+        SlurmHook(HeadNode(connection("open", no_host_key_check=True))).ssh_hook  # noqa: B018
+    # the admin's own key with checking off: checked all the same (the provider would refuse both set)
+    both = SlurmHook(HeadNode(connection("both", host_key=OTHER_KEY, no_host_key_check="true"))).ssh_hook
+    assert both.no_host_key_check is False and both.host_key.get_base64() == OTHER_KEY.split()[1]
+
+
+def test_the_async_hook_pins_the_run_s_key_whatever_the_connection_says(connection):
+    """The triggerer's hook: `no_host_key_check` made it trust any server (known_hosts "none"), dropping
+    the key the run pinned."""
+    import asyncio
+
+    from airflow.providers.common.compat.connection import get_async_connection
+
+    from pcflow.slurm.hook import HeadNodeSSHHookAsync
+
+    def known_hosts(head_node: HeadNode) -> bytes | str:
+        hook = HeadNodeSSHHookAsync(head_node)
+        hook._parse_extras(asyncio.run(get_async_connection(head_node.conn_id)))
+        return hook.known_hosts
+
+    lax = HeadNode(connection("lax", no_host_key_check=True), "10.0.0.5", KEY)
+    assert known_hosts(lax) == f"10.0.0.5 {KEY}".encode()
+    admin = HeadNode(connection("admin", host_key=OTHER_KEY, no_host_key_check=True), "10.0.0.5", KEY)
+    assert known_hosts(admin) == f"10.0.0.5 {OTHER_KEY}".encode()
+
+
 PREVIOUS_KWARGS = {  # SlurmJobTrigger.serialize() of pcflow before HeadNode
     "ssh_conn_id": "slurm_default",
     "job_id": "42",
