@@ -103,6 +103,55 @@ def reserved_hyperparameters(hyperparameters: Any, where: str) -> list[str]:
     ]
 
 
+class SecretReference(_Section):
+    """A job's secret by reference: an Airflow Variable, or one field of an Airflow Connection (the
+    deployment's secrets backend may keep either in AWS Secrets Manager). Read by the first task (a
+    missing one refuses the run before spend) and by the train task when it submits; the profile, the
+    DAG, XCom and the files on the cluster hold only the reference."""
+
+    variable: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,250}$")
+    connection: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,250}$")
+    field: Literal["password", "login", "host", "extra"] = "password"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretReference:
+        if (self.variable is None) == (self.connection is None):
+            raise ValueError("a secret names exactly one of `variable` or `connection`")
+        if self.variable is not None and "field" in self.model_fields_set:
+            raise ValueError("`field` picks a part of a connection; a variable has none")
+        return self
+
+    def resolve(self, name: str) -> str:
+        """The value, read now; a missing variable or connection (or an empty field) is named."""
+        from airflow.sdk import Connection, Variable
+
+        where = f"Airflow variable {self.variable!r}" if self.variable else f"Airflow connection {self.connection!r}"
+        try:
+            value = (
+                Variable.get(self.variable) if self.variable else getattr(Connection.get(self.connection), self.field)
+            )
+        except Exception:  # the SDK raises its own errors for a missing one; its message may hold nothing useful
+            value = None
+        if not value:
+            raise RunSpecError(
+                f"training.env.{name}: {where} {'has no ' + self.field if self.connection else 'is not set'} "
+                "(the Airflow admin creates it, or its secrets backend holds it)"
+            )
+        return str(value)
+
+
+def secret_references(env: Any) -> list[str]:
+    """A conf that names a secret would read any of the deployment's Variables and Connections into its
+    job: references come from the profile only, even where the admin lets a conf change training.env."""
+    if not isinstance(env, dict):
+        return []
+    return [
+        f"training.env.{name}: a secret reference comes from the profile only (the deployment admin's)"
+        for name, value in env.items()
+        if isinstance(value, dict)
+    ]
+
+
 class TrainingSettings(_Section):
     launcher: Literal["srun", "torchrun", "vissl", "mpirun"] = "srun"
     payload: str | None = Field(
@@ -119,7 +168,9 @@ class TrainingSettings(_Section):
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     time_limit: str | None = None
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str | SecretReference] = Field(
+        default_factory=dict, description="the job's environment: values, or secrets by reference ({variable: KEY})"
+    )
     max_restarts: int = Field(3, ge=0, le=100)
     pending_timeout_s: float | None = Field(None, gt=0)
 
@@ -143,6 +194,10 @@ class TrainingSettings(_Section):
             if script.startswith("/") or ".." in script.split("/"):
                 raise ValueError(f"program[0] must be a script inside the payload (e.g. train.py), got {script!r}")
         return self
+
+    def env_values(self) -> dict[str, str]:
+        """The job's environment with its secrets read (in the task that needs them, never stored)."""
+        return {name: value if isinstance(value, str) else value.resolve(name) for name, value in self.env.items()}
 
     def allocation(self) -> dict[str, Any]:
         """The Slurm resources, in `SlurmJobOperator(allocation=...)`'s shape."""
@@ -404,13 +459,10 @@ def check_conf(profile: str, *changes: dict[str, Any], labels: dict[str, str] | 
     try:
         rules = profile_rules(profile)
         found = [line for document in changes for line in refusals(document, rules, profile, labels)]
-        found += [
-            line
-            for document in changes
-            for line in reserved_hyperparameters(
-                (document.get("training") or {}).get("hyperparameters"), "training.hyperparameters"
-            )
-        ]
+        for document in changes:
+            training = document.get("training") if isinstance(document.get("training"), dict) else {}
+            found += reserved_hyperparameters(training.get("hyperparameters"), "training.hyperparameters")
+            found += secret_references(training.get("env"))
     except ConfRefused as exc:
         raise RunSpecError(str(exc)) from None
     lines = list(dict.fromkeys(found))

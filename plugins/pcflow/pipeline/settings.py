@@ -148,10 +148,13 @@ def run_partition(spec: Any, context: dict[str, Any], dated_partitions: bool) ->
 
 
 def run_env(params: dict[str, Any]) -> dict[str, str]:
-    """training.env as the first task validated it (same profile, same conf)."""
-    from pcflow.runspec import resolve_run_spec
+    """training.env as the first task validated it (same profile, same conf), its secrets read."""
+    from pcflow.runspec import RunSpecError, resolve_run_spec
 
-    return resolve_run_spec(params["profile"], overrides_from_params(params)).training.env
+    try:
+        return resolve_run_spec(params["profile"], overrides_from_params(params)).training.env_values()
+    except RunSpecError as exc:
+        raise AirflowFailException(str(exc)) from None
 
 
 class RunEnv:

@@ -417,11 +417,19 @@ class SlurmHook(BaseHook):
         channel.exec_command(command)
         return channel.makefile("rb"), channel.makefile_stderr("rb")
 
+    def run_with_input(self, argv: Sequence[str], data: bytes) -> CommandResult:
+        """Run a command with `data` on its standard input and return what it printed: for values that
+        must appear neither in a command line (the head node's `ps`) nor in a file (a job's secrets)."""
+        result: list[CommandResult] = []
+        with self.command_input(argv, result=result) as stdin:
+            stdin.write(data)
+        return result[0]
+
     @contextmanager
-    def command_input(self, argv: Sequence[str]) -> Iterator[IO[bytes]]:
+    def command_input(self, argv: Sequence[str], result: list[CommandResult] | None = None) -> Iterator[IO[bytes]]:
         """Run a command that reads what the caller writes to it (e.g. `tar -x`), in one round trip
         for any amount of data; fails when the command does. Each write waits at most
-        command_timeout for the head node to take more."""
+        command_timeout for the head node to take more. `result` receives the command's result."""
         argv = tuple(self._slurm_argv(argv))
         client = self.get_conn()
         with self._deadline(client, self.command_timeout, f"`{shlex.join(argv)[:200]}`"):
@@ -440,7 +448,9 @@ class SlurmHook(BaseHook):
         except BaseException:
             stdin.channel.close()  # the command sees its input cut short and fails; nothing half-done is kept
             raise
-        CommandResult(argv, code, out, err).check()
+        done = CommandResult(argv, code, out, err).check()
+        if result is not None:
+            result.append(done)
 
     @contextmanager
     def command_output(self, argv: Sequence[str]) -> Iterator[IO[bytes]]:
@@ -548,20 +558,35 @@ class SlurmHook(BaseHook):
     def accounting_enabled(self) -> bool:
         return queries.drive(queries.accounting_enabled(), self._stdout)
 
-    def submit(self, script_path: str, *, submitted_marker: str | None = None, args: Sequence[str] = ()) -> str:
+    def submit(
+        self,
+        script_path: str,
+        *,
+        submitted_marker: str | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> str:
         """`sbatch --parsable`; the job id is also written to `submitted_marker` on the head node,
-        in the same remote command, so a worker that dies right after sbatch still leaves it behind."""
+        in the same remote command, so a worker that dies right after sbatch still leaves it behind.
+
+        `env` reaches the job through sbatch's environment (Slurm keeps it with the job, requeues
+        included), sent on the command's standard input as NUL-separated `NAME=value` pairs: never in
+        the batch script, which the shared file system may export to S3, nor in a command line."""
         sbatch = self._slurm_argv(["sbatch", "--parsable", *args, script_path])
-        if submitted_marker:
-            # Positional parameters carry every value: the shell text itself is constant.
-            script = 'set -e; out=$("$@"); id=${out%%;*}; printf %s "$id" > "$M.tmp"; mv -f "$M.tmp" "$M"; echo "$id"'
-            argv = ["env", f"M={submitted_marker}", "sh", "-c", script, "sh", *sbatch]
+        # Positional parameters carry every value: the shell text itself is constant.
+        record = 'printf %s "$id" > "$M.tmp"; mv -f "$M.tmp" "$M"; ' if submitted_marker else ""
+        script = f'set -e; out=$("$@"); id=${{out%%;*}}; {record}echo "$id"'
+        marker = [f"M={submitted_marker}"] if submitted_marker else []
+        if env:
+            # (bash for `read -d ''`; names were checked as shell identifiers, values hold no NUL)
+            script = "while IFS= read -r -d '' kv; do export \"$kv\"; done; " + script
+            pairs = b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items())
+            out = self.run_with_input(["env", *marker, "bash", "-c", script, "bash", *sbatch], pairs).stdout
         else:
-            argv = sbatch
-        out = self.run(argv).stdout.strip()
-        job_id = out.split(";")[0].strip()
+            out = self.run(["env", *marker, "sh", "-c", script, "sh", *sbatch]).stdout
+        job_id = out.strip().split(";")[0].strip()
         if not job_id.isdigit():
-            raise SlurmError(f"sbatch did not return a job id (got {out!r})")
+            raise SlurmError(f"sbatch did not return a job id (got {out.strip()!r})")
         return job_id
 
     def job_info(self, job_id: str) -> JobInfo | None:

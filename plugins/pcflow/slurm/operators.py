@@ -338,14 +338,14 @@ class SlurmJobOperator(BaseOperator):
 
         run_key = run_key_from_context(context)
         script = render_batch_script(spec, run_dir, job_name=self.job_name(context), run_key=run_key)
-        # Private to the SSH user: the batch script holds the job's environment (tokens, keys).
+        # Private to the SSH user (the job's inputs); the environment (tokens, keys) goes with sbatch, not in a file.
         self.hook.make_private_dirs(run_dir.parent, run_dir.root)
         self.write_inputs(spec, run_dir)
         self.hook.write_file(run_dir.sampler, sampler_source())  # started by the batch wrapper (python3 <file>)
         self.hook.write_file(run_dir.root + "/spec.json", spec_record(spec))
         self.hook.write_file(run_dir.script, script, mode=0o700)
         log_offset = self.hook.file_size(run_dir.log) or 0
-        job_id = self.hook.submit(run_dir.script, submitted_marker=run_dir.submitted)
+        job_id = self.hook.submit(run_dir.script, submitted_marker=run_dir.submitted, env=spec.env)
         store = context.get("task_state_store")
         if store is not None:
             store.set(STATE_KEY, {"job_id": job_id, "log_offset": log_offset})

@@ -79,7 +79,6 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
         run_key=run_key,
         launcher=spec.launcher,
         array=spec.array is not None,
-        env=spec.env,
         command=spec.command,
         payload_dir=spec.payload_dir,
         python=spec.python,

@@ -1,5 +1,6 @@
-"""training.env values are secrets: never in XCom, task logs or Airflow's rendered fields, and on the
-cluster only in files and directories private to the SSH user (0600/0700)."""
+"""training.env values are secrets: never in XCom, task logs, Airflow's rendered fields or any file on the
+cluster (they reach the job through sbatch's environment); the job's inputs are private to the SSH user
+(0600/0700)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,16 @@ def modes(root: Path) -> dict[str, int]:
 def test_env_values_stay_out_of_xcom_logs_and_readable_files(local_stack: LocalStack, capsys):
     """About 5 s: one Slurm job that checks its token arrived, without printing it."""
     # (Not ${#VAR}: `{#` opens a Jinja comment, and program is a template field.)
-    program = ["bash", "-c", f'[ "$(printf %s "$API_TOKEN" | wc -c)" = {len(SECRET)} ] && echo token arrived']
-    op = SlurmJobOperator(task_id="secret-env", program=program, env={"API_TOKEN": SECRET}, **FAST)
+    tricky = "`id`; rm -rf /\n$(x) 'q' \\ \"=\""  # reaches the job exactly: no shell reads it on the way
+    same = f"import os, sys; sys.exit(os.environ['TRICKY'] != {tricky!r})"
+    program = [
+        "bash",
+        "-c",
+        f'[ "$(printf %s "$API_TOKEN" | wc -c)" = {len(SECRET)} ] && python3 -c "$0" && echo token arrived',
+        same,
+    ]
+    env = {"API_TOKEN": SECRET, "TRICKY": tricky}
+    op = SlurmJobOperator(task_id="secret-env", program=program, env=env, **FAST)
     context = make_context("secret-env")
     op.render_template_fields(context)
     assert SECRET not in json.dumps(_serialize_rendered_fields(op))  # what Airflow stores and shows
@@ -60,9 +69,10 @@ def test_env_values_stay_out_of_xcom_logs_and_readable_files(local_stack: LocalS
     ours = {f: written[f"{run_dir.parent.name}/secret-env/{f}"] for f in ("hparams.json", "spec.json", "sampler.py")}
     assert ours == {"hparams.json": 0o600, "spec.json": 0o600, "sampler.py": 0o600}
     assert written[f"{run_dir.parent.name}/secret-env/job.sbatch"] == 0o700
+    # No file holds it: the batch script went to the shared file system, which FSx exports to S3 (issue 24).
     holders = [p.name for p in run_dir.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
-    assert holders == ["job.sbatch"]  # spec.json lists the names only
-    assert json.loads((run_dir / "spec.json").read_text())["env"] == ["API_TOKEN"]
+    assert holders == []  # spec.json lists the names only; the value came with sbatch's environment
+    assert json.loads((run_dir / "spec.json").read_text())["env"] == ["API_TOKEN", "TRICKY"]
 
 
 def test_invalid_env_is_refused_without_printing_values():
@@ -101,3 +111,51 @@ def test_validated_document_holds_env_names_and_the_train_task_resolves_values(p
         train = dag.get_task("train")
         rendered = train.render_template(train.env, {"params": params})
         assert rendered == {"API_TOKEN": SECRET}, dag_id
+
+
+@pytest.fixture
+def profile_with_references(monkeypatch) -> dict:
+    """The local profile as an admin gives it secrets by reference: an Airflow Variable and a Connection's
+    password (here from the environment, the first secrets backend; Secrets Manager works the same)."""
+    load = runspec.load_profile
+    env = {"API_TOKEN": {"variable": "pcflow_api_token"}, "DB_PASSWORD": {"connection": "pcflow_db"}, "MODE": "x"}
+
+    def with_env(name: str) -> dict:
+        profile = copy.deepcopy(load(name))
+        profile.setdefault("training", {})["env"] = env
+        return profile
+
+    monkeypatch.setattr(runspec, "load_profile", with_env)
+    monkeypatch.setenv("AIRFLOW_VAR_PCFLOW_API_TOKEN", SECRET)
+    monkeypatch.setenv("AIRFLOW_CONN_PCFLOW_DB", json.dumps({"conn_type": "generic", "password": SECRET + "-db"}))
+    return env
+
+
+def test_secrets_by_reference_are_read_by_the_tasks_never_stored(profile_with_references, offline, monkeypatch):
+    params = {"profile": "local", "partition": "default", "overrides": {}}
+    document = resolve_for_run(params, make_context("validate"))
+    assert document["training"]["env"] == ["API_TOKEN", "DB_PASSWORD", "MODE"]
+    assert SECRET not in json.dumps(document) and "pcflow_api_token" not in json.dumps(document)
+    assert run_env(params) == {"API_TOKEN": SECRET, "DB_PASSWORD": SECRET + "-db", "MODE": "x"}
+    # A missing one refuses the run in the first task, before anything is created.
+    monkeypatch.delenv("AIRFLOW_VAR_PCFLOW_API_TOKEN")
+    with pytest.raises(AirflowFailException, match=r"training\.env\.API_TOKEN: Airflow variable 'pcflow_api_token' is"):
+        offline(params)
+
+
+def test_a_conf_cannot_name_a_secret(offline, admin_profiles):
+    """Even where the admin lets a conf set the job's environment, a reference would read any of the
+    deployment's Variables into the job: refused."""
+    profile = admin_profiles.make("local", {"overridable": {"training.env": {}}})
+    conf = {"profile": profile, "partition": "p1", "overrides": {"training": {"env": {"T": {"variable": "aws_key"}}}}}
+    with pytest.raises(AirflowFailException, match=r"training\.env\.T: a secret reference comes from the profile only"):
+        offline(conf)
+    assert offline({**conf, "overrides": {"training": {"env": {"T": "plain"}}}})["training"]["env"] == ["T"]
+
+
+@pytest.mark.parametrize(
+    "reference", [{}, {"variable": "a", "connection": "b"}, {"variable": "a", "field": "login"}, {"variable": "a b"}]
+)
+def test_a_malformed_reference_is_the_admins_mistake_named(reference):
+    with pytest.raises(ValueError, match="env"):
+        runspec.TrainingSettings(program=["train.py"], env={"T": reference})
