@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ def project(tmp_path_factory) -> Project:
     return Project.resolve(fill_env_file(tmp_path_factory.mktemp("compose") / ".env"))
 
 
-def run_in(image, service: Service, root: Path, script: str, *, unset: tuple[str, ...] = ()) -> dict:
+def run_in(image, service: Service, root: Path, script: str, *, unset: tuple[str, ...] = ()) -> Any:
     """`script` run by the image's Python in `service`'s container, mapped onto `root`; its last line's JSON."""
     container = Container(service, f"{service.name}-1", root, endpoints={})
     env = {k: v for k, v in container.environment(image.environment()).items() if k not in unset}
