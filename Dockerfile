@@ -38,6 +38,7 @@ COPY --chown=airflow:0 plugins/pcflow /opt/pcflow/src/plugins/pcflow
 RUN pip install --no-cache-dir --no-deps /opt/pcflow/src -c /opt/pcflow/constraints.txt \
  && pip check
 
-# dags/, plugins/ and include/ are mounted by docker-compose.yaml. pcflow is imported from the installed
+# dags/, plugins/ and include/ are mounted by docker-compose.yaml, which names include/'s mount in
+# PCFLOW_INCLUDE_DIR (the wheel holds no include/ of its own). pcflow is imported from the installed
 # wheel, also by the triggerer: site-packages come before the plugins folder Airflow appends to sys.path,
 # so the mounted plugins/pcflow/ is never imported here and a change to it needs `docker compose build`.

@@ -17,10 +17,41 @@ DEFAULT_PROFILE_ENV = "PCFLOW_DEFAULT_PROFILE"
 OFFERED_PROFILES_ENV = "PCFLOW_OFFERED_PROFILES"
 
 
+#: Where the deployment keeps include/ (docker-compose.yaml: its mount, /opt/airflow/include).
+INCLUDE_DIR_ENV = "PCFLOW_INCLUDE_DIR"
+
+
+def checkout_root() -> Path | None:
+    """The checkout pcflow is imported from (its package is `<root>/plugins/pcflow`, with `<root>/include`:
+    pytest, `make demo`, the editable install), or None for an installed wheel (the image), whose package
+    sits in site-packages with nothing of the checkout beside it."""
+    package = Path(__file__).resolve().parent
+    root = package.parents[1]
+    return root if package.parent.name == "plugins" and (root / "include").is_dir() else None
+
+
 def include_dir() -> Path:
-    """`PCFLOW_INCLUDE_DIR`, else the `include/` beside `plugins/` (the layout of the repo and the image)."""
-    configured = os.environ.get("PCFLOW_INCLUDE_DIR")
-    return Path(configured) if configured else Path(__file__).resolve().parents[2] / "include"
+    """`PCFLOW_INCLUDE_DIR`, else the checkout's `include/`. An installed pcflow has no include/ of its own:
+    a path guessed beside site-packages would only fail later as "no profile 'aws-gpu' in <somewhere>", so
+    a deployment that names none, or names a directory nothing is mounted at, is told which setting to fix."""
+    from pcflow.errors import ConfigurationError
+
+    configured = os.environ.get(INCLUDE_DIR_ENV)
+    if configured:
+        if not Path(configured).is_dir():
+            raise ConfigurationError(
+                f"{INCLUDE_DIR_ENV}: {configured} is not a directory; mount the checkout's include/ there "
+                "(docker-compose.yaml mounts ./include at /opt/airflow/include)"
+            )
+        return Path(configured)
+    root = checkout_root()
+    if root is None:
+        raise ConfigurationError(
+            f"{INCLUDE_DIR_ENV} is not set and pcflow is installed in {Path(__file__).resolve().parents[1]}, "
+            "not in a checkout: set it to where the deployment mounts the checkout's include/ "
+            "(docker-compose.yaml: /opt/airflow/include)"
+        )
+    return root / "include"
 
 
 def profile_dirs() -> list[Path]:

@@ -2,9 +2,10 @@
 private PostgreSQL cluster (initdb/pg_ctl in a temp dir on a loopback port, never the system service) and
 a private Redis stand in for the `postgres` and `redis` containers, configured from their compose
 services; airflow-init, the api-server, scheduler, dag-processor, Celery workers and triggerers run with
-the environment, command and mounts Compose resolves for their services (tests/deploy/compose.py). Each
-replica gets its own Airflow home and hostname (a UTS namespace), as a container would. Each process is
-started here and stopped here, by its pid."""
+the environment, command and mounts Compose resolves for their services (tests/deploy/compose.py), on
+the image's layout (tests/deploy/image.py: pcflow from the wheel installed where the Dockerfile installs
+it, the image's ENV). Each replica gets its own Airflow home and hostname (a UTS namespace), as a
+container would. Each process is started here and stopped here, by its pid."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -24,11 +24,10 @@ import urllib.request
 from pathlib import Path
 
 from deploy.compose import Project, Service
+from deploy.image import BASE_AIRFLOW_HOME, BIN, Image
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 #: The official image's AIRFLOW_HOME, under which compose mounts dags/, plugins/, include/ and the logs.
-IMAGE_AIRFLOW_HOME = "/opt/airflow"
+IMAGE_AIRFLOW_HOME = BASE_AIRFLOW_HOME
 #: Settings of the test deployment that the compose file leaves at Airflow's defaults, lowered so that a
 #: failover takes seconds instead of minutes on this 2-core machine (nothing else differs from compose):
 TEST_SETTINGS = {
@@ -238,8 +237,8 @@ class Deployment:
     """The default services of docker-compose.yaml, up: postgres, redis, airflow-init (run to its end),
     api-server, scheduler, dag-processor, `workers` Celery workers and `triggerers` triggerers."""
 
-    def __init__(self, project: Project, root: Path, *, workers: int = 2, triggerers: int = 2):
-        self.project, self.root = project, root
+    def __init__(self, project: Project, root: Path, image: Image, *, workers: int = 2, triggerers: int = 2):
+        self.project, self.root, self.image = project, root, image
         self.replicas = {
             "airflow-apiserver": 1,
             "airflow-scheduler": 1,
@@ -259,13 +258,9 @@ class Deployment:
 
     # -- what every process gets besides its compose environment -------------------------------------
     def base_environment(self) -> dict[str, str]:
-        """The image's own environment: its PATH (Airflow's scripts first), locale and HOME, and nothing
-        of this test process's (no AIRFLOW_*, no AWS_*, no connections: those come from compose)."""
-        keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TZ", "USER", "TMPDIR")}
-        path = os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"])
-        # This checkout's pcflow, as the image runs the wheel built from it: the environment's editable
-        # install may be another checkout's (a git worktree sharing the virtual environment).
-        return {**keep, "PATH": path, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "plugins")}
+        """The image's own environment (pcflow from its wheel, its ENV), and nothing of this test
+        process's (no AIRFLOW_*, no AWS_*, no connections: those come from compose)."""
+        return self.image.environment()
 
     def endpoints(self) -> dict[tuple[str, int], int]:
         ports = {("postgres", 5432): self.postgres, ("redis", 6379): self.redis}

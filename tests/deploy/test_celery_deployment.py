@@ -58,7 +58,7 @@ RUN_TIMEOUT_S = 720
 
 
 @pytest.fixture(scope="module")
-def airflow(local_stack, tmp_path_factory):
+def airflow(local_stack, image, tmp_path_factory):
     bindir, redis_server = install_postgres(), install_redis()
     if bindir is None or redis_server is None:
         pytest.skip("PostgreSQL or Redis is not installed and cannot be installed here (needs root + apt-get)")
@@ -66,7 +66,7 @@ def airflow(local_stack, tmp_path_factory):
     # The user's .env: README's steps, plus the local stack's connections as a user adds theirs, and the
     # emulator's profile offered, as .env.example says for it (compose offers aws-gpu alone).
     env_file = fill_env_file(root / ".env", extra={**local_stack.env, "PCFLOW_OFFERED_PROFILES": "local"})
-    deployment = Deployment(Project.resolve(env_file), root, workers=2, triggerers=2)
+    deployment = Deployment(Project.resolve(env_file), root, image, workers=2, triggerers=2)
     started = time.monotonic()
     try:
         deployment.start(bindir, redis_server)

@@ -1,6 +1,7 @@
-"""The pcflow distribution: the wheel carries the package with its templates and data and Airflow's
-entry point, installs alone (pcflow imported from it, nothing from the checkout) and renders what it
-renders; its dependency ranges hold the versions the tests run; the image installs it."""
+"""The pcflow distribution: the wheel (the one the image's pip builds: tests/deploy/conftest.py) carries
+the package with its templates and data and Airflow's entry point, installs alone (pcflow imported from
+it, nothing from the checkout) and renders what it renders; its dependency ranges hold the versions the
+tests run; the image installs it."""
 
 from __future__ import annotations
 
@@ -11,22 +12,11 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 
 import pcflow
 
 REPO = Path(__file__).resolve().parents[2]
-UV = Path(sys.executable).parent / "uv"
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The wheel `uv build` makes of this checkout (hatchling, pinned in pyproject.toml): about 3 s."""
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run([str(UV), "build", "--wheel", "--quiet", "-o", str(out), str(REPO)], check=True, timeout=300)
-    (built,) = out.glob("pcflow-*.whl")
-    return built
 
 
 def package_files() -> set[str]:
@@ -37,24 +27,21 @@ def package_files() -> set[str]:
     return {path.removeprefix("plugins/") for path in listed}
 
 
-def test_the_wheel_holds_the_package_its_data_and_the_entry_point(wheel):
-    names = set(zipfile.ZipFile(wheel).namelist())
+def test_the_wheel_holds_the_package_its_data_and_the_entry_point(image_wheel):
+    names = set(zipfile.ZipFile(image_wheel).namelist())
     files = package_files()
     data = {f for f in files if not f.endswith(".py")}
     assert {"pcflow/slurm/templates/srun.sbatch.j2", "pcflow/metrics/prices.json", "pcflow/metrics/sampler.py"} <= files
     assert data and files <= names
     assert not [n for n in names if "__pycache__" in n or n.startswith(("plugins/", "include/", "tests/"))]
     dist_info = f"pcflow-{pcflow.__version__}.dist-info"
-    entry_points = zipfile.ZipFile(wheel).read(f"{dist_info}/entry_points.txt").decode()
+    entry_points = zipfile.ZipFile(image_wheel).read(f"{dist_info}/entry_points.txt").decode()
     assert "[apache_airflow_provider]\nprovider_info = pcflow.provider_info:get_provider_info" in entry_points
 
 
-def test_the_installed_wheel_alone_renders_and_reads_its_data(wheel, tmp_path):
-    """Installed into a directory of its own (its dependencies from this environment), with neither
-    plugins/ nor include/ on the path: every template and data file is found in the package (about 5 s)."""
-    target = tmp_path / "site"
-    install = [str(UV), "pip", "install", "--quiet", "--python", sys.executable, "--no-deps", "--target"]
-    subprocess.run([*install, str(target), str(wheel)], check=True, timeout=300)
+def test_the_installed_wheel_alone_renders_and_reads_its_data(image, tmp_path):
+    """Installed where the image has it (its dependencies from this environment), with neither plugins/
+    nor include/ on the path: every template and data file is found in the package."""
     script = """
 import sys
 import pcflow
@@ -76,7 +63,13 @@ assert "<html" in render_report({"run_key": "k", "metrics": {}, "cost": {}, "uti
 assert bundled_prices()["as_of"] and sampler_source().startswith(b"#!")
 print("ok")
 """
-    argv = [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, sys.argv[1]); exec({script!r})", str(target)]
+    argv = [
+        sys.executable,
+        "-I",
+        "-c",
+        f"import sys; sys.path.insert(0, sys.argv[1]); exec({script!r})",
+        str(image.site),
+    ]
     # -I: neither PYTHONPATH nor the working directory; plugins/ and include/ are nowhere on the path.
     env = {"PATH": "/usr/bin:/bin", "PCFLOW_INCLUDE_DIR": str(tmp_path / "none")}
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False)

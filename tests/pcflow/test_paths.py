@@ -6,13 +6,15 @@ are normalised and checked under their root before anything is written. Unit lev
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from pcflow.dataset.errors import SourceChangedError, SourceError
 from pcflow.dataset.sources import LocalDirectorySource
 from pcflow.dataset.stage_in import data_dir_on_cluster
-from pcflow.paths import ami_script, include_dir, remote_within, within
+from pcflow.errors import ConfigurationError
+from pcflow.paths import ami_script, checkout_root, include_dir, remote_within, within
 from pcflow.slurm.spec import RunDir
 
 pytestmark = pytest.mark.security
@@ -105,6 +107,19 @@ def test_bootstrap_scripts_come_from_include_ami_only(tmp_path, monkeypatch):
     monkeypatch.setenv("PCFLOW_INCLUDE_DIR", str(fake))
     with pytest.raises(ValueError, match="is not in include/ami/"):
         load_script("ami/link.sh")
+
+
+def test_include_is_the_setting_or_the_checkouts_and_a_setting_naming_nothing_is_refused(monkeypatch, tmp_path):
+    """In a checkout include/ is found beside plugins/; a deployment names its mount, and a mount that is
+    not there is refused by name (an installed wheel with neither: tests/deploy/test_image_layout.py)."""
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.delenv("PCFLOW_INCLUDE_DIR", raising=False)
+    assert checkout_root() == repo and include_dir() == repo / "include"
+    monkeypatch.setenv("PCFLOW_INCLUDE_DIR", str(tmp_path))
+    assert include_dir() == tmp_path
+    monkeypatch.setenv("PCFLOW_INCLUDE_DIR", str(tmp_path / "absent"))
+    with pytest.raises(ConfigurationError, match=r"PCFLOW_INCLUDE_DIR: .*/absent is not a directory; mount"):
+        include_dir()
 
 
 def test_cluster_paths_are_normalised_under_their_root():

@@ -5,7 +5,8 @@ connexion, jsii, CDK v1, packaging) conflict with Airflow's. Node.js must be on 
 for `create-cluster`/`update-cluster` (AWS CDK synthesises the CloudFormation template); `--dryrun true`,
 `describe-cluster` and `delete-cluster` do not need it.
 
-Where the CLI is: `pcluster_path` argument, else `PCFLOW_PCLUSTER`, else `<repo>/.venv-pcluster/bin/pcluster`.
+Where the CLI is: `pcluster_path` argument, else `PCFLOW_PCLUSTER` (the image sets it), else the
+checkout's `.venv-pcluster/bin/pcluster` (an installed pcflow has no checkout beside it: then nothing).
 The AWS connection (endpoint, CA bundle, region, credentials) is handed to the subprocess through the
 standard AWS environment variables, which botocore inside pcluster honours.
 """
@@ -24,7 +25,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from pcflow.errors import ServiceFailed
-from pcflow.paths import include_dir
+from pcflow.paths import checkout_root
 
 NOT_FOUND_MARKER = "does not exist"
 #: How ParallelCluster starts the message of a configuration its schema or config loader refuses.
@@ -35,11 +36,12 @@ DRYRUN_PASSED = "Request would have succeeded, but DryRun flag is set."
 FLEET_REQUESTS = ("START_REQUESTED", "STOP_REQUESTED")
 
 
-def default_pcluster_path() -> Path:
+def default_pcluster_path() -> Path | None:
     configured = os.environ.get("PCFLOW_PCLUSTER")
     if configured:
         return Path(configured)
-    return include_dir().parent / ".venv-pcluster" / "bin" / "pcluster"
+    root = checkout_root()
+    return root / ".venv-pcluster" / "bin" / "pcluster" if root else None
 
 
 class PclusterError(ServiceFailed):
@@ -118,6 +120,12 @@ class ParallelClusterHook(BaseHook):
     @cached_property
     def pcluster_path(self) -> Path:
         path = Path(self._pcluster_path) if self._pcluster_path else default_pcluster_path()
+        if path is None:
+            raise PclusterNotInstalled(
+                "PCFLOW_PCLUSTER is not set and pcflow is installed, not in a checkout with .venv-pcluster: "
+                "point PCFLOW_PCLUSTER at the pcluster CLI (the image's is /opt/pcluster/bin/pcluster)",
+                command="(not installed)",
+            )
         if not os.access(path, os.X_OK):
             raise PclusterNotInstalled(
                 f"no pcluster CLI at {path}: run include/cluster/install-pcluster.sh (it creates .venv-pcluster "
