@@ -80,16 +80,18 @@ class AmiSpec:
         for name in self.script_env:
             if not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", name):
                 raise ValueError(f"bootstrap environment variable {name!r} is not an upper-case shell name")
+        object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
 
     @property
     def recipe_inputs(self) -> dict[str, Any]:
         return {**self.extra_inputs, **({"script_env": dict(self.script_env)} if self.script_env else {})}
 
     def commands(self) -> list[str]:
-        """The SSM RunCommand lines: the script's environment (quoted), then the script."""
-        exports = [f"export {name}={shlex.quote(value)}" for name, value in sorted(self.script_env.items())]
-        return [*exports, self.bootstrap_script]
-        object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
+        """The SSM RunCommand `commands`: one POSIX sh line that runs the script with bash, its environment
+        set by `env`, every word quoted. aws:runShellScript joins the lines into a file that `sh` runs (dash
+        on Ubuntu), so the script's own `#!/bin/bash` counts only on line 1 and nothing may come first."""
+        assignments = [f"{name}={value}" for name, value in sorted(self.script_env.items())]
+        return [shlex.join(["exec", "env", *assignments, "bash", "-c", self.bootstrap_script, "bootstrap.sh"])]
 
 
 #: SSM command statuses after which the bootstrap is sent again (by a new try: a try that saw its own
@@ -154,6 +156,23 @@ class BakeWait:
             waiter_max_attempts=self.max_attempts,
             **connection,
         )
+
+
+REQUIRES_PYTHON = re.compile(r"^#\s*requires-python:\s*>=\s*(3\.\d{1,2})(?![\d.])", re.MULTILINE)
+
+
+def required_python(requirements: str, source: str | Path) -> str:
+    """The oldest Python (`3.X`) the requirements install on, from their `# requires-python: >=3.X` line (a
+    comment to pip). Pins alone do not say it, and the base images' python3 is older than many need (3.10 on
+    Ubuntu 22.04, where numpy 2.3+ needs 3.11): the bootstrap gets a Python this new, so the bake asks here,
+    before it launches a builder."""
+    found = REQUIRES_PYTHON.findall(requirements)
+    if len(found) != 1:
+        raise ValueError(
+            f"the image's environment {source} must say once which Python its requirements need, with a line "
+            f"like `# requires-python: >=3.11` (found {len(found)})"
+        )
+    return found[0]
 
 
 def load_script(path: str | Path) -> str:
@@ -550,13 +569,15 @@ class BakeImageOperator(PcflowAwsOperator):
         )
 
     def script_env(self) -> dict[str, str]:
-        """The payload environment's requirements, for the bootstrap script (it installs them, not the code)."""
+        """The payload environment's requirements and the oldest Python they install on, for the bootstrap
+        script (it installs them, not the code)."""
         if not self.environment_file:
             return {}
         path = Path(self.environment_file)
         if not path.is_file():
             raise ValueError(f"the image's environment {path} does not exist: set ami.environment to requirements")
-        return {"PCFLOW_PAYLOAD_REQUIREMENTS": path.read_text()}
+        requirements = path.read_text()
+        return {"PCFLOW_PAYLOAD_REQUIREMENTS": requirements, "PCFLOW_PYTHON_MIN": required_python(requirements, path)}
 
     def execute(self, context: Any) -> dict[str, Any]:
         if not self.enabled:

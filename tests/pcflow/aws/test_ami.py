@@ -1,7 +1,8 @@
 """AMI bake against the moto server. Emulated: moto's SSM `send_command` does not run the script
 (it reports Success with empty output), and the SSM agent is the local stack's stand-in (a builder
 launched with an instance profile is Online); the failing-script test rewrites GetCommandInvocation's
-answer in botocore's after-call hook to what SSM returns for a failed script."""
+answer in botocore's after-call hook to what SSM returns for a failed script. The bootstrap itself runs,
+as aws:runShellScript runs it, in test_ami_bootstrap.py."""
 
 from __future__ import annotations
 
