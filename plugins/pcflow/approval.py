@@ -6,6 +6,10 @@ The first task decides (`cost.approval.needed`: the run's maximum is above its p
 goes on (the stages after it run when nothing before them failed). Above, it waits for Approve or
 Reject; Reject skips every stage after it, so nothing is created; no answer within
 `budget.approval_timeout_hours` fails it, with the same effect.
+
+The approver is another person: the profile's `budget.approvers` minus whoever triggered the run become
+the request's `assigned_users` (Airflow lets only them answer), and an approval by the person who
+triggered the run fails it whatever the profile says. The answer and who gave it are the task's XCom.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 #: The trigger rule of the stages right after the approval: run when it succeeded or was skipped.
 AFTER_APPROVAL = "none_failed_min_one_success"
@@ -43,11 +47,49 @@ class CostApprovalOperator(ApprovalOperator):
             raise AirflowSkipException(
                 f"No approval needed: {self.cost['summary']} (the profile asks for approval above {threshold})"
             )
+        self.assigned_users = approvers_for(approval.get("approvers") or [], triggered_by(context)) or None
         self.subject = f"Approve up to {usd(self.cost['maximum_usd'])} for {context['dag_run'].run_id}"
         self.body = approval_body(self.cost)
         self.response_timeout = dt.timedelta(hours=approval["timeout_hours"])
         self.log.info("Waiting for approval in the Airflow UI (Required actions): %s", self.cost["summary"])
         return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """Record who answered; an approval by the person who triggered the run does not count (Airflow lets
+        anyone with the right role respond when the profile names no approvers), and fails the run."""
+        responder = (event or {}).get("responded_by_user") or {}
+        trigger_user = triggered_by(context)
+        approved = (event or {}).get("chosen_options") == [self.APPROVE]
+        if approved and trigger_user is not None and responder.get("name") == trigger_user:
+            raise SelfApproval(
+                f"{trigger_user!r} approved the run they triggered: another person must approve a run above "
+                f"{self.cost['approval']['above_usd']:g} USD; nothing was created. The deployment admin lists who "
+                "may approve in the profile's budget.approvers."
+            )
+        result = super().execute_complete(context, event)
+        self.log.info("%s by %s (id %s)", event["chosen_options"][0], responder.get("name"), responder.get("id"))
+        return result
+
+
+class SelfApproval(AirflowFailException):
+    """The person who triggered a costly run approved it: not an approval, and not retried."""
+
+
+def triggered_by(context: Any) -> str | None:
+    """The user who triggered the run (None for scheduled runs and backfills started by the scheduler)."""
+    return getattr(context.get("dag_run"), "triggering_user_name", None) or None
+
+
+def approvers_for(approvers: list[Mapping[str, str]], trigger_user: str | None) -> list[dict[str, str]]:
+    """The profile's approvers who may answer this run: all but the person who triggered it. When that
+    leaves nobody, the run cannot be approved: refused now rather than waiting for the timeout."""
+    others = [dict(a) for a in approvers if trigger_user is None or trigger_user not in (a["name"], a["id"])]
+    if approvers and not others:
+        raise SelfApproval(
+            f"the profile's only approver is {trigger_user!r}, who triggered this run: another person must approve "
+            "it; nothing was created. The deployment admin adds approvers in the profile's budget.approvers."
+        )
+    return others
 
 
 def approval_body(cost: Mapping[str, Any]) -> str:

@@ -121,7 +121,12 @@ def plan_cost(run: Mapping[str, Any], *, ec2: Any = None, now: dt.datetime | Non
     cost["maximum_usd"] = maximum(cost)
     above = budget["approval_above_usd"]
     needed = above is not None and (cost["maximum_usd"] is None or cost["maximum_usd"] > above)
-    cost["approval"] = {"above_usd": above, "needed": needed, "timeout_hours": budget["approval_timeout_hours"]}
+    cost["approval"] = {
+        "above_usd": above,
+        "needed": needed,
+        "timeout_hours": budget["approval_timeout_hours"],
+        "approvers": budget.get("approvers") or [],
+    }
     cost["summary"] = summary(cost)
     return cost
 

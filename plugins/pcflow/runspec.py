@@ -271,6 +271,14 @@ class PreflightSettings(_Section):
         return value
 
 
+class Approver(_Section):
+    """A person who may approve a costly run: Airflow's user id and name (the auth manager's), as the
+    human-in-the-loop request's `assigned_users` names them."""
+
+    id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=256)
+
+
 class BudgetSettings(_Section):
     """What a run may cost (pcflow.budget): its budget (the profile's default; a trigger user may set it
     where `overridable` lists `budget.usd`), the hard maximum no budget may exceed, when a person must
@@ -280,6 +288,10 @@ class BudgetSettings(_Section):
     max_usd: float | None = Field(None, description="no run's budget may exceed this, whoever sets it")
     approval_above_usd: float | None = Field(None, description="a run whose maximum is above this waits for approval")
     approval_timeout_hours: float = Field(24, gt=0, le=24 * 14)
+    approvers: list[Approver] = Field(
+        default_factory=list,
+        description="who may approve (never the person who triggered the run); empty: anyone who may respond",
+    )
     if_maximum_exceeds: Literal["refuse", "cap"] = Field(
         "refuse",
         description="refuse: the first task refuses the run; cap: it starts, and its train task "

@@ -43,10 +43,11 @@ def approval_of(dag, cost):
     return task
 
 
-def context_for(task) -> dict:
+def context_for(task, triggered_by: str | None = None) -> dict:
     ti = FakeTI(dag_id="pretrain", run_id="manual__2026-11-30", task_id=task.task_id)
     ti.id = "0190a8c4-0000-7000-8000-000000000000"
-    return {"ti": ti, "task_instance": ti, "task": task, "dag_run": types.SimpleNamespace(run_id=ti.run_id)}
+    dag_run = types.SimpleNamespace(run_id=ti.run_id, triggering_user_name=triggered_by)
+    return {"ti": ti, "task_instance": ti, "task": task, "dag_run": dag_run}
 
 
 def test_the_approval_sits_between_the_first_task_and_everything_that_creates(pretrain):
@@ -93,3 +94,47 @@ def test_reject_skips_every_stage_after_it(pretrain):
     assert set(skipped.value.tasks) == {"network", "ensure_dataset_bucket", "dataset_source"}
     approved = task.execute_complete(context_for(task), {**event, "chosen_options": ["Approve"]})
     assert approved["chosen_options"] == ["Approve"]
+
+
+ALICE, BOB = {"id": "7", "name": "alice"}, {"id": "8", "name": "bob"}
+
+
+def answer(option: str, by: dict) -> dict:
+    return {
+        "chosen_options": [option],
+        "params_input": {},
+        "responded_at": dt.datetime.now(dt.UTC),
+        "responded_by_user": by,
+    }
+
+
+@pytest.mark.security
+def test_the_person_who_triggered_a_run_cannot_approve_it(pretrain):
+    from pcflow.approval import SelfApproval
+
+    task = approval_of(pretrain, COST)
+    with pytest.raises(SelfApproval, match="'alice' approved the run they triggered: another person must approve"):
+        task.execute_complete(context_for(task, triggered_by="alice"), answer("Approve", ALICE))
+    approved = task.execute_complete(context_for(task, triggered_by="alice"), answer("Approve", BOB))
+    assert approved["responded_by_user"] == BOB  # recorded in the run: the task's XCom
+    with pytest.raises(DownstreamTasksSkipped):  # rejecting one's own run is fine
+        task.execute_complete(context_for(task, triggered_by="alice"), answer("Reject", ALICE))
+
+
+@pytest.mark.security
+def test_only_the_profiles_other_approvers_may_answer(pretrain, monkeypatch):
+    from pcflow.approval import SelfApproval
+
+    requests = []
+    monkeypatch.setattr(
+        "airflow.providers.standard.operators.hitl.upsert_hitl_detail", lambda **kw: requests.append(kw)
+    )
+    listed = {**COST, "approval": {**COST["approval"], "approvers": [ALICE, BOB]}}
+    task = approval_of(pretrain, listed)
+    with pytest.raises(TaskAwaitingInput):
+        task.execute(context_for(task, triggered_by="alice"))
+    assert requests[-1]["assigned_users"] == [BOB]
+    alone = {**COST, "approval": {**COST["approval"], "approvers": [ALICE]}}
+    task = approval_of(pretrain, alone)
+    with pytest.raises(SelfApproval, match="the profile's only approver is 'alice', who triggered this run"):
+        task.execute(context_for(task, triggered_by="alice"))
