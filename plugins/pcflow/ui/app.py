@@ -2,9 +2,10 @@
 
 Airflow does not authenticate a plugin's app by itself: every route here depends on Airflow's own
 security helpers (the JWT of the `_token` cookie or an `Authorization: Bearer` header, checked by the
-deployment's auth manager). The page shows only the DAGs the user may read, and the stacks only to who
-may read the `janitor` DAG (it is the janitor's view of them); a report needs read access to the run's
-XComs, where its location comes from."""
+deployment's auth manager). The page shows only the DAGs the user may read, their runs' summaries only to
+who may read that DAG's XComs (where they come from), and the stacks only to who may read the `janitor`
+DAG (it is the janitor's view of them); a report needs read access to the run's XComs, where its
+location comes from."""
 
 from __future__ import annotations
 
@@ -52,10 +53,23 @@ def html(body: str, csp: str = PAGE_CSP, status_code: int = 200) -> HTMLResponse
 def page(user: GetUserDep, session: SessionDep) -> HTMLResponse:
     """Stacks and their resources, the runs of each training DAG, trends, leaderboards, the janitor."""
     manager = get_auth_manager()
-    permitted = manager.get_authorized_dag_ids(user=user, method="GET", session=session)
-    dags = {dag_id: runs.recent_runs(session, dag_id) for dag_id in runs.training_dag_ids(session, permitted)}
+    dags = visible_runs(manager, user, session)
     may_see_stacks = manager.is_authorized_dag(method="GET", details=DagDetails(id=JANITOR_DAG), user=user)
     return html(render_page(dags, stack_overview() if may_see_stacks else None))
+
+
+def visible_runs(manager: Any, user: Any, session: Any) -> dict[str, list[runs.RunRow]]:
+    """The runs of the training DAGs the user may read; a run's summary (objective, cost, report) only
+    where the user may also read that DAG's XComs, which is where the summary comes from."""
+    permitted = manager.get_authorized_dag_ids(user=user, method="GET", session=session)
+    visible = {}
+    for dag_id in runs.training_dag_ids(session, permitted):
+        details = DagDetails(id=dag_id)
+        summaries = manager.is_authorized_dag(
+            method="GET", access_entity=DagAccessEntity.XCOM, details=details, user=user
+        )
+        visible[dag_id] = runs.recent_runs(session, dag_id, with_summaries=summaries)
+    return visible
 
 
 def stack_overview() -> dict[str, Any]:

@@ -112,9 +112,10 @@ def training_dag_ids(session: Any, permitted: Collection[str]) -> list[str]:
     return [dag_id for dag_id in session.scalars(query) if dag_id in permitted][:MAX_DAGS]
 
 
-def recent_runs(session: Any, dag_id: str, limit: int = RUNS_PER_DAG) -> list[RunRow]:
-    """The DAG's last `limit` runs, newest first, each with its metrics task's returned summary."""
-    return _runs(session, dag_id, limit=limit)
+def recent_runs(session: Any, dag_id: str, limit: int = RUNS_PER_DAG, *, with_summaries: bool = True) -> list[RunRow]:
+    """The DAG's last `limit` runs, newest first, each with its metrics task's returned summary (none
+    read when `with_summaries` is false: the user may not read the DAG's XComs)."""
+    return _runs(session, dag_id, limit=limit, with_summaries=with_summaries)
 
 
 def one_run(session: Any, dag_id: str, run_id: str) -> RunRow | None:
@@ -122,7 +123,9 @@ def one_run(session: Any, dag_id: str, run_id: str) -> RunRow | None:
     return found[0] if found else None
 
 
-def _runs(session: Any, dag_id: str, *, limit: int, run_id: str | None = None) -> list[RunRow]:
+def _runs(
+    session: Any, dag_id: str, *, limit: int, run_id: str | None = None, with_summaries: bool = True
+) -> list[RunRow]:
     from airflow.models.dagrun import DagRun
     from airflow.models.xcom import XComModel
     from sqlalchemy import select
@@ -131,8 +134,8 @@ def _runs(session: Any, dag_id: str, *, limit: int, run_id: str | None = None) -
     if run_id is not None:
         query = query.where(DagRun.run_id == run_id)
     runs = session.execute(query.order_by(DagRun.run_after.desc()).limit(limit)).all()
-    if not runs:
-        return []
+    if not runs or not with_summaries:
+        return [RunRow(dag_id, r.run_id, str(r.state), r.start_date, r.end_date, None) for r in runs]
     xcoms = session.execute(
         select(XComModel.run_id, XComModel.value).where(
             XComModel.dag_id == dag_id,

@@ -264,3 +264,28 @@ def test_the_page_renders_stacks_runs_trends_and_leaderboards_as_escaped_html_wi
     assert 'href="runs/pretrain_nightly/r0/report"' in page and 'href="../dags/pretrain_nightly/runs/r0"' in page
     hidden = render_page({}, None)
     assert "needs read access to the <code>janitor</code> DAG" in hidden
+
+
+@pytest.mark.security
+def test_run_summaries_only_for_who_may_read_the_dags_xcoms(monkeypatch):
+    """A user who may read a DAG but not its XComs sees its runs' states, not their objective, cost or
+    report (the summary is the metrics task's XCom)."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+
+    from pcflow.ui import app
+
+    asked = []
+    monkeypatch.setattr(app.runs, "training_dag_ids", lambda session, permitted: sorted(permitted))
+    monkeypatch.setattr(
+        app.runs, "recent_runs", lambda session, dag_id, with_summaries: asked.append((dag_id, with_summaries)) or []
+    )
+
+    class Manager:  # the deployment's auth manager, as the page asks it
+        def get_authorized_dag_ids(self, *, user, method, session):
+            return {"pretrain", "pretrain_sweep"}
+
+        def is_authorized_dag(self, *, method, details, user, access_entity=None):
+            return access_entity != DagAccessEntity.XCOM or details.id == "pretrain"
+
+    assert set(app.visible_runs(Manager(), user=object(), session=None)) == {"pretrain", "pretrain_sweep"}
+    assert asked == [("pretrain", True), ("pretrain_sweep", False)]
