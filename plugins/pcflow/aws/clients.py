@@ -109,6 +109,23 @@ def error_message(error: BaseException) -> str:
     return str(error)
 
 
+class ObjectTooLarge(ServiceFailed):
+    """An S3 object larger than what pcflow ever writes there: not read, since a job or another writer
+    may have replaced it (never read whole what pcflow did not bound)."""
+
+
+def read_object(client: Any, *, bucket: str, key: str, limit: int, **request: Any) -> bytes:
+    """An object's bytes, at most `limit` of them (one GET, the stream read to `limit` + 1); a larger
+    object raises ObjectTooLarge. Errors of the GET (NoSuchKey...) reach the caller as they are."""
+    with client.get_object(Bucket=bucket, Key=key, **request)["Body"] as body:
+        data = body.read(limit + 1)
+    if len(data) > limit:
+        raise ObjectTooLarge(
+            f"s3://{bucket}/{key} is larger than {limit:,} bytes, more than pcflow writes there: not read"
+        )
+    return data
+
+
 class AwsCallFailed(ServiceFailed):
     """An AWS call that reports failure in its response body (e.g. DeleteVpcEndpoints' `Unsuccessful`)."""
 

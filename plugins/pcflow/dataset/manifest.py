@@ -26,7 +26,11 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from pcflow.aws.clients import read_object
+
 FORMAT = "pcflow.dataset/1"
+#: A manifest or journal: about 200 bytes an object, so this holds a partition of some 300,000 objects.
+MAX_DOCUMENT_BYTES = 64 * 1024**2
 MANIFEST_NAME = "manifest.json"
 JOURNAL_KEY = "_pcflow/journal.json"
 
@@ -91,7 +95,7 @@ def build_manifest(
 def read_json_object(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
     """The JSON document at `key`, or None when there is none (a first load, or a clean partition)."""
     try:
-        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        body = read_object(client, bucket=bucket, key=key, limit=MAX_DOCUMENT_BYTES)
     except ClientError as err:
         if err.response["Error"]["Code"] in ("NoSuchKey", "404"):
             return None
@@ -109,7 +113,7 @@ def read_listed_object(client: Any, bucket: str, root: str, entry: Mapping[str, 
     """The bytes a manifest entry lists: its version when the bucket keeps versions (a load that
     replaced the key later, even one that died before its manifest, does not change them)."""
     version = {"VersionId": entry["version_id"]} if entry.get("version_id") else {}
-    return client.get_object(Bucket=bucket, Key=root + entry["key"], **version)["Body"].read()
+    return read_object(client, bucket=bucket, key=root + entry["key"], limit=int(entry["size"]), **version)
 
 
 def summary(manifest: Mapping[str, Any], **counters: int) -> dict[str, Any]:

@@ -15,12 +15,14 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pcflow.aws.clients import error_code
+from pcflow.aws.clients import error_code, read_object
 from pcflow.naming import validate_stack_name
 
 NAMESPACE = "pcflow"
 MAX_DATUMS_PER_CALL = 500
 MAX_POINTS_PER_SERIES = 1000
+#: The record of what was sent: datum keys of one run's series, far below this.
+MAX_MARKER_BYTES = 16 * 1024**2
 CLOUDWATCH_MAX_AGE = dt.timedelta(days=14)
 _METRIC_NAME = re.compile(r"[^A-Za-z0-9_.:/\-]+")
 
@@ -154,7 +156,7 @@ def datum_key(datum: Mapping[str, Any]) -> str:
 
 def read_json(s3: Any, bucket: str, key: str) -> Any:
     try:
-        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        return json.loads(read_object(s3, bucket=bucket, key=key, limit=MAX_MARKER_BYTES))
     except Exception as exc:
         if error_code(exc) in ("NoSuchKey", "404"):
             return None

@@ -55,6 +55,8 @@ CONNECT_RETRY_DELAY_S = 3.0
 MAX_READ_BYTES = 64 * 1024 * 1024
 #: Exit markers, `submitted`, early_stop.json hold a line of JSON: a larger file is not one of them.
 SMALL_FILE_BYTES = 64 * 1024
+#: What a command's error stream (and a command fed input: `tar -x`, sbatch) keeps: its message, not a flood.
+MAX_ERROR_BYTES = 64 * 1024
 READ_PIECE_BYTES = 1024 * 1024
 SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "sacctmgr"})
 
@@ -105,6 +107,17 @@ def quote_command(argv: Sequence[str]) -> str:
     if not argv or any(not isinstance(a, str) for a in argv):
         raise TypeError(f"a command is a non-empty list of strings, got {argv!r}")
     return shlex.join(argv)
+
+
+def bounded_read(stream: IO[bytes], limit: int) -> str:
+    """The first `limit` bytes of a command's stream as text; the rest is read and dropped (a command
+    that still writes must not block on a full SSH window), with a note of how much was dropped."""
+    kept = stream.read(limit)
+    dropped = 0
+    while chunk := stream.read(1 << 20):
+        dropped += len(chunk)
+    text = kept.decode(errors="replace")
+    return f"{text} [... {dropped} more bytes not shown]" if dropped else text
 
 
 def json_object(data: bytes | None, max_bytes: int = SMALL_FILE_BYTES) -> dict | None:
@@ -398,10 +411,15 @@ class SlurmHook(BaseHook):
         client = self.get_conn()
         with self._deadline(client, limit, f"`{shlex.join(argv)[:200]}`"):
             stdout, stderr = self._open_exec(client, command, limit)
-            out = stdout.read().decode(errors="replace")
-            err = stderr.read().decode(errors="replace")
+            out = stdout.read(MAX_READ_BYTES + 1)
+            if len(out) > MAX_READ_BYTES:
+                stdout.channel.close()
+                raise SlurmError(
+                    f"`{shlex.join(argv)[:200]}` printed more than {MAX_READ_BYTES // 1024**2} MiB: not read further"
+                )
+            err = bounded_read(stderr, MAX_ERROR_BYTES)
             code = stdout.channel.recv_exit_status()
-        return CommandResult(argv, code, out, err)
+        return CommandResult(argv, code, out.decode(errors="replace"), err)
 
     @staticmethod
     def _open_exec(client: paramiko.SSHClient, command: str, limit: float) -> tuple[IO[bytes], IO[bytes]]:
@@ -439,8 +457,8 @@ class SlurmHook(BaseHook):
             stdin.flush()
             stdin.channel.shutdown_write()
             with self._deadline(client, self.command_timeout, f"the end of `{shlex.join(argv)[:200]}`"):
-                out = stdout.read().decode(errors="replace")
-                err = stderr.read().decode(errors="replace")
+                out = bounded_read(stdout, MAX_ERROR_BYTES)  # sbatch's job id, tar's complaints: a line or two
+                err = bounded_read(stderr, MAX_ERROR_BYTES)
                 code = stdout.channel.recv_exit_status()
         except TimeoutError as exc:
             self.close()
@@ -467,7 +485,7 @@ class SlurmHook(BaseHook):
             with self._deadline(client, self.command_timeout, f"the end of `{shlex.join(argv)[:200]}`"):
                 while stdout.read(1 << 20):  # what the caller left unread, dropped a chunk at a time
                     pass
-                err = stderr.read(64 << 10).decode(errors="replace")
+                err = bounded_read(stderr, MAX_ERROR_BYTES)
                 code = stdout.channel.recv_exit_status()
         except TimeoutError as exc:
             self.close()

@@ -59,3 +59,21 @@ def test_a_failing_extraction_is_reported(hook):
     failed = r"`tar -x -f - -C /nonexistent/x` failed"
     with pytest.raises(SlurmError, match=failed), hook.command_input(extract) as sink:
         sink.write(b"not a tar archive" * 100)
+
+
+@pytest.mark.security
+def test_objects_are_read_only_to_the_size_pcflow_recorded(s3, bucket, monkeypatch):
+    """A manifest entry is read to its recorded size, and a JSON document pcflow keeps (manifest,
+    journal) to a bound: an object replaced by a larger one (a job with write access, another writer)
+    is refused, not read whole into the worker."""
+    from pcflow.aws.clients import ObjectTooLarge
+    from pcflow.dataset import manifest
+
+    s3.put_object(Bucket=bucket, Key="p/a.png", Body=b"x" * 100)
+    assert manifest.read_listed_object(s3, bucket, "p/", {"key": "a.png", "size": 100}) == b"x" * 100
+    with pytest.raises(ObjectTooLarge, match="larger than 10 bytes"):
+        manifest.read_listed_object(s3, bucket, "p/", {"key": "a.png", "size": 10})
+    s3.put_object(Bucket=bucket, Key="p/manifest.json", Body=b"{}" + b" " * 2000)
+    monkeypatch.setattr(manifest, "MAX_DOCUMENT_BYTES", 1000)
+    with pytest.raises(ObjectTooLarge):
+        manifest.read_json_object(s3, bucket, "p/manifest.json")

@@ -308,3 +308,18 @@ def test_array_element_forgotten_by_squeue_without_marker_is_decided(local_stack
             op.execute_complete(context, from_grace)
     finally:
         shutil.rmtree(Path(op.run_dir(context).root), ignore_errors=True)
+
+
+@pytest.mark.stack
+def test_a_command_s_output_is_read_to_a_bound(slurm, monkeypatch):
+    """A command printing without end (a job's file cat, a runaway squeue) is not read whole into the
+    worker; an error stream is kept to its message and the rest drained, so the command still ends."""
+    from pcflow.slurm import hook as hook_module
+    from pcflow.slurm.hook import SlurmError
+
+    monkeypatch.setattr(hook_module, "MAX_READ_BYTES", 4096)
+    with pytest.raises(SlurmError, match="printed more than"):
+        slurm.run(["sh", "-c", "head -c 100000 /dev/zero"])
+    flood = slurm.run(["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x >&2; echo ok"], check=False)
+    assert flood.stdout == "ok\n" and flood.exit_code == 0
+    assert flood.stderr.endswith(f"[... {300000 - hook_module.MAX_ERROR_BYTES} more bytes not shown]")
