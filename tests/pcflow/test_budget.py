@@ -163,5 +163,5 @@ def test_above_the_approval_threshold_the_run_asks_for_approval(offline, admin_p
     profile = admin_profiles.make("local", {"budget": {"approval_above_usd": 8}})
     costly = offline({"profile": profile, "instance_type": "g5.12xlarge", "nodes": 3, "budget_usd": 50})["cost"]
     assert costly["maximum_usd"] == pytest.approx(3 * G5_12XLARGE * 0.5)  # $8.51, above $8
-    assert costly["approval"] == {"above_usd": 8.0, "needed": True, "timeout_hours": 24.0}
+    assert costly["approval"] == {"above_usd": 8.0, "needed": True, "timeout_hours": 24.0, "approvers": []}
     assert offline({"profile": profile})["cost"]["approval"]["needed"] is False
