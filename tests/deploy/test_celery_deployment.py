@@ -715,11 +715,12 @@ def said(output: str) -> dict[str, str]:
 
 
 def trigger_from_the_form(airflow: Deployment, partition: str, artifacts_dir: Path) -> None:
-    """Log in, open pretrain's trigger form, type the partition into its field and submit the form."""
+    """Log in, open pretrain's trigger form, type the partition over its field's default and submit."""
     with Chromium(chromium_or_skip()) as browser:
         open_trigger_form(browser, airflow)
         read_section(browser, "Data")
         browser.click(PARTITION_FIELD)
+        browser.evaluate(f"({PARTITION_FIELD}).select()")  # its text (the DAG's default), as Ctrl+A selects it
         browser.type_text(partition)
         browser.wait_for(f"({PARTITION_FIELD}).value === {json.dumps(partition)}", timeout=10)
         browser.screenshot(artifacts_dir / "pretrain-form-filled.png")
@@ -785,6 +786,13 @@ def test_make_airflow_lets_a_person_trigger_pretrain_from_the_form(airflow, depl
     assert row["cost"] == fmt(summary["cost_usd_estimate"]), (row, summary)
 
 
+def with_pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 def test_make_airflow_down_stops_what_it_started(airflow, deployment_dir):
     """`make airflow-down`: every process `up` started, with all it started in its session, is gone, and
     the private PostgreSQL is stopped (its data kept); a second `down` finds nothing to stop."""
@@ -798,7 +806,9 @@ def test_make_airflow_down_stops_what_it_started(airflow, deployment_dir):
     down = airflow_ui(root, "down")
     assert down.returncode == 0, down.stderr[-3000:]
     assert said(down.stdout).keys() == {"postgres", "redis", *airflow.names()}, down.stdout
-    left = [p.info for p in psutil.process_iter(["pid", "name"]) if os.getpgid(p.pid) in pids.values()]
+    # Gone: exited, at most a zombie for init to reap (their parent, `up`, exited long ago).
+    processes = psutil.process_iter(["pid", "name", "status"])
+    left = [p.info for p in processes if p.info["status"] != psutil.STATUS_ZOMBIE and with_pgid(p.pid) in pids.values()]
     assert not left, left
     assert not postgres.running() and (postgres.data / "PG_VERSION").exists()
     again = airflow_ui(root, "down")
