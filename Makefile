@@ -7,13 +7,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 UV_VERSION := 0.13.9
 STACK := $(PY) include/local/stack.py
+AIRFLOW_UI := $(PY) include/local/airflow_ui.py
 # Airflow's home (SQLite metadata, logs) lives with the rest of the generated local state.
 export AIRFLOW_HOME ?= $(CURDIR)/.stack/airflow
 PYTEST_ARGS ?=
 
 PAYLOAD_VENV := .venv-payload
 
-.PHONY: help setup system-deps venv payload-env pcluster iam-simulator lock lint test demo rehearsal stack-up stack-down stack-status stack-clean clean
+.PHONY: help setup system-deps venv payload-env pcluster iam-simulator lock lint test demo rehearsal airflow airflow-down stack-up stack-down stack-status stack-clean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -68,7 +69,7 @@ stack-down:  ## stop what stack-up started, and nothing else
 stack-status:  ## what is up, with pids and endpoints
 	@if [ -x $(PY) ]; then $(STACK) status; else echo "stack not set up"; fi
 
-stack-clean: stack-down  ## stop the stack and delete its state (keys, databases, logs)
+stack-clean: airflow-down stack-down  ## stop the stack and delete its state (keys, databases, logs)
 	@if [ -x $(PY) ]; then $(STACK) clean; fi
 	@if [ -x $(PY) ] && [ -d .stack-lane-b ]; then PCFLOW_STACK_DIR=$(CURDIR)/.stack-lane-b $(STACK) clean; fi
 
@@ -80,6 +81,12 @@ demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded d
 
 rehearsal: stack-up payload-env pcluster  ## run pretrain with the production profile (aws-gpu) on the local stack
 	@set -a && . .stack/env && set +a && $(PY) include/local/rehearsal.py
+
+airflow: stack-up payload-env  ## the Airflow UI on this machine (compose's services, no containers); prints URL and login
+	@$(AIRFLOW_UI) up
+
+airflow-down:  ## stop what `make airflow` started, and nothing else (its database stays)
+	@if [ -x $(PY) ]; then $(AIRFLOW_UI) down; else echo "airflow down (no environment)"; fi
 
 clean: stack-clean  ## remove the environment and all generated state
 	rm -rf $(VENV) .pytest_cache .ruff_cache tests/artifacts

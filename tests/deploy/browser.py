@@ -114,6 +114,11 @@ class Chromium:
         for kind in ("mousePressed", "mouseReleased"):
             self.cdp("Input.dispatchMouseEvent", type=kind, x=centre[0], y=centre[1], button="left", clickCount=1)
 
+    def type_text(self, text: str) -> None:
+        """Text typed into the focused element, as a keyboard does (the UI's inputs are controlled: only
+        input events reach their state, never an assigned `value`)."""
+        self.cdp("Input.insertText", text=text)
+
     def screenshot(self, path: Path) -> None:
         shot = self.cdp("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         path.write_bytes(base64.b64decode(shot["data"]))

@@ -2,7 +2,8 @@
 commands and mounts Docker Compose resolves for its default services (a `.env` filled in as the README
 says), PostgreSQL as metadata DB and Celery result backend, Redis as broker, airflow-init, the
 api-server, scheduler, dag-processor, 2 Celery workers and 2 triggerers, each in its own process, home
-and hostname. One deployment for the module:
+and hostname. The deployment is started as `make airflow` starts it (include/local/airflow_ui.py, with
+its own state directory and 2 of each), and stopped by it. One deployment for the module:
 
 - `pretrain_sweep`, triggered through the REST API (as the UI does) with 4 single-task trials: the 4
   elements of its Slurm job array run at the same time while the train task is deferred (in a
@@ -12,6 +13,8 @@ and hostname. One deployment for the module:
   first night's dataset stage is SIGKILLed mid-load; the stage is retried on the other worker,
   nothing is created twice, and both nights succeed on the shared network and image.
 - the trigger form of `pretrain` in headless Chromium, after logging in as the first user.
+- `make airflow` as a person uses it: the login it prints, a second `up` finding everything up, the
+  form filled in and submitted in Chromium, the run's success, pcflow's page listing it; then `down`.
 - lineage, read from the api-server as the UI's Assets view reads it: each night's partition and model.
 - the pcflow page (pcflow.ui, served by the api-server behind Airflow's login) after those runs: the
   stack and its resources, each run's objective and cost, the sweep's leaderboard; the metrics task's
@@ -26,8 +29,10 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -37,10 +42,11 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from airflow_services import ONE_MACHINE_SETTINGS, Deployment
 
 from deploy.browser import BrowserError, Chromium
-from deploy.compose import Project, fill_env_file
-from deploy.services import Deployment, install_postgres, install_redis
+from deploy.compose import REPO, fill_env_file
+from deploy.services import install_postgres, install_redis
 
 # Module fixtures (the deployment, the sweep, the backfill) start inside the first test that needs them.
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -57,28 +63,69 @@ NIGHTLY_CONF = {"tasks_per_node": 1, "hyperparameters": {"epochs": 1, "lr": 0.00
 RUN_TIMEOUT_S = 720
 
 
+#: Settings the compose file leaves at Airflow's defaults, lowered in this deployment's `.env` (as a user
+#: tunes theirs) so that a failover takes seconds instead of minutes on a 2-core machine:
+FAILOVER_SETTINGS = {
+    # A task whose worker died is failed (then retried) once its heartbeat is this old: the task's
+    # supervisor heartbeats every 5 s ([workers] min_heartbeat_interval); the default waits 300 s.
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+    # A triggerer whose heartbeat (every job_heartbeat_sec, default 5) is older than the threshold
+    # (default 30 s) is dead: another triggerer takes its triggers over.
+    "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+    "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+    # The tests trigger every run themselves (a sweep, a backfill): unpausing the nightly DAG must not
+    # also start last night's run of its own schedule.
+    "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+}
+AIRFLOW_UI = REPO / "include" / "local" / "airflow_ui.py"
+
+
+def airflow_ui(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """`make airflow`'s command (`make airflow-down`'s with `down`), its state in `root`."""
+    env = {**os.environ, "PCFLOW_AIRFLOW_DIR": str(root)}
+    argv = [sys.executable, str(AIRFLOW_UI), *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+
+
 @pytest.fixture(scope="module")
-def airflow(local_stack, image, tmp_path_factory):
-    bindir, redis_server = install_postgres(), install_redis()
-    if bindir is None or redis_server is None:
+def deployment_dir(local_stack, image):
+    """The deployment up, started by `make airflow`'s command: (its state directory, what `up` said).
+    Its `.env` is the user's: README's steps, plus the local stack's connections as a user adds theirs,
+    the emulator's profile offered as .env.example says for it (compose offers aws-gpu alone), and the
+    settings above; `up` keeps a `.env` it finds. 2 workers and 2 triggerers, for the failovers."""
+    if install_postgres() is None or install_redis() is None:
         pytest.skip("PostgreSQL or Redis is not installed and cannot be installed here (needs root + apt-get)")
     root = Path(tempfile.mkdtemp(prefix="pcflow-deploy-"))
-    # The user's .env: README's steps, plus the local stack's connections as a user adds theirs, and the
-    # emulator's profile offered, as .env.example says for it (compose offers aws-gpu alone).
-    env_file = fill_env_file(root / ".env", extra={**local_stack.env, "PCFLOW_OFFERED_PROFILES": "local"})
-    deployment = Deployment(Project.resolve(env_file), root, image, workers=2, triggerers=2)
+    settings = {**local_stack.env, "PCFLOW_OFFERED_PROFILES": "local", **ONE_MACHINE_SETTINGS, **FAILOVER_SETTINGS}
+    fill_env_file(root / ".env", extra=settings)
+    # Its processes run the image's layout (pcflow from the wheel where the Dockerfile installs it, the
+    # image's ENV), not this checkout's plugins/: what ships is what runs (tests/deploy/image.py).
+    (root / "image-env.json").write_text(json.dumps(image.environment()))
     started = time.monotonic()
     try:
-        deployment.start(bindir, redis_server)
-        print(f"deployment up in {time.monotonic() - started:.0f} s: {deployment.timings}")
-        yield deployment
+        image_env = ("--process-env", str(root / "image-env.json"))
+        up = airflow_ui(root, "up", "--workers", "2", "--triggerers", "2", *image_env)
+        assert up.returncode == 0, f"airflow_ui.py up failed:\n{up.stdout[-3000:]}\n{up.stderr[-5000:]}"
+        print(f"deployment up in {time.monotonic() - started:.0f} s")
+        yield root, up
     finally:
-        deployment.stop()
+        airflow_ui(root, "down")
         shutil.rmtree(root, ignore_errors=True)
         # The runs keep the stack's network, image and data by design; this module leaves nothing behind.
         from dagrun import remove_stack
 
         remove_stack("local")
+
+
+@pytest.fixture(scope="module")
+def airflow(deployment_dir) -> Deployment:
+    """The deployment as the tests drive it (REST API, CLI, its processes), logged in as the first user."""
+    deployment = Deployment(deployment_dir[0])
+    deployment.token = deployment.login()
+    return deployment
 
 
 def slurm(env: dict[str, str], *argv: str) -> str:
@@ -645,3 +692,128 @@ def test_the_metrics_task_s_extra_link_opens_the_report_inside_airflow(airflow, 
     assert "default-src 'none'" in policy and "sandbox" in policy and "script-src" not in policy, policy
     assert refused(airflow, href, {}) == 401
     (artifacts_dir / "timing.json").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1)}))
+
+
+# -- `make airflow`: the UI as a person uses it, then `make airflow-down` ---------------------------------
+
+#: The form's field for the run's data partition, and the dialog's button that submits it.
+PARTITION_FIELD = (
+    "document.querySelector('[data-scope=accordion] input#element_partition, input[name=element_partition]')"
+)
+SUBMIT = "[...document.querySelectorAll('[role=dialog] button')].find(b => b.innerText.trim() === 'Trigger')"
+
+
+def printed_login(output: str) -> dict[str, str]:
+    """The URL and the login `make airflow` ends its output with."""
+    found = re.search(
+        r"^Airflow UI: (\S+)\n  username: (\S+)\n  password: (.*?)   \(kept in (\S+), mode 0600\)$", output, re.M
+    )
+    assert found, output
+    return dict(zip(("url", "username", "password", "kept_in"), found.groups(), strict=True))
+
+
+def said(output: str) -> dict[str, str]:
+    """What `up` or `down` said of each service (the lines before its summary)."""
+    lines = output.split("Airflow UI: ", maxsplit=1)[0].splitlines()
+    return dict(line.split(None, 1) for line in lines if line.strip() and not line.startswith("airflow down"))
+
+
+def trigger_from_the_form(airflow: Deployment, partition: str, artifacts_dir: Path) -> None:
+    """Log in, open pretrain's trigger form, type the partition over its field's default and submit."""
+    with Chromium(chromium_or_skip()) as browser:
+        open_trigger_form(browser, airflow)
+        read_section(browser, "Data")
+        browser.click(PARTITION_FIELD)
+        browser.evaluate(f"({PARTITION_FIELD}).select()")  # its text (the DAG's default), as Ctrl+A selects it
+        browser.type_text(partition)
+        browser.wait_for(f"({PARTITION_FIELD}).value === {json.dumps(partition)}", timeout=10)
+        browser.screenshot(artifacts_dir / "pretrain-form-filled.png")
+        browser.click(SUBMIT)
+        browser.wait_for(f"!({SUBMIT})", timeout=30)  # the dialog closes once the run is created
+
+
+def run_with_partition(airflow: Deployment, partition: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = airflow.api("GET", "/dags/pretrain/dagRuns?limit=100")["dag_runs"]
+        mine = [r for r in found if (r.get("conf") or {}).get("partition") == partition]
+        if mine:
+            return mine[0]
+        time.sleep(1)
+    raise AssertionError(f"no pretrain run with partition {partition} after submitting the form")
+
+
+def follow(airflow: Deployment, run_id: str) -> dict:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    run = airflow.api("GET", f"/dags/pretrain/dagRuns/{run_id}")
+    while run["state"] not in ("success", "failed") and time.monotonic() < deadline:
+        time.sleep(3)
+        run = airflow.api("GET", f"/dags/pretrain/dagRuns/{run_id}")
+    return run
+
+
+def test_make_airflow_lets_a_person_trigger_pretrain_from_the_form(airflow, deployment_dir, artifacts_dir):
+    """`make airflow` as a person uses it: it prints the UI's URL and a login kept in a 0600 file; a
+    second `up` finds every service up and prints the same. In Chromium with that login: pretrain's
+    trigger form, its Data partition typed in, Trigger; the run carries that partition, succeeds, and
+    pcflow's page lists it with the outcome and cost its metrics task returned."""
+    from pcflow.metrics.report import fmt
+
+    root, first = deployment_dir
+    login = printed_login(first.stdout)
+    assert (login["url"], login["username"], login["password"]) == (airflow.url, airflow.username, airflow.password)
+    assert Path(login["kept_in"]).stat().st_mode & 0o777 == 0o600
+    again = airflow_ui(root, "up")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert printed_login(again.stdout) == login
+    states = said(again.stdout)
+    assert states.keys() == {"postgres", "redis", *airflow.names()}, states
+    assert all(state.startswith("already up") for state in states.values()), states
+
+    partition = f"ui-{random.randrange(16**8):08x}"
+    wait_for_dag(airflow, "pretrain")
+    trigger_from_the_form(airflow, partition, artifacts_dir)
+    run = follow(airflow, run_with_partition(airflow, partition)["dag_run_id"])
+    states = {t: ti["state"] for t, ti in task_instances(airflow, "pretrain", run["dag_run_id"]).items()}
+    assert run["state"] == "success", states
+    summary = returned(airflow, "pretrain", run["dag_run_id"], "metrics")
+    with Chromium(chromium_or_skip()) as browser:
+        log_in(browser, airflow, "/plugin/pcflow")
+        frame = "document.querySelector('iframe')?.contentDocument"
+        browser.wait_for(f"!!{frame}?.querySelector('.dag[data-dag=pretrain] tr[data-run]')", timeout=120)
+        browser.screenshot(artifacts_dir / "pcflow-page-lists-the-run.png")
+        shown = browser.evaluate(f"{READ_PCFLOW_PAGE}({frame})")
+    rows = {r["run"]: r for r in shown["dags"]["pretrain"]["runs"]}
+    assert run["dag_run_id"] in rows, rows
+    row = rows[run["dag_run_id"]]
+    assert row["outcome"] == summary["outcome"] == "completed", row
+    assert row["cost"] == fmt(summary["cost_usd_estimate"]), (row, summary)
+
+
+def with_pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def test_make_airflow_down_stops_what_it_started(airflow, deployment_dir):
+    """`make airflow-down`: every process `up` started, with all it started in its session, is gone, and
+    the private PostgreSQL is stopped (its data kept); a second `down` finds nothing to stop."""
+    import psutil
+
+    root, _ = deployment_dir
+    pids = airflow.status()
+    assert all(pids.values()), pids
+    postgres = airflow.postgres()
+    assert postgres.running()
+    down = airflow_ui(root, "down")
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert said(down.stdout).keys() == {"postgres", "redis", *airflow.names()}, down.stdout
+    # Gone: exited, at most a zombie for init to reap (their parent, `up`, exited long ago).
+    processes = psutil.process_iter(["pid", "name", "status"])
+    left = [p.info for p in processes if p.info["status"] != psutil.STATUS_ZOMBIE and with_pgid(p.pid) in pids.values()]
+    assert not left, left
+    assert not postgres.running() and (postgres.data / "PG_VERSION").exists()
+    again = airflow_ui(root, "down")
+    assert set(said(again.stdout).values()) == {"not running"}, again.stdout

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from airflow_services import Container
 
 from deploy.compose import AWKWARD_PASSWORD, ComposeRefused, Project, fill_env_file
-from deploy.services import Container
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yaml"

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow_services import Container
 
 from deploy.compose import Project, Service, fill_env_file
 from deploy.image import REPO
-from deploy.services import Container
 
 #: The parse a DAG processor (and a worker, before each task) does: the DAG folder Airflow's settings
 #: name, every file in it imported; what it found, and where pcflow came from.
