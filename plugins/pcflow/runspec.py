@@ -199,6 +199,14 @@ class TrainingSettings(_Section):
         """The job's environment with its secrets read (in the task that needs them, never stored)."""
         return {name: value if isinstance(value, str) else value.resolve(name) for name, value in self.env.items()}
 
+    def secret_references(self) -> dict[str, dict[str, str]]:
+        """The secrets among the environment, by reference (no value: these may go through XCom)."""
+        return {
+            name: value.model_dump(exclude_defaults=True)
+            for name, value in self.env.items()
+            if isinstance(value, SecretReference)
+        }
+
     def allocation(self) -> dict[str, Any]:
         """The Slurm resources, in `SlurmJobOperator(allocation=...)`'s shape."""
         allocation = {

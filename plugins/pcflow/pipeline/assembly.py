@@ -200,6 +200,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         "python": run_value("training.python"),
         "allocation": run_value("training.allocation"),
         "env": RunEnv(),
+        "secret_env": run_value("training.secrets"),  # references: the trigger hides their values in the log
         "head_node": inputs["head_node"],
         "shared_root": inputs["shared_root"],
         "max_restarts": run_value("training.max_restarts"),

@@ -121,6 +121,7 @@ def resolve_for_run(
     document["training"]["allocation"] = spec.training.allocation()
     # XCom is readable by whoever can see the run: the train task resolves the values itself (RunEnv).
     document["training"]["env"] = sorted(spec.training.env)
+    document["training"]["secrets"] = spec.training.secret_references()
     document["dataset"]["partition"] = run_partition(spec, context, dated_partitions)
     document["run_key"] = run_key_from_context(context)
     document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}

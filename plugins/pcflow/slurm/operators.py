@@ -71,6 +71,8 @@ class SlurmJobOperator(BaseOperator):
     :param budget: the first task's cost section (pcflow.budget: prices, nodes, `budget_usd`): the wait
         logs the run's cost so far every `report_every_s` and, when it reaches the budget, cancels the job;
         the task still succeeds, with outcome `budget_exhausted`.
+    :param secret_env: the references (`{name: {"variable": key}}`, pcflow.runspec.SecretReference) of the
+        secrets among `env`: the trigger reads them again so the log lines it streams show `***` instead.
     :param deferrable: wait in the triggerer (default) or in this worker with the same semantics.
     """
 
@@ -88,6 +90,7 @@ class SlurmJobOperator(BaseOperator):
         "early_stopping",
         "payload_dir",
         "budget",
+        "secret_env",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -113,6 +116,7 @@ class SlurmJobOperator(BaseOperator):
         early_stopping: dict[str, Any] | None = None,
         payload_dir: str | None = None,
         budget: dict[str, Any] | None = None,
+        secret_env: dict[str, dict[str, str]] | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -132,6 +136,7 @@ class SlurmJobOperator(BaseOperator):
         self.max_restarts = max_restarts
         self.early_stopping = early_stopping
         self.budget = budget
+        self.secret_env = secret_env
         self.deferrable = deferrable
         self.job_id: str | None = None
         self.run_started: float | None = None
@@ -315,6 +320,7 @@ class SlurmJobOperator(BaseOperator):
             "policy": self.policy_kwargs(),
             "early_stopping": self.early_stopping or None,
             "budget": {**self.budget, "run_started": self.run_started} if self.budget else None,
+            "secret_env": self.secret_env or None,
         }
 
     def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:

@@ -94,6 +94,7 @@ class HeadNodeTrigger(BaseTrigger):
         command_timeout: float = 60.0,
         early_stopping: dict[str, Any] | None = None,
         budget: dict[str, Any] | None = None,
+        secret_env: dict[str, dict[str, str]] | None = None,
     ) -> None:
         super().__init__()
         # ssh_conn_id, remote_host, host_key: how a trigger stored before HeadNode (pcflow 0.1) names it.
@@ -109,6 +110,9 @@ class HeadNodeTrigger(BaseTrigger):
         self.stopped_early: set[str] = set()
         self.budget = budget
         self.budget_spent = False
+        #: The job's secrets by reference (never their values: these kwargs are stored and shown):
+        #: resolved in the triggerer so that the log lines it streams hide them.
+        self.secret_env = secret_env
         #: Slurm answers this wait was given (one squeue answers for every wait on the head node).
         self.queries_sent = 0
 
@@ -127,6 +131,7 @@ class HeadNodeTrigger(BaseTrigger):
             "command_timeout": self.command_timeout,
             "early_stopping": self.early_stopping,
             "budget": self.budget,
+            "secret_env": self.secret_env,
         }
 
     @functools.cached_property
@@ -336,6 +341,22 @@ class HeadNodeTrigger(BaseTrigger):
             await self.close(conn)
 
 
+async def secret_values(references: dict[str, dict[str, str]], log: Any) -> tuple[str, ...]:
+    """The values of the job's secrets, read as the train task read them (an Airflow Variable or
+    Connection: the triggerer asks its supervisor); one that cannot be read is not hidden, and said."""
+    from asgiref.sync import sync_to_async
+
+    from pcflow.runspec import SecretReference
+
+    values = []
+    for name, reference in references.items():
+        try:
+            values.append(await sync_to_async(SecretReference.model_validate(reference).resolve)(name))
+        except Exception as exc:  # the job runs all the same; its log may then show this one
+            log.warning("training.env.%s cannot be read in the triggerer (%s): its log lines do not hide it", name, exc)
+    return tuple(values)
+
+
 class SlurmJobTrigger(HeadNodeTrigger):
     """Fires once, when one job is over for good (requeues included) or the wait gives up."""
 
@@ -351,6 +372,10 @@ class SlurmJobTrigger(HeadNodeTrigger):
 
     def kwargs(self) -> dict[str, Any]:
         return {**super().kwargs(), "log_offset": self.log_offset}
+
+    async def wait(self) -> dict[str, Any]:
+        self.cursor.hidden = await secret_values(self.secret_env or {}, self.log)
+        return await super().wait()
 
     @property
     def log_path(self) -> str:

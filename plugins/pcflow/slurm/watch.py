@@ -326,6 +326,18 @@ class ArrayWatch:
         ]
 
 
+#: Values shorter than this are not hidden (as Airflow's own masker): "1" or "INFO" would blank half a log.
+MIN_HIDDEN_LENGTH = 5
+
+
+def hide(text: str, values: tuple[str, ...]) -> str:
+    """`text` with each of `values` (longest first, so none hides part of another) replaced by `***`."""
+    for value in sorted(values, key=len, reverse=True):
+        if len(value) >= MIN_HIDDEN_LENGTH:
+            text = text.replace(value, "***")
+    return text
+
+
 #: The longest log line kept: a job printing without newlines (progress bars, a runaway print) gets
 #: its line cut here, the rest counted, so memory stays bounded whatever the job writes.
 MAX_LINE_BYTES = 16 * 1024
@@ -339,6 +351,8 @@ class LogCursor:
     offset: int = 0
     tail_size: int = 30
     max_line: int = MAX_LINE_BYTES
+    #: Values no line may show (the job's secrets): replaced by `***` in every line delivered.
+    hidden: tuple[str, ...] = ()
     _partial: bytearray = field(default_factory=bytearray)
     _cut: int = 0
     tail: deque = field(default_factory=deque)
@@ -387,7 +401,7 @@ class LogCursor:
         self._cut += max(0, end - start - room)
 
     def _take_line(self) -> str:
-        line = self._partial.decode(errors="replace")
+        line = hide(self._partial.decode(errors="replace"), self.hidden)
         if self._cut:
             line += f" [... {self._cut} more bytes of this line not shown]"
         self._partial.clear()

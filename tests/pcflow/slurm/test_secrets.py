@@ -135,7 +135,11 @@ def test_secrets_by_reference_are_read_by_the_tasks_never_stored(profile_with_re
     params = {"profile": "local", "partition": "default", "overrides": {}}
     document = resolve_for_run(params, make_context("validate"))
     assert document["training"]["env"] == ["API_TOKEN", "DB_PASSWORD", "MODE"]
-    assert SECRET not in json.dumps(document) and "pcflow_api_token" not in json.dumps(document)
+    assert SECRET not in json.dumps(document)  # the references are, for the trigger to hide the values
+    assert document["training"]["secrets"] == {
+        "API_TOKEN": {"variable": "pcflow_api_token"},
+        "DB_PASSWORD": {"connection": "pcflow_db"},
+    }
     assert run_env(params) == {"API_TOKEN": SECRET, "DB_PASSWORD": SECRET + "-db", "MODE": "x"}
     # A missing one refuses the run in the first task, before anything is created.
     monkeypatch.delenv("AIRFLOW_VAR_PCFLOW_API_TOKEN")
@@ -159,3 +163,25 @@ def test_a_conf_cannot_name_a_secret(offline, admin_profiles):
 def test_a_malformed_reference_is_the_admins_mistake_named(reference):
     with pytest.raises(ValueError, match="env"):
         runspec.TrainingSettings(program=["train.py"], env={"T": reference})
+
+
+@pytest.mark.stack
+def test_a_job_printing_its_secret_shows_stars_in_the_streamed_log(local_stack: LocalStack, monkeypatch, capsys):
+    """The triggerer reads the secret's reference again (never its value: the trigger's kwargs are stored
+    and shown) and hides it in every log line it streams and in the event's tail (one cursor makes both)."""
+    monkeypatch.setenv("AIRFLOW_VAR_PCFLOW_JOB_TOKEN", SECRET)
+    program = ["bash", "-c", 'echo "token is $API_TOKEN, twice: $API_TOKEN"']
+    references = {"API_TOKEN": {"variable": "pcflow_job_token"}}
+    op = SlurmJobOperator(
+        task_id="secret-print", program=program, env={"API_TOKEN": SECRET}, secret_env=references, **FAST
+    )
+    context = make_context("secret-print")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    assert SECRET not in json.dumps(kwargs) and kwargs["secret_env"] == references
+    module, _, name = classpath.rpartition(".")
+    event = first_event(getattr(importlib.import_module(module), name)(**kwargs))
+    assert "token is ***, twice: ***" in event["log_tail"] and SECRET not in json.dumps(event)
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
