@@ -2,8 +2,9 @@
 
 Layout: a public subnet (head node; compute too unless a NAT gateway is asked for), an internet
 gateway, route tables, an S3 gateway endpoint (dataset traffic skips NAT and its per-GB charge), and
-two security groups: `head` (SSH from the configured CIDRs only) and `cluster` (all traffic between
-members). With `nat_gateway=True`, compute gets private subnets routed through a NAT gateway.
+two security groups: `head` (SSH from the configured CIDRs only; a ParallelCluster head node gets it
+beside ParallelCluster's own, see aws/ssh_ingress.py) and `cluster` (all traffic between members).
+With `nat_gateway=True`, compute gets private subnets routed through a NAT gateway.
 
 An existing VPC can be adopted by id: pcflow then only adds its tagged security groups there, and
 the teardown (which deletes by tag) leaves the VPC and its subnets alone.
