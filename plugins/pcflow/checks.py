@@ -49,11 +49,15 @@ def _training_field(loc: tuple) -> str:
 
 
 def check_network(run: dict[str, Any]) -> None:
-    """The network settings as the network task builds them (`NetworkSpec`: CIDRs, SSH ingress, ids)."""
+    """The network settings as the network task builds them (`NetworkSpec`: CIDRs, SSH ingress, ids),
+    and, for a ParallelCluster head node, the SSH sources its config needs (aws/ssh_ingress.py)."""
     from pcflow.aws.network import NetworkSpec
+    from pcflow.aws.ssh_ingress import head_node_allowed_ips
 
     try:
-        NetworkSpec.from_mapping(run["stack"], run["region"], run["network"])
+        spec = NetworkSpec.from_mapping(run["stack"], run["region"], run["network"])
+        if run["cluster"]["provider"] == "parallelcluster":
+            head_node_allowed_ips(spec.ssh_ingress_cidrs)
     except (TypeError, ValueError) as exc:
         raise AirflowFailException(f"network: {exc}") from None
 

@@ -31,6 +31,8 @@ from pcflow.errors import ConfigurationError
 
 DOTTED_PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*$")
 BUILTIN = "builtin:"
+#: Never overridable, whatever a profile lists: who may SSH to the head node (aws/ssh_ingress.py).
+ADMIN_ALONE = ("network.ssh_ingress_cidrs", "network.allow_ssh_from_anywhere")
 S3 = "s3://"
 
 
@@ -87,6 +89,12 @@ def parse_rules(section: Any, profile: str) -> dict[str, Rule]:
     for path, rule in section.items():
         if not isinstance(path, str) or not DOTTED_PATH.fullmatch(path):
             raise ConfRefused(f"profile {profile!r}: overridable: {path!r} is not a dotted setting path")
+        covered = [alone for alone in ADMIN_ALONE if alone == path or alone.startswith(f"{path}.")]
+        if covered:
+            raise ConfRefused(
+                f"profile {profile!r}: overridable: {path!r} covers {', '.join(covered)}, which only the "
+                "deployment admin sets (who may SSH to the head node); list narrower paths"
+            )
         try:
             rules[path] = Rule.model_validate(rule or {})
         except ValidationError as exc:

@@ -15,6 +15,8 @@ import pytest
 from dagrun import remove_stack, run_dag, tagged_resources
 from rehearsal import PROFILE, own_stack
 
+from pcflow.cluster.config import render_config
+from pcflow.cluster.spec import ClusterSpec
 from pcflow.merge import deep_merge
 
 pytestmark = pytest.mark.stack
@@ -48,6 +50,11 @@ def test_dry_run_rejection_stops_the_run_before_any_spend(aws_gpu):
     for spend in ("image", "dataset", "cluster", "train"):
         assert states[spend] in NOT_STARTED, (spend, states[spend])
     assert states["teardown"] == "success"  # the network (a setup) is torn down all the same
+    # The config the dry run judged: SSH from the profile's CIDR (ParallelCluster's group) and through
+    # the network's head group, which carries the same CIDRs.
+    head = render_config(ClusterSpec.parse(result.returned["dry_run_settings"])).document["HeadNode"]
+    assert head["Ssh"]["AllowedIps"] == "127.0.0.1/32"  # aws-gpu-rehearsal.yaml's
+    assert head["Networking"]["AdditionalSecurityGroups"] == [result.returned["network"]["head_security_group_id"]]
     assert tagged_resources("pcflow:run", result.run_key) == []
     stack = result.returned["validate"]["stack"]
     images = boto3.client("ec2").describe_images(Filters=[{"Name": "tag:pcflow:stack", "Values": [stack]}])
@@ -62,6 +69,7 @@ def test_dry_run_rejection_stops_the_run_before_any_spend(aws_gpu):
         ({"cluster": {"config": {"name": "my_cluster!"}}}, "name"),
         ({"cluster": {"config": {"max_count": 1}}, "training": {"nodes": 2}}, "max_count 1 is below"),
         ({"cluster": {"config": {"key_name": "nobody-made-this"}}}, "key_pair: the key pair 'nobody-made-this'"),
+        ({"network": {"ssh_ingress_cidrs": []}}, "network: network.ssh_ingress_cidrs is empty"),  # aws-gpu's
     ],
 )
 def test_bad_cluster_settings_are_refused_by_the_first_task(aws_gpu, settings, complaint, capfd):

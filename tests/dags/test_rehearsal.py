@@ -20,6 +20,7 @@ from typing import Any
 
 import boto3
 import pytest
+import yaml
 from dagprocess import kill_when, manual_run, slurm, spawn
 from dagrun import (
     DagRunResult,
@@ -155,6 +156,10 @@ def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
     assert len(facts["nodes"]) == len(set(facts["nodes"])) == run["training"]["nodes"]
     # The real dry run judged the config (the stand-in hands dry runs to the real CLI).
     assert "CustomAmiTagValidator" in {m["type"] for m in out["validate_cluster"]["validation_messages"]}
+    # SSH to the head node: from the profile's CIDR (ParallelCluster's group) and the network's head group.
+    head = yaml.safe_load(out["validate_cluster"]["config"])["HeadNode"]
+    assert head["Ssh"]["AllowedIps"] == run["network"]["ssh_ingress_cidrs"][0] == "127.0.0.1/32"
+    assert head["Networking"]["AdditionalSecurityGroups"] == [out["network"]["head_security_group_id"]]
     # The cluster's head node is the local one, its host key read from its console output and pinned.
     host_key = " ".join(local_stack.slurm_connection["extra"]["host_key"].split()[:2])
     assert out["cluster"]["head_node"] == {"address": "127.0.0.1", "host_key": host_key}

@@ -57,7 +57,8 @@ run_dir = RunDir.for_job("/fsx", "k", "t")
 for launcher in ("srun", "torchrun", "vissl", "mpirun"):
     spec = JobSpec(program=["t.py"], launcher=launcher)
     assert "#SBATCH" in render_batch_script(spec, run_dir, job_name="k.t", run_key="k")
-cluster = {"name": "pcflow-k", "region": "us-east-1", "key_name": "k", "head_subnet_id": "subnet-0123abcd"}
+cluster = {"name": "pcflow-k", "region": "us-east-1", "key_name": "k", "head_subnet_id": "subnet-0123abcd",
+           "ssh_allowed_ips": "203.0.113.0/24"}
 assert render_config(ClusterSpec.parse(cluster)).document["HeadNode"]
 assert "<html" in render_report({"run_key": "k", "metrics": {}, "cost": {}, "utilisation": {}})
 assert bundled_prices()["as_of"] and sampler_source().startswith(b"#!")

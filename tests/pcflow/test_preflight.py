@@ -50,7 +50,8 @@ def account(local_stack, standin_cli):
     ec2.create_key_pair(KeyName=key_name)
 
     def make(quotas: dict[str, float] = QUOTAS, pcluster: str | None = str(standin_cli), **overrides) -> Account:
-        base = {"cluster": {"config": {"key_name": key_name}}}
+        # aws-gpu ships no SSH sources: the admin's to set (a documentation range here)
+        base = {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}, "cluster": {"config": {"key_name": key_name}}}
         run = resolve_run_spec("aws-gpu", deep_merge(base, overrides)).model_dump(mode="json")
         clients = {"service-quotas": seeded_quotas(quotas)}
         return Account(run, planned_cluster(run), lambda s: clients.get(s) or aws_client(s), pcluster_path=pcluster)

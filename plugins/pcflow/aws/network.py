@@ -2,8 +2,9 @@
 
 Layout: a public subnet (head node; compute too unless a NAT gateway is asked for), an internet
 gateway, route tables, an S3 gateway endpoint (dataset traffic skips NAT and its per-GB charge), and
-two security groups: `head` (SSH from the configured CIDRs only) and `cluster` (all traffic between
-members). With `nat_gateway=True`, compute gets private subnets routed through a NAT gateway.
+two security groups: `head` (SSH from the configured CIDRs only; a ParallelCluster head node gets it
+beside ParallelCluster's own, see aws/ssh_ingress.py) and `cluster` (all traffic between members).
+With `nat_gateway=True`, compute gets private subnets routed through a NAT gateway.
 
 An existing VPC can be adopted by id: pcflow then only adds its tagged security groups there, and
 the teardown (which deletes by tag) leaves the VPC and its subnets alone.
@@ -20,6 +21,7 @@ from typing import Any, ClassVar
 
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.clients import error_code, validate_region, wait_logged
+from pcflow.aws.ssh_ingress import refuse_anywhere
 from pcflow.aws.tags import find_one, refresh_expiry, tag_equals, tag_specifications
 from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, TeardownOperator, teardown
 from pcflow.errors import ResourceConflict
@@ -36,8 +38,6 @@ from pcflow.naming import (
 )
 
 log = logging.getLogger(__name__)
-
-ANYWHERE = ("0.0.0.0/0", "::/0")
 
 
 class NetworkMismatch(ResourceConflict):
@@ -71,12 +71,9 @@ class NetworkSpec:
             if isinstance(value, str):
                 raise ValueError(f"{name} must be a list, not the string {value!r}")
             object.__setattr__(self, name, tuple(value))
-        ssh = [_cidr(c, "ssh_ingress_cidrs") for c in self.ssh_ingress_cidrs]
-        if any(str(c) in ANYWHERE for c in ssh) and not self.allow_ssh_from_anywhere:
-            raise ValueError(
-                "ssh_ingress_cidrs contains 0.0.0.0/0 (SSH open to the internet); give your office/VPN CIDR "
-                "instead, or set allow_ssh_from_anywhere=True if you really mean it"
-            )
+        for cidr in self.ssh_ingress_cidrs:
+            _cidr(cidr, "ssh_ingress_cidrs")
+        refuse_anywhere(self.ssh_ingress_cidrs, self.allow_ssh_from_anywhere, "ssh_ingress_cidrs")
         if self.adopted:
             if not self.public_subnet_id:
                 raise ValueError("adopting vpc_id needs public_subnet_id (the head node's subnet) as well")

@@ -68,6 +68,41 @@ def shape_hash(document: Mapping[str, Any]) -> str:
     return config_hash({**document, "Image": image})
 
 
+def refuse_replaced(spec: ClusterSpec, document: Mapping[str, Any]) -> None:
+    """`extra_config` may add settings, not undo those pcflow renders from the admin's trust settings:
+    the permissions boundary, and who may SSH to the head node (AllowedIps, pcflow's head group)."""
+    boundary = (document.get("Iam") or {}).get("PermissionsBoundary")
+    networking = (document.get("HeadNode") or {}).get("Networking") or {}
+    allowed_ips = ((document.get("HeadNode") or {}).get("Ssh") or {}).get("AllowedIps")
+    groups, extra = networking.get("SecurityGroups"), networking.get("AdditionalSecurityGroups")
+    checks = [
+        (
+            "Iam.PermissionsBoundary",
+            boundary,
+            not spec.permissions_boundary or boundary == spec.permissions_boundary,
+            f"the profile's permissions_boundary {spec.permissions_boundary!r}",
+        ),
+        (
+            "HeadNode.Ssh.AllowedIps",
+            allowed_ips,
+            allowed_ips == spec.ssh_allowed_ips,
+            f"the profile's ssh_allowed_ips {spec.ssh_allowed_ips!r} (network.ssh_ingress_cidrs)",
+        ),
+        ("HeadNode.Networking.SecurityGroups", groups, groups is None, "ParallelCluster's own head security group"),
+        (
+            "HeadNode.Networking.AdditionalSecurityGroups",
+            extra,
+            set(spec.head_security_group_ids) <= set(extra or ()),
+            f"the network's head security group {list(spec.head_security_group_ids)}",
+        ),
+    ]
+    for path, value, kept, what in checks:
+        if not kept:
+            raise ClusterSpecError(
+                f"extra_config: {path} {value!r} replaces {what}; only the deployment admin sets it, in the profile"
+            )
+
+
 def render_config(
     spec: ClusterSpec,
     *,
@@ -90,12 +125,7 @@ def render_config(
     document = yaml.safe_load(body)
     if spec.extra_config:
         document = deep_merge(document, spec.extra_config)
-    boundary = (document.get("Iam") or {}).get("PermissionsBoundary")
-    if spec.permissions_boundary and boundary != spec.permissions_boundary:
-        raise ClusterSpecError(
-            f"extra_config: Iam.PermissionsBoundary {boundary!r} replaces the profile's permissions_boundary "
-            f"{spec.permissions_boundary!r}; only the deployment admin sets it, in the profile"
-        )
+        refuse_replaced(spec, document)
     digest_value, shape = config_hash(document), shape_hash(document)
     all_tags = {**spec.tags, **dict(tags or {}), TAG_CONFIG_HASH: digest_value, TAG_SHAPE_HASH: shape}
     document["Tags"] = [{"Key": k, "Value": v} for k, v in all_tags.items()]

@@ -7,12 +7,14 @@ refused by the validate task, before the network, AMI or dataset stages spend an
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pcflow.aws.clients import error_code, validate_region
+from pcflow.aws.ssh_ingress import refuse_anywhere
 from pcflow.errors import ConfigurationError
 from pcflow.naming import AWS_TAG_VALUE_RE, TAG_PREFIX
 
@@ -120,7 +122,10 @@ class ClusterSpec(BaseModel):
     compute_subnet_ids: tuple[str, ...] = ()
     head_security_group_ids: tuple[str, ...] = ()
     compute_security_group_ids: tuple[str, ...] = ()
+    #: ParallelCluster's `HeadNode.Ssh.AllowedIps` (one IPv4 CIDR or a prefix list id): always rendered,
+    #: since ParallelCluster opens SSH to 0.0.0.0/0 without it (the pipeline fills it from the network).
     ssh_allowed_ips: str | None = None
+    allow_ssh_from_anywhere: bool = False
     queue_name: str = "gpu"
     compute_resource_name: str = "gpu"
     instance_type: str = "g5.xlarge"
@@ -170,6 +175,19 @@ class ClusterSpec(BaseModel):
             raise ValueError(f"must be a list, not the string {value!r}")
         return value
 
+    @field_validator("ssh_allowed_ips")
+    @classmethod
+    def _allowed_ips(cls, value: str | None) -> str | None:
+        if value is None or re.fullmatch(r"pl-[0-9a-f]{8,17}", value):
+            return value
+        try:
+            network = ipaddress.ip_network(value, strict=True)
+        except ValueError:
+            network = None
+        if network is None or network.version != 4:
+            raise ValueError(f"{value!r} is neither an IPv4 CIDR nor a prefix list id (pl-...), all AllowedIps takes")
+        return value
+
     @field_validator("s3_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
@@ -206,6 +224,18 @@ class ClusterSpec(BaseModel):
         for sid in self.compute_subnet_ids:
             if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", sid):
                 raise ValueError(f"compute_subnet_ids: {sid!r} is not a subnet id")
+        return self
+
+    @model_validator(mode="after")
+    def _ssh_source(self) -> ClusterSpec:
+        """Never ParallelCluster's default AllowedIps (0.0.0.0/0); the internet only when asked for."""
+        if self.ssh_allowed_ips is None:
+            raise ValueError(
+                "ssh_allowed_ips is not set: ParallelCluster would open the head node's SSH port to 0.0.0.0/0; "
+                "give the CIDR the Airflow workers connect from (the pipeline takes it from network.ssh_ingress_cidrs)"
+            )
+        if not self.ssh_allowed_ips.startswith("pl-"):
+            refuse_anywhere([self.ssh_allowed_ips], self.allow_ssh_from_anywhere, "ssh_allowed_ips")
         return self
 
     @property

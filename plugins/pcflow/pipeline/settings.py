@@ -23,6 +23,8 @@ RUN_VALUE_PATHS: set[str] = set()
 #: Stands for the subnets the network task will make, in the checks the first task runs on the
 #: ParallelCluster settings (ParallelCluster itself resolves subnets, so its dry run waits for them).
 PLANNED_SUBNET = "subnet-00000000"
+#: The same for the head security group the network task will make.
+PLANNED_SECURITY_GROUP = "sg-00000000"
 
 
 def run_value(path: str) -> Returned:
@@ -178,15 +180,35 @@ def early_stopping_rule(metrics: Any) -> dict[str, Any] | None:
     return {"objective": objective, "patience": stopping.patience, "min_delta": stopping.min_delta}
 
 
+#: What the network section decides for the cluster: never set in `cluster.config`.
+FROM_NETWORK = ("ssh_allowed_ips", "allow_ssh_from_anywhere", "head_security_group_ids")
+
+
 def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id: str | None) -> dict[str, Any]:
-    """The provider's settings: the profile's, plus the network's subnets and the image to boot."""
+    """The provider's settings: the profile's, plus the network's subnets and head security group, who
+    may SSH to the head node (`network.ssh_ingress_cidrs`, aws/ssh_ingress.py) and the image to boot."""
     settings = dict(run["cluster"]["config"])
     if run["cluster"]["provider"] != "parallelcluster":
         return settings
+    from pcflow.aws.ssh_ingress import head_node_allowed_ips
+    from pcflow.cluster.spec import ClusterSpecError
     from pcflow.naming import resource_name
 
+    owned = sorted(set(FROM_NETWORK) & set(settings))
+    if owned:
+        raise ClusterSpecError(
+            f"{', '.join(owned)}: set from the network section (network.ssh_ingress_cidrs, "
+            "network.allow_ssh_from_anywhere), not in cluster.config"
+        )
+    try:
+        allowed_ips = head_node_allowed_ips(run["network"].get("ssh_ingress_cidrs") or ())
+    except ValueError as exc:
+        raise ClusterSpecError(str(exc)) from None
     training = run["training"]
     return {
+        "ssh_allowed_ips": allowed_ips,
+        "allow_ssh_from_anywhere": bool(run["network"].get("allow_ssh_from_anywhere")),
+        "head_security_group_ids": [network["head_security_group_id"]],
         "name": resource_name(run["stack"], "cluster", max_len=40),
         "region": run["region"],
         "custom_ami": image_id,

@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.pipeline.form import FORM_FIELDS, OTHER_FIELDS
 from pcflow.pipeline.settings import (
+    PLANNED_SECURITY_GROUP,
     PLANNED_SUBNET,
     VALIDATE_TASK,
     resolve_for_run,
@@ -46,7 +47,11 @@ def planned_cluster(run: dict[str, Any]) -> Any:
         return None
     from pcflow.cluster.spec import ClusterSpec
 
-    planned = {"head_subnet_id": PLANNED_SUBNET, "compute_subnet_ids": [PLANNED_SUBNET]}
+    planned = {
+        "head_subnet_id": PLANNED_SUBNET,
+        "compute_subnet_ids": [PLANNED_SUBNET],
+        "head_security_group_id": PLANNED_SECURITY_GROUP,
+    }
     return ClusterSpec.parse(settings_for_cluster(run, planned, run["ami"]["base_image_id"]))
 
 

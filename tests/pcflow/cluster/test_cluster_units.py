@@ -11,7 +11,13 @@ from pcflow.cluster.parallelcluster import default_cluster_name, host_key_from_c
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.cluster.static import ClusterUnhealthy, check_health, gpus_in_gres, parse_sinfo
 
-BASE = {"name": "pcflow-unit", "region": "us-east-1", "key_name": "k", "head_subnet_id": "subnet-0123abcd"}
+BASE = {
+    "name": "pcflow-unit",
+    "region": "us-east-1",
+    "key_name": "k",
+    "head_subnet_id": "subnet-0123abcd",
+    "ssh_allowed_ips": "203.0.113.0/24",
+}
 
 
 @pytest.mark.parametrize(
@@ -31,6 +37,12 @@ BASE = {"name": "pcflow-unit", "region": "us-east-1", "key_name": "k", "head_sub
         ({"compute_subnet_ids": "subnet-0123abcd"}, "must be a list"),
         ({"region": "us-eats-1"}, "unknown AWS region"),
         ({"custom_ami": "ami-XYZ"}, "custom_ami"),
+        # ParallelCluster's default AllowedIps is 0.0.0.0/0: never left to it (aws/ssh_ingress.py)
+        ({"ssh_allowed_ips": None}, "ssh_allowed_ips is not set: ParallelCluster would open"),
+        ({"ssh_allowed_ips": "0.0.0.0/0"}, "set allow_ssh_from_anywhere=True if you really mean it"),
+        ({"ssh_allowed_ips": "2001:db8::/32"}, "neither an IPv4 CIDR nor a prefix list id"),
+        ({"ssh_allowed_ips": "203.0.113.7/24"}, "neither an IPv4 CIDR"),
+        ({"ssh_allowed_ips": "203.0.113.0/24\nKeyName: x"}, "neither an IPv4 CIDR"),
     ],
 )
 def test_bad_spec_is_refused_with_a_clear_message(overrides, message):

@@ -37,6 +37,9 @@ def test_rendered_templates_pass_the_real_dry_run(pcluster_cli, site, fsx):
     assert not [m for m in result["validation_messages"] if m["level"] == "ERROR"]
     assert yaml.safe_load(result["config"])["Image"]["CustomAmi"] == site.ami_id
     assert yaml.safe_load(result["config"])["Iam"] == {"PermissionsBoundary": BOUNDARY}
+    head = yaml.safe_load(result["config"])["HeadNode"]  # SSH: the profile's CIDR and pcflow's head group
+    assert head["Ssh"]["AllowedIps"] == spec["ssh_allowed_ips"] == "203.0.113.0/24"
+    assert head["Networking"]["AdditionalSecurityGroups"] == [site.security_group_id]
     stacks = clients("cloudformation").list_stacks()["StackSummaries"]
     assert all(s["StackName"] != result["cluster_name"] for s in stacks)  # nothing was created
 

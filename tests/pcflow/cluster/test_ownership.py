@@ -31,6 +31,7 @@ OFFLINE_SPEC = {
     "region": "us-east-1",
     "key_name": "pcflow",
     "head_subnet_id": "subnet-0123456789abcdef0",
+    "ssh_allowed_ips": "203.0.113.0/24",
 }
 
 

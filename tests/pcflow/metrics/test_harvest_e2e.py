@@ -331,6 +331,7 @@ def test_gpu_use_reaches_harvest_report_and_cloudwatch_standin_nvidia_smi(  # no
         "region": "us-east-1",
         "key_name": "k",
         "head_subnet_id": "subnet-0123abcd",
+        "ssh_allowed_ips": "203.0.113.0/24",
         "head_node_instance_type": "c5.2xlarge",
         "s3_bucket": bucket,
         "fsx": {"deployment_type": "PERSISTENT_2", "storage_capacity_gib": 2400, "per_unit_storage_throughput": 250},
