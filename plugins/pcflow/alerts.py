@@ -291,7 +291,7 @@ class FailureAlert(BaseNotifier):
             return
         kind = failure_kind(context.get("task"), context.get("exception"))
         if not should_alert(settings, kind, unattended=runs_unattended(context.get("dag"))):
-            log.info("no alert: a %s failure of a DAG a person started (profile %s: alerts.on_*)", kind, profile)
+            log.info("no alert: profile %s does not ask for one on a %s failure here (alerts.on_*)", profile, kind)
             return
         failure = self.failure(context, profile, kind)
         try:
