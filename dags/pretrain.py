@@ -5,6 +5,9 @@ it ends, also when training fails; the run then still ends failed. What it keeps
 checkpoint in S3 (`s3://<bucket>/runs/<run key>/model/`), the stack's image (reused by later runs of
 the same recipe; it expires `teardown.keep_hours` after the last run that used it) and the data
 bucket. A static cluster is the site's and is never deleted. The stages: plugins/pcflow/pipeline/.
+A failed cleanup (`delete_cluster`, `teardown`) is reported to the profile's `alerts.sns_topic_arn`
+(pcflow/alerts.py): what it left keeps billing. A failed run only where `alerts.on_run_failure` is `all`:
+the person who started it sees how it ended.
 """
 
 from airflow.sdk import DAG

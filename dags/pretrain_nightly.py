@@ -8,7 +8,8 @@ One run at a time, so a backfill (`airflow backfill create --dag-id pretrain_nig
 --to-date ... --dag-run-conf '{...}' --max-active-runs 1`: a backfill has its own limit, not the DAG's)
 retrains past partitions one after another on the same cluster.
 Each run writes under its own run key, so two runs never write the same place.
-A stage that fails for good is reported to the profile's `alerts.sns_topic_arn` (pcflow/alerts.py).
+A stage that fails for good is reported to the profile's `alerts.sns_topic_arn` (pcflow/alerts.py): the
+nightly is on a schedule, so nobody watches it (`alerts.on_run_failure: unattended`, the default).
 When it runs is the default profile's `nightly` section: at 02:00 UTC (`schedule: clock`, `cron`), or when
 a partition of the stack's dataset gets new content (`schedule: data`: an event of its dataset Asset),
 training on that partition (pcflow/lineage.py).
@@ -16,7 +17,6 @@ training on that partition (pcflow/lineage.py).
 
 from airflow.sdk import DAG
 
-from pcflow.alerts import with_failure_alerts
 from pcflow.lineage import nightly_schedule
 from pcflow.pipeline import TRAINING_DAG_ARGS, build_training_pipeline, training_params
 
@@ -25,7 +25,7 @@ with DAG(
     schedule=nightly_schedule(),  # the default profile's `nightly` section: a cron, or new data
     catchup=False,
     params=training_params(),
-    **with_failure_alerts(TRAINING_DAG_ARGS),  # a failed stage is published to the profile's alerts topic
+    **TRAINING_DAG_ARGS,  # a failed stage is published to the profile's alerts topic (pcflow.alerts)
     max_active_runs=1,
     tags=["pcflow", "training", "nightly"],
     doc_md=__doc__,

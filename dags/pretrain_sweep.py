@@ -1,6 +1,7 @@
 """A hyperparameter sweep: every trial in `trials` (crossed with every point of `grid`) runs as one
 element of a Slurm job array on one shared cluster; at least half must succeed. Each trial's
 hyperparameters are laid over the profile's; the leaderboard returns the best trial's.
+Its failed cleanups alert, and its failed runs only where the profile asks, as `pretrain`'s do.
 """
 
 from airflow.sdk import DAG

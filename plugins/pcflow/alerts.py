@@ -1,5 +1,12 @@
-"""Failure alerts: when a task of the nightly or the janitor fails for good, tell a person through the
-Amazon provider's SNS notifier which stage failed, why, and what is still there.
+"""Failure alerts: when a task fails for good, tell a person through the Amazon provider's SNS notifier
+which stage failed, why, and what is still there.
+
+Which failures alert (`should_alert`): a cleanup's (delete_cluster, teardown, the janitor's reap) in every
+DAG, since what it did not delete keeps billing and nobody else would know, also in `pretrain` and
+`pretrain_sweep`, whose run failures a person who started them sees; a run's as the profile's
+`alerts.on_run_failure` asks (by default only the DAGs on a schedule, which nobody watches); a cost
+approval nobody answered in time where `alerts.on_approval_timeout` asks. Each failed task sends at most
+one message: the notifier is each task's callback only, never also the DAG's.
 
 The topic is the deployment admin's (`alerts.sns_topic_arn` of the run's profile when the deployment offers
 it, else of the deployment's default profile, as for the janitor), read from the profile itself when the
@@ -42,6 +49,11 @@ LOOKUP_SERVICES = ("ec2", "fsx", "cloudformation", "s3", "cloudwatch")
 NETWORK_PARTS = frozenset({"subnet", "security-group", "internet-gateway", "route-table", "network-interface"})
 #: SNS refuses a subject longer than this, or one with line breaks or non-ASCII characters.
 MAX_SUBJECT_CHARS = 100
+#: The longest line of the teardown's report a message carries (an AWS error's text).
+MAX_LINE_CHARS = 300
+#: What failed (`failure_kind`), and how its subject says so.
+CLEANUP, APPROVAL, RUN = "cleanup", "approval", "run"
+FAILED = {CLEANUP: "cleanup failed", APPROVAL: "approval not answered", RUN: "failed"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,9 @@ class Failure:
     region: str | None = None
     try_number: int | None = None
     log_url: str | None = None
+    kind: str = RUN
+    #: The cleanup's own report of what it could not delete (`not_deleted`).
+    not_deleted: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -85,26 +100,73 @@ def alerting_profile(params: Mapping[str, Any]) -> str | None:
     return named if named in offered else default_profile()
 
 
-def topic_for(profile: str | None) -> str | None:
-    """The profile's `alerts.sns_topic_arn`, checked as the run settings check it; None: no alerts."""
+def alert_settings(profile: str | None) -> Any:
+    """The profile's `alerts` section (`AlertsSettings`), checked as the run settings check it."""
     from pcflow.runspec import AlertsSettings, load_profile
 
-    if not profile:
-        return None
-    return AlertsSettings.model_validate(load_profile(profile).get("alerts") or {}).sns_topic_arn
+    return AlertsSettings.model_validate((load_profile(profile).get("alerts") or {}) if profile else {})
+
+
+def topic_for(profile: str | None) -> str | None:
+    """The profile's `alerts.sns_topic_arn`; None: no alerts."""
+    return alert_settings(profile).sns_topic_arn
+
+
+def failure_kind(task: Any, error: BaseException | str | None) -> str:
+    """CLEANUP for a task that deletes what runs leave (an Airflow teardown task, delete_cluster and
+    teardown, or any TeardownOperator, the janitor's reap), APPROVAL for a cost approval nobody answered
+    within its timeout, RUN for any other."""
+    from airflow.providers.standard.exceptions import HITLTimeoutError
+
+    from pcflow.aws.teardown import TeardownOperator
+
+    if getattr(task, "is_teardown", False) is True or isinstance(task, TeardownOperator):
+        return CLEANUP
+    return APPROVAL if isinstance(error, HITLTimeoutError) else RUN
+
+
+def runs_unattended(dag: Any) -> bool:
+    """A DAG on a schedule (a cron, an asset: the nightly, the janitor) runs with nobody watching; one
+    without (pretrain, pretrain_sweep) was started by a person, who sees how it ends."""
+    timetable = getattr(dag, "timetable", None)
+    return bool(timetable is not None and timetable.can_be_scheduled)
+
+
+def should_alert(settings: Any, kind: str, *, unattended: bool) -> bool:
+    """Whether a failure of this kind alerts under the profile's `alerts` section (a topic set)."""
+    if kind == CLEANUP or (kind == APPROVAL and settings.on_approval_timeout):
+        return True
+    return settings.on_run_failure == "all" or (settings.on_run_failure == "unattended" and unattended)
+
+
+def not_deleted(error: BaseException | str | None) -> list[str]:
+    """What a teardown that failed with its report (`TeardownIncomplete`) left, one line a resource with
+    AWS's answer, redacted and bounded; [] for any other error."""
+    from pcflow.aws.teardown import TeardownReport
+
+    report = getattr(error, "report", None)
+    if not isinstance(report, TeardownReport):
+        return []
+    lines = [f"{r.describe()}: {report.errors.get(r.key, 'still listed')}" for r in report.remaining]
+    lines += [f"{r.describe()}: kept with what it belongs to ({'; '.join(report.hold_reasons)})" for r in report.held]
+    return [redacted(line, MAX_LINE_CHARS, " ...") for line in lines]
+
+
+def redacted(text: str, limit: int, cut: str) -> str:
+    """`text` without known secrets (Airflow's masker), cut to `limit` characters and then `cut`."""
+    from airflow.sdk.log import redact
+
+    text = str(redact(text)).strip()
+    return text if len(text) <= limit else text[:limit].rstrip() + cut
 
 
 def failure_reason(error: BaseException | str | None) -> str:
     """`Type: message`, without known secrets (Airflow's masker) and at most MAX_REASON_CHARS long."""
-    from airflow.sdk.log import redact
-
     if error is None:
         return "no exception reached the task's failure handler (its process was lost or killed): see its log"
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    text = str(redact(text)).strip()
-    if len(text) > MAX_REASON_CHARS:
-        text = text[:MAX_REASON_CHARS].rstrip() + f" ... ({len(text) - MAX_REASON_CHARS} more characters in the log)"
-    return text
+    more = len(text) - MAX_REASON_CHARS
+    return redacted(text, MAX_REASON_CHARS, f" ... ({more} more characters in the log)")
 
 
 def list_left_running(clients: Callable[[str], Any], stack: str | None, region: str | None) -> LeftRunning:
@@ -145,7 +207,7 @@ def left_running(clients: Callable[[str], Any], stack: str | None, region: str |
 def alert_subject(failure: Failure) -> str:
     """One line of printable ASCII, as SNS requires of a subject."""
     where = f" (stack {failure.stack})" if failure.stack else ""
-    subject = f"pcflow: {failure.dag_id} failed at {failure.task_id}{where}"
+    subject = f"pcflow: {failure.dag_id} {FAILED[failure.kind]} at {failure.task_id}{where}"
     return re.sub(r"[^\x20-\x7e]", "?", subject)[:MAX_SUBJECT_CHARS]
 
 
@@ -181,14 +243,25 @@ def left_running_text(failure: Failure, left: LeftRunning) -> list[str]:
     ]
 
 
+def not_deleted_text(failure: Failure) -> list[str]:
+    if not failure.not_deleted:
+        return []
+    body = [f"  {line}" for line in failure.not_deleted[:MAX_LISTED]]
+    if len(failure.not_deleted) > MAX_LISTED:
+        body.append(f"  ... and {len(failure.not_deleted) - MAX_LISTED} more (the task's log has them all)")
+    return ["Not deleted (the teardown's report):", *body, ""]
+
+
 def alert_message(failure: Failure, left: LeftRunning) -> str:
-    """The text a person reads: the stage, why, the run, and what is still there."""
+    """The text a person reads: the stage, why, the run, what the cleanup left, and what is still there."""
     attempt = f" (try {failure.try_number})" if failure.try_number else ""
+    cleanup = " It is a cleanup: what it deletes may still be there, and billing." if failure.kind == CLEANUP else ""
     lines = [
-        f"pcflow: {failure.dag_id} failed at stage {failure.task_id}{attempt}.",
+        f"pcflow: {failure.dag_id} failed at stage {failure.task_id}{attempt}.{cleanup}",
         "",
         f"Why: {failure.reason}",
         "",
+        *not_deleted_text(failure),
         f"Run: {failure.run_id} (run key {failure.run_key}" + (f", stack {failure.stack})" if failure.stack else ")"),
     ]
     if failure.log_url:
@@ -198,8 +271,9 @@ def alert_message(failure: Failure, left: LeftRunning) -> str:
 
 class FailureAlert(BaseNotifier):
     """A task's `on_failure_callback`: publishes `alert_message` to the profile's SNS topic with the
-    provider's `SnsNotifier`. `every_stack`: what is still there is every pcflow stack's (the janitor,
-    which has no profile of its own: the deployment's default profile names its topic)."""
+    provider's `SnsNotifier`, for the failures `should_alert` picks. `every_stack`: what is still there
+    is every pcflow stack's (the janitor, which has no profile of its own: the deployment's default
+    profile names its topic)."""
 
     def __init__(self, *, every_stack: bool = False, aws_conn_id: str | None = "aws_default"):
         super().__init__()
@@ -210,18 +284,23 @@ class FailureAlert(BaseNotifier):
         from airflow.providers.amazon.aws.notifications.sns import SnsNotifier
 
         profile = alerting_profile(context.get("params") or {})
-        topic = topic_for(profile)
+        settings = alert_settings(profile)
+        topic = settings.sns_topic_arn
         if topic is None:
             log.info("no alert: profile %s sets no alerts.sns_topic_arn", profile)
             return
-        failure = self.failure(context, profile)
+        kind = failure_kind(context.get("task"), context.get("exception"))
+        if not should_alert(settings, kind, unattended=runs_unattended(context.get("dag"))):
+            log.info("no alert: profile %s does not ask for one on a %s failure here (alerts.on_*)", profile, kind)
+            return
+        failure = self.failure(context, profile, kind)
         try:
             clients = self.lookup_clients(failure.region)
         except Exception as exc:  # no listing, still an alert
             left = LeftRunning(error=f"not listed: {failure_reason(exc)}")
         else:
             left = left_running(clients, failure.stack, failure.region)
-        attributes = {"dag_id": failure.dag_id, "task_id": failure.task_id, "stack": failure.stack or "*"}
+        attributes = {"dag_id": failure.dag_id, "task_id": failure.task_id, "stack": failure.stack or "*", "kind": kind}
         SnsNotifier(
             aws_conn_id=self.aws_conn_id,
             target_arn=topic,
@@ -232,27 +311,32 @@ class FailureAlert(BaseNotifier):
         ).notify(context)
         log.info("alert published to %s", topic)
 
-    def failure(self, context: Any, profile: str) -> Failure:
+    def failure(self, context: Any, profile: str, kind: str = RUN) -> Failure:
         """The facts of the failure: the validated run settings where the first task returned them,
-        else the profile's (the first task itself failed)."""
+        else the profile's (the first task itself failed); a teardown's report of what it left."""
         from pcflow.naming import run_key
-        from pcflow.pipeline import VALIDATE_TASK
+        from pcflow.pipeline.settings import VALIDATE_TASK
         from pcflow.runspec import load_profile
 
         ti = context["ti"]
         run = None if self.every_stack else ti.xcom_pull(task_ids=VALIDATE_TASK)
         run = run or ({} if self.every_stack else load_profile(profile))
         index = getattr(ti, "map_index", -1)
+        error = context.get("exception")
+        left = not_deleted(error)  # listed in a section of its own: the reason only counts it
+        counted = f"{type(error).__name__}: {len(left)} resource(s) not deleted, listed below"
         return Failure(
             dag_id=ti.dag_id,
             run_id=ti.run_id,
             task_id=ti.task_id + (f"[{index}]" if index is not None and index >= 0 else ""),
-            reason=failure_reason(context.get("exception")),
+            reason=failure_reason(counted if left else error),
             run_key=run.get("run_key") or run_key(ti.dag_id, ti.run_id),
             stack=None if self.every_stack else run.get("stack"),
             region=run.get("region"),
             try_number=getattr(ti, "try_number", None),
             log_url=getattr(ti, "log_url", None),
+            kind=kind,
+            not_deleted=left,
         )
 
     def lookup_clients(self, region: str | None) -> Callable[[str], Any]:

@@ -337,14 +337,28 @@ class BudgetSettings(_Section):
         return self
 
 
+#: Which failed runs alert besides cleanups (pcflow.alerts.should_alert).
+RUN_FAILURE_ALERTS = ("unattended", "all", "none")
+RUN_FAILURE_CHOICES = (
+    "unattended: the DAGs on a schedule (pretrain_nightly, janitor), which nobody watches; all: also those a "
+    "person starts (pretrain, pretrain_sweep); none: only cleanups"
+)
+
+
 class AlertsSettings(_Section):
-    """Where a failed nightly or janitor run is reported (pcflow.alerts): the deployment admin's SNS topic,
-    read from the profile itself when the alert is sent, never from a run's conf."""
+    """Where, and for which failures, pcflow tells a person (pcflow.alerts): the deployment admin's SNS
+    topic and choices, read from the profile itself when the alert is sent, never from a run's conf. A
+    failed cleanup (delete_cluster, teardown, the janitor's reap) always alerts: it may leave resources
+    billing."""
 
     sns_topic_arn: str | None = Field(
         None,
         pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$",
         description="the (standard, not FIFO) topic failures are published to; empty: no alerts",
+    )
+    on_run_failure: Literal[RUN_FAILURE_ALERTS] = Field("unattended", description=RUN_FAILURE_CHOICES)
+    on_approval_timeout: bool = Field(
+        False, description="a cost approval nobody answered within budget.approval_timeout_hours alerts, in every DAG"
     )
 
 

@@ -5,7 +5,9 @@ About a second."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -186,3 +188,125 @@ def test_a_run_refused_for_its_profile_alerts_the_default_s_topic(monkeypatch, n
     assert alerting_profile({"profile": "local"}) == "local"
     monkeypatch.setenv("PCFLOW_OFFERED_PROFILES", "aws-gpu,nowhere")  # a wrong setting: the default still alerts
     assert alerting_profile({"profile": "local"}) == "aws-gpu"
+
+
+@pytest.mark.parametrize(
+    ("on_run_failure", "kind", "unattended", "alerts_it"),
+    [
+        ("unattended", alerts.CLEANUP, False, True),  # pretrain's teardown: what it left keeps billing
+        ("none", alerts.CLEANUP, False, True),  # a cleanup alerts whatever the profile says
+        ("unattended", alerts.RUN, True, True),  # the nightly, the janitor
+        ("unattended", alerts.RUN, False, False),  # pretrain: the person who started it sees it
+        ("all", alerts.RUN, False, True),
+        ("none", alerts.RUN, True, False),
+        ("unattended", alerts.APPROVAL, False, False),  # on_approval_timeout off
+    ],
+)
+def test_which_failures_alert(on_run_failure, kind, unattended, alerts_it):
+    settings = AlertsSettings(sns_topic_arn=TOPIC, on_run_failure=on_run_failure)
+    assert alerts.should_alert(settings, kind, unattended=unattended) is alerts_it
+
+
+def test_an_unanswered_approval_alerts_where_the_profile_asks():
+    from airflow.providers.standard.exceptions import HITLTimeoutError
+
+    kind = alerts.failure_kind(None, HITLTimeoutError({"error_type": "timeout"}))
+    assert kind == alerts.APPROVAL
+    asks = AlertsSettings(sns_topic_arn=TOPIC, on_run_failure="none", on_approval_timeout=True)
+    assert alerts.should_alert(asks, kind, unattended=False)
+    late = alerts.Failure("pretrain", "manual__x", "approve_cost", "HITLTimeoutError: x", "k", "research", kind=kind)
+    assert alert_subject(late) == "pcflow: pretrain approval not answered at approve_cost (stack research)"
+
+
+def test_a_cleanup_is_a_teardown_task_or_a_teardown_operator_and_a_dag_on_a_schedule_is_unattended():
+    from airflow.sdk import DAG, Asset
+    from airflow.sdk.bases.operator import BaseOperator
+
+    from pcflow.aws.janitor import JanitorOperator
+
+    with DAG("kinds", schedule=None) as manual:
+        setup, work, cleanup = BaseOperator(task_id="s"), BaseOperator(task_id="w"), BaseOperator(task_id="c")
+        setup >> work >> cleanup.as_teardown(setups=setup)
+    kinds = [alerts.failure_kind(task, RuntimeError("x")) for task in (setup, work, cleanup)]
+    assert kinds == [alerts.RUN, alerts.RUN, alerts.CLEANUP]
+    assert alerts.failure_kind(JanitorOperator(task_id="reap"), RuntimeError("x")) == alerts.CLEANUP
+    assert not alerts.runs_unattended(manual) and not alerts.runs_unattended(None)
+    assert alerts.runs_unattended(DAG("hourly", schedule="@hourly"))
+    assert alerts.runs_unattended(DAG("on_data", schedule=[Asset("pcflow-dataset-x")]))
+
+
+def incomplete(*remaining: Resource, held: tuple[Resource, ...] = (), errors=None):
+    from pcflow.aws.teardown import TeardownIncomplete, TeardownReport
+
+    report = TeardownReport(dry_run=False, remaining=list(remaining), errors=errors or {}, held=list(held))
+    report.hold_reasons = ["fs-1: its export to S3 failed"] if held else []
+    return TeardownIncomplete(report)
+
+
+def test_a_failed_teardown_names_what_it_left_without_secrets_and_bounded():
+    from airflow.sdk.log import mask_secret
+
+    mask_secret("sekrit-session-token-42")
+    vpc, sg = Resource("vpc", "vpc-1", TAGS, "available"), Resource("security-group", "sg-1", TAGS)
+    errors = {vpc.key: "DependencyViolation: in use", sg.key: "AuthFailure: token sekrit-session-token-42 " + "x" * 500}
+    lines = alerts.not_deleted(incomplete(vpc, sg, held=(Resource("fsx", "fs-1", TAGS),), errors=errors))
+    assert lines[0] == "vpc vpc-1 (available): DependencyViolation: in use"
+    assert lines[1].startswith("security-group sg-1: AuthFailure: token *** xxx") and lines[1].endswith(" ...")
+    assert len(lines[1]) <= alerts.MAX_LINE_CHARS + 4
+    assert lines[2] == "fsx fs-1: kept with what it belongs to (fs-1: its export to S3 failed)"
+    assert alerts.not_deleted(RuntimeError("no report")) == [] and alerts.not_deleted(None) == []
+
+    many = alerts.not_deleted(incomplete(*(Resource("image", f"ami-{i}", TAGS) for i in range(MAX_LISTED + 3))))
+    left = alerts.Failure("pretrain", "r", "teardown", "TeardownIncomplete: 15", "k", "research", kind=alerts.CLEANUP)
+    message = alert_message(dataclasses.replace(left, not_deleted=many), LeftRunning())
+    assert "It is a cleanup: what it deletes may still be there, and billing." in message
+    assert message.count("  image ami-") == MAX_LISTED and "... and 3 more (the task's log has them all)" in message
+    assert alert_subject(left) == "pcflow: pretrain cleanup failed at teardown (stack research)"
+
+
+class Published:
+    """The provider's notifier, recording what it was asked to publish instead of publishing."""
+
+    sent: ClassVar[list[dict]] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+    def notify(self, context):
+        Published.sent.append(self.kwargs)
+
+
+@pytest.mark.parametrize(("on_run_failure", "sent"), [("unattended", 0), ("all", 1)])
+def test_a_failed_run_a_person_started_alerts_only_where_the_profile_asks(
+    admin_profiles, monkeypatch, on_run_failure, sent
+):
+    from airflow.sdk import DAG
+    from airflow.sdk.bases.operator import BaseOperator
+
+    monkeypatch.setattr("airflow.providers.amazon.aws.notifications.sns.SnsNotifier", Published)
+    monkeypatch.setattr(Published, "sent", [])
+    monkeypatch.setattr(alerts, "left_running", lambda *args: LeftRunning())
+    monkeypatch.setattr(FailureAlert, "lookup_clients", lambda self, region: None)
+    profile = admin_profiles.make("local", {"alerts": {"sns_topic_arn": TOPIC, "on_run_failure": on_run_failure}})
+    with DAG("pretrain", schedule=None) as dag:
+        task = BaseOperator(task_id="train")
+
+    class TI:
+        dag_id, run_id, task_id, map_index, try_number = "pretrain", "manual__x", "train", -1, 1
+
+        def xcom_pull(self, task_ids):
+            return None
+
+    context = {"params": {"profile": profile}, "dag": dag, "task": task, "ti": TI(), "exception": RuntimeError("x")}
+    FailureAlert().notify(context)
+    assert len(Published.sent) == sent
+    if sent:
+        assert Published.sent[0]["message_attributes"]["kind"] == "run"
+
+
+def test_which_failures_alert_is_the_admin_s():
+    for setting in ({"on_run_failure": "none"}, {"on_approval_timeout": True}):
+        with pytest.raises(RunSpecError, match=r"alerts\.on_.*: only the deployment admin may change this"):
+            check_conf("local", {"alerts": setting})
+    with pytest.raises(ValueError, match="on_run_failure"):
+        AlertsSettings(on_run_failure="sometimes")

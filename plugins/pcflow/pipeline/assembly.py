@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow.sdk import Asset, AssetAlias, TaskGroup
 
+from pcflow.alerts import FailureAlert
 from pcflow.lineage import DATASET
 from pcflow.pipeline.settings import EXISTING_FILE_SYSTEM, RunEnv, run_value, task_value
 from pcflow.pipeline.tasks import (
@@ -32,8 +33,12 @@ from pcflow.pipeline.validation import validate_run
 DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
 #: What a DAG built with `build_training_pipeline` must set. No native rendering: Jinja's native mode
 #: literal-evaluates strings (`'..''/''..''/x'` becomes `../../x`, `"0x10"` becomes 16); operators get
-#: their values through `run_value`/`task_value` instead, as data.
-TRAINING_DAG_ARGS: dict[str, Any] = {"render_template_as_native_obj": False, "default_args": DEFAULT_ARGS}
+#: their values through `run_value`/`task_value` instead, as data. Every task's failure goes to the
+#: notifier, which alerts as the profile's `alerts` section asks (pcflow.alerts.should_alert).
+TRAINING_DAG_ARGS: dict[str, Any] = {
+    "render_template_as_native_obj": False,
+    "default_args": {**DEFAULT_ARGS, "on_failure_callback": FailureAlert()},
+}
 #: Each stage's execution_timeout, by task id (others: DEFAULT_STAGE_TIMEOUT). Generous, several times a slow run
 #: on aws-gpu, so only a hung stage meets it: it then fails and its retry or the teardown takes over, instead of
 #: holding a slot (or a deferred wait) for ever. Training has none: its Slurm time limit bounds the job.
@@ -252,10 +257,12 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
 
 def teardown(stages: dict[str, Any]) -> dict[str, Any]:
     """The run's cluster, then the rest of what it tagged, as teardowns of their setups: they run when
-    training fails too."""
+    training fails too. Each alerts when it fails, in whatever DAG (or task group) holds it: what it did
+    not delete keeps billing (its own notifier, which the DAG's default arguments do not replace)."""
     from pcflow.aws.teardown import TeardownOperator
     from pcflow.cluster.operators import DeleteClusterOperator
 
+    alert = {"on_failure_callback": FailureAlert()}
     delete_cluster = DeleteClusterOperator(
         task_id="delete_cluster",
         cluster=stages["cluster_settings"],
@@ -264,6 +271,7 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
         keep=run_value("keep_resources"),
         run_scoped=True,  # deletes only a cluster tagged with this stack and run
         **cluster_args(),
+        **alert,
     )
     stages["metrics"] >> delete_cluster.as_teardown(setups=stages["cluster"])
     remains = TeardownOperator(
@@ -272,6 +280,7 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
         run=run_value("run_key"),
         handler_sets=("pcluster", "ec2", "fsx"),
         dry_run=run_value("keep_resources"),
+        **alert,
     )
     delete_cluster >> remains.as_teardown(setups=stages["network"])
     return {"delete_cluster": delete_cluster, "teardown": remains}
