@@ -25,6 +25,8 @@ and lives only in this server, which only the local stack starts: no deployment 
   moto reports the Python objects' memory size (64 bytes a key) for every bucket; as S3 documents, it is
   the bytes of every version and unfinished upload part in S3 Standard, one datapoint a day stamped at
   midnight UTC, and none yet for a bucket created since (S3 publishes a bucket's first the next day).
+- AWS's Price List API (moto has no `pricing`): GetProducts from a dated sample of EC2 product documents
+  (price_list_standin.py, price_list_sample.json), so the cost estimate asks it on both profiles.
 - `POST /moto-api/static/fsx/task-outcomes` with `{"results": [{"Lifecycle": "FAILED", "Message": ...,
   "Seconds": 2}]}`: how the next data repository tasks end, one result each, and how long each stays
   EXECUTING first (a test's failed export, or one still running when its task looks; by default a task
@@ -46,6 +48,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import price_list_standin
 from moto.cloudformation.parsing import get_model_list, get_model_map
 from moto.cloudwatch.models import MetricDatum
 from moto.core import DEFAULT_ACCOUNT_ID
@@ -60,6 +63,7 @@ from moto.fsx.exceptions import FileSystemNotFound
 from moto.fsx.models import FSxBackend, fsx_backends
 from moto.fsx.responses import FSxResponse
 from moto.moto_api._internal import urls as moto_api_urls
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from moto.s3.models import FakeKey, S3Backend, s3_backends
 from moto.ssm.responses import SimpleSystemManagerResponse
 from moto.utilities.utils import get_partition
@@ -513,6 +517,7 @@ def install() -> None:
     S3Backend.get_cloudwatch_metrics = staticmethod(s3_cloudwatch_metrics)
     moto_api_urls.url_paths["{0}/moto-api/static/ec2/console-output"] = set_console_output
     moto_api_urls.url_paths["{0}/moto-api/static/fsx/task-outcomes"] = set_task_outcomes
+    price_list_standin.install(DomainDispatcherApplication)
     get_model_list.cache_clear()
     get_model_map.cache_clear()
     assert FsxFileSystemResource in get_model_list()

@@ -1,14 +1,17 @@
 """What a run may cost, known before anything is created: its price per hour and its maximum, against its
 budget.
 
-The first task prices the run from its region's dated price table (pcflow/metrics/prices.json) and,
-for spot capacity, EC2's spot price history: the compute nodes (nodes x type), and for ParallelCluster
-the head node and FSx for Lustre. The maximum is that price per hour over the job's time limit, once
-per trial of a sweep, plus the head node and FSx while the cluster is created and deleted. A run whose
-maximum is above its budget is refused (unless the profile lets it start capped); above the profile's
-approval threshold it waits for a person's approval. What this does not see (the image bake, the data
-load, time pending, spot requeues) is what the train task's cap catches: it counts the cost so far
-from the same prices (`cost_so_far`) and cancels the job when it reaches the budget.
+The first task prices the run for its region from AWS's Price List API (on-demand instances, cached per
+day; pcflow.metrics.price_list), its dated price table (pcflow/metrics/prices.json: FSx, and what the API
+does not answer) and, for spot capacity, EC2's spot price history: the compute nodes (nodes x type), and
+for ParallelCluster the head node and FSx for Lustre. Each price says its source (`price-list`,
+`spot-history`, `table`). The maximum is that price per hour over the job's time limit, once per attempt
+Slurm may make (the first and `training.max_restarts` requeues) and per trial of a sweep, plus the head
+node and FSx while the cluster is created and deleted. A run whose maximum is above its budget is refused
+(unless the profile lets it start capped); above the profile's approval threshold it waits for a person's
+approval. What this does not see (the image bake, the data load, time pending) is what the train task's
+cap catches: it counts the cost so far from the same prices (`cost_so_far`) and cancels the job when it
+reaches the budget.
 """
 
 from __future__ import annotations
@@ -19,7 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pcflow.errors import ConfigurationError
-from pcflow.metrics.cost import NoPrices, cluster_infrastructure, fsx_per_hour, price_table, spot_prices
+from pcflow.metrics.cost import (
+    NoPrices,
+    cluster_infrastructure,
+    fsx_per_hour,
+    on_demand_quote,
+    run_prices,
+    sources_of,
+    spot_prices,
+    table_basis,
+)
 from pcflow.slurm.states import JobInfo, JobState
 
 #: No training run pcflow makes costs this much: a budget above it is a typo, not a budget.
@@ -35,8 +47,9 @@ class BudgetRefused(ConfigurationError):
 @dataclass(frozen=True)
 class Price:
     usd_per_hour: float
-    source: str
+    source: str  # one of pcflow.metrics.cost.SOURCES
     item: str
+    basis: str  # which table, answer or day
 
 
 def usd(amount: float | None) -> str:
@@ -47,71 +60,80 @@ def usd(amount: float | None) -> str:
 
 
 def compute_price(run: Mapping[str, Any], table: Mapping[str, Any], ec2: Any, now: dt.datetime) -> Price | None:
-    """One compute node's price per hour: on-demand from the table; spot at the highest price of the
-    last day in the region's zones (EC2's history), else at on-demand (what spot never exceeds by default)."""
+    """One compute node's price per hour: on-demand from the Price List API or the table; spot at the
+    highest price of the last day in the region's zones (EC2's history), else at on-demand (what spot never
+    exceeds by default)."""
     instance_type = run["instance_type"]
-    on_demand = table.get("on_demand_per_hour", {}).get(instance_type)
-    table_source = f"{run['region']} price table as of {table.get('as_of')}"
+    on_demand = on_demand_quote(table, instance_type)
     if run["capacity_type"] == "spot":
         history = spot_prices(ec2, instance_type, now - SPOT_HISTORY, now) if ec2 is not None else []
         if history:
-            return Price(max(history), "highest spot price of the last day (EC2 spot price history)", instance_type)
+            basis = "highest spot price of the last day, EC2 spot price history"
+            return Price(max(history), "spot-history", instance_type, basis)
         if on_demand is not None:
-            return Price(float(on_demand), f"on-demand, no spot price history ({table_source})", instance_type)
+            basis = f"on-demand, no spot price history; {on_demand.basis}"
+            return Price(on_demand.usd_per_hour, on_demand.source, instance_type, basis)
         return None
-    return Price(float(on_demand), table_source, instance_type) if on_demand is not None else None
+    return Price(on_demand.usd_per_hour, on_demand.source, instance_type, on_demand.basis) if on_demand else None
 
 
 def infrastructure_prices(run: Mapping[str, Any], table: Mapping[str, Any]) -> tuple[list[Price], list[str]]:
-    """The head node and FSx, priced while the cluster exists; and what the table cannot price."""
+    """The head node and FSx, priced while the cluster exists; and what the prices do not cover."""
     infra = cluster_infrastructure(run["cluster"]["provider"], run["cluster"]["config"])
     prices, unknown = [], []
-    table_source = f"{run['region']} price table as of {table.get('as_of')}"
     if infra.head_instance_type:
-        head = table.get("on_demand_per_hour", {}).get(infra.head_instance_type)
+        head = on_demand_quote(table, infra.head_instance_type)
         if head is None:
             unknown.append(f"head node {infra.head_instance_type}")
         else:
-            prices.append(Price(float(head), table_source, f"head node {infra.head_instance_type}"))
+            item = f"head node {infra.head_instance_type}"
+            prices.append(Price(head.usd_per_hour, head.source, item, head.basis))
     if infra.fsx_storage_gib:
         fsx = fsx_per_hour(table, infra.fsx_storage_gib, infra.fsx_deployment_type)
         item = f"FSx {infra.fsx_storage_gib:g} GiB {infra.fsx_deployment_type}"
         if fsx is None:
             unknown.append(item)
         else:
-            prices.append(Price(fsx, table_source, item))
+            prices.append(Price(fsx, "table", item, table_basis(table)))
     return prices, unknown
 
 
-def plan_cost(run: Mapping[str, Any], *, ec2: Any = None, now: dt.datetime | None = None) -> dict[str, Any]:
-    """The run's `cost` section: price per hour, maximum, budget, approval, and one line that says it all."""
+def plan_cost(
+    run: Mapping[str, Any], *, ec2: Any = None, pricing: Any = None, now: dt.datetime | None = None
+) -> dict[str, Any]:
+    """The run's `cost` section: price per hour, maximum, budget, approval, and one line that says it all.
+    `pricing`: a Price List API client (`price_list.pricing_client`); without one, the table prices."""
     from pcflow.slurm.spec import time_limit_seconds
 
-    budget = run["budget"]
-    training = run["training"]
+    budget, training, now = run["budget"], run["training"], now or dt.datetime.now(dt.UTC)
+    head = cluster_infrastructure(run["cluster"]["provider"], run["cluster"]["config"]).head_instance_type
     try:
-        table = price_table(region=run["region"])
+        table = run_prices(run["region"], [run["instance_type"], head], pricing=pricing, today=now.date())
     except NoPrices as exc:
         table, unknown, compute, infra = {}, [str(exc)], None, []
     else:
-        compute = compute_price(run, table, ec2, now or dt.datetime.now(dt.UTC))
+        compute = compute_price(run, table, ec2, now)
         infra, unknown = infrastructure_prices(run, table)
         if compute is None:
-            unknown.insert(0, f"{run['instance_type']} (not in the {run['region']} price table)")
+            nor = "the AWS Price List API nor " if pricing is not None else ""
+            unknown.insert(0, f"{run['instance_type']} (not in {nor}the {run['region']} price table)")
     limit_s = time_limit_seconds(training["allocation"].get("time_limit"))
-    cluster_h = (budget["create_minutes"] + budget["delete_minutes"]) / 60 if infra else 0.0
+    priced = ([compute] if compute else []) + infra
     cost = {
         "region": run["region"],
         "currency": "USD",
         "price_table_as_of": table.get("as_of"),
+        "price_list_as_of": (table.get("price_list") or {}).get("as_of"),
         "capacity_type": run["capacity_type"],
         "nodes": training["nodes"],
         "compute_per_node_hour": compute.usd_per_hour if compute else None,
         "infrastructure_per_hour": round(sum(p.usd_per_hour for p in infra), 6),
-        "prices": [vars(p) for p in ([compute] if compute else []) + infra],
+        "prices": [vars(p) for p in priced],
+        "price_sources": sources_of(vars(p) for p in priced),
         "time_limit_hours": limit_s / 3600 if limit_s is not None else None,
+        "attempts": int(training.get("max_restarts") or 0) + 1,
         "trials": len(run.get("trials") or []) or 1,
-        "cluster_hours": cluster_h,
+        "cluster_hours": (budget["create_minutes"] + budget["delete_minutes"]) / 60 if infra else 0.0,
         "unknown": unknown,
         "budget_usd": budget["usd"],
         "if_maximum_exceeds": budget["if_maximum_exceeds"],
@@ -139,11 +161,13 @@ def per_hour(cost: Mapping[str, Any]) -> float | None:
 
 
 def maximum(cost: Mapping[str, Any]) -> float | None:
-    """Price per hour x time limit x trials, plus the head node and FSx while the cluster is created and
-    deleted; None when a price or the time limit is unknown (nothing then bounds the run)."""
+    """Price per hour x time limit x attempts x trials, plus the head node and FSx while the cluster is
+    created and deleted; None when a price or the time limit is unknown (nothing then bounds the run).
+    Each attempt may run the whole time limit: Slurm requeues a job (a lost node, a spot interruption) up
+    to `max_restarts` times before pcflow cancels it, and every attempt is billed."""
     if cost["per_hour"] is None or cost["time_limit_hours"] is None:
         return None
-    running = cost["per_hour"] * cost["time_limit_hours"] * cost["trials"]
+    running = cost["per_hour"] * cost["time_limit_hours"] * cost.get("attempts", 1) * cost["trials"]
     return round(running + cost["infrastructure_per_hour"] * cost["cluster_hours"], 4)
 
 
@@ -169,12 +193,14 @@ def breakdown(cost: Mapping[str, Any]) -> str:
     else:
         text += f" x {cost['time_limit_hours']:g} h time limit"
         text += f" x {cost['trials']} trials" if cost["trials"] > 1 else ""
+        restarts = cost.get("attempts", 1) - 1
+        text += f" x {restarts + 1} attempts (up to {restarts} requeues)" if restarts else ""
     if cost["cluster_hours"]:
         text += (
             f" + {usd(cost['infrastructure_per_hour'])}/h x {cost['cluster_hours']:g} h while the cluster is "
             "created and deleted"
         )
-    sources = dict.fromkeys(p["source"] for p in cost["prices"])
+    sources = dict.fromkeys(f"{p['source']} ({p['basis']})" if p.get("basis") else p["source"] for p in cost["prices"])
     return f"{text}; prices: {', '.join(sources)}"
 
 
@@ -208,6 +234,8 @@ def what_to_change(cost: Mapping[str, Any], run: Mapping[str, Any]) -> str:
     levers = [f"fewer nodes (now {training['nodes']})"]
     if cost["trials"] > 1:
         levers.append(f"fewer trials (now {cost['trials']})")
+    if cost.get("attempts", 1) > 1:
+        levers.append(f"fewer requeues (training.max_restarts, now {cost['attempts'] - 1}; the admin's)")
     if run["capacity_type"] == "ondemand":
         levers.append("spot capacity")
     levers.append(f"a cheaper instance type than {run['instance_type']}")

@@ -104,13 +104,14 @@ def check_cost(run: dict[str, Any], aws_conn_id: str = "aws_default") -> dict[st
     import logging
 
     from pcflow.budget import BudgetRefused, plan_cost, refuse_over_budget
+    from pcflow.metrics import price_list
 
     ec2 = None
     if run["capacity_type"] == "spot":  # spot is priced from EC2's price history of the run's region
         from pcflow.aws.clients import aws_client
 
         ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
-    cost = plan_cost(run, ec2=ec2)
+    cost = plan_cost(run, ec2=ec2, pricing=price_list.pricing_client(aws_conn_id))
     logging.getLogger("airflow.task").info("%s", cost["summary"])
     try:
         refuse_over_budget(cost, run)

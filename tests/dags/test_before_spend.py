@@ -38,7 +38,10 @@ def no_conf(data):
         (
             {"budget": {"usd": 0.5}},
             lambda data: {"instance_type": "g5.12xlarge", "nodes": 3},
-            ["budget.usd: this run may cost up to $8.51, more than its budget of $0.50: $17.02/h"],
+            [
+                "budget.usd: this run may cost up to $34.03, more than its budget of $0.50: $17.02/h",
+                "prices: price-list",
+            ],
         ),
         (
             {},

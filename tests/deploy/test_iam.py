@@ -29,9 +29,9 @@ PCLUSTER_POLICY = REPO / "include" / "iam" / "pcluster-cli-policy.json"
 #: The Amazon provider's hooks pcflow uses, and the client each makes.
 PROVIDER_HOOKS = {"EC2Hook": "ec2", "S3Hook": "s3", "CloudFormationHook": "cloudformation"}
 #: IAM action prefixes of the services pcflow calls (a new service fails the test until it is added here).
-IAM_PREFIX = {s: s for s in ("ec2", "s3", "ssm", "fsx", "cloudwatch", "cloudformation", "sts", "iam", "sns")} | {
-    "service-quotas": "servicequotas"
-}
+IAM_PREFIX = {
+    s: s for s in ("ec2", "s3", "ssm", "fsx", "cloudwatch", "cloudformation", "sts", "iam", "sns", "pricing")
+} | {"service-quotas": "servicequotas"}
 #: S3 operations whose IAM action has another name. Multipart uploads (s3transfer) need s3:PutObject.
 S3_ACTIONS = {
     "HeadObject": "GetObject",
@@ -200,6 +200,7 @@ def test_the_scan_finds_pcflow_s_clients_and_calls():
     for call in (
         ("ec2", "CreateVpc"),
         ("ec2", "DescribeSpotPriceHistory"),
+        ("pricing", "GetProducts"),
         ("fsx", "DescribeDataRepositoryTasks"),
         ("cloudformation", "DescribeStacks"),
         ("s3", "AbortMultipartUpload"),

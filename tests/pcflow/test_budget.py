@@ -27,22 +27,32 @@ def refusal(validate, conf: dict, **kwargs) -> str:
     return str(refused.value)
 
 
-def test_on_demand_estimate_is_logged_returned_and_matches_the_hand_computed_one(offline, caplog):
+def test_on_demand_estimate_is_logged_returned_and_matches_the_hand_computed_one(offline, admin_profiles, caplog):
+    """The maximum counts every attempt Slurm may make: the first and `training.max_restarts` (3 by
+    default) requeues, each up to the time limit."""
     run = offline({"instance_type": "c5.2xlarge", "nodes": 3, "budget_usd": 10})
     cost = run["cost"]
     assert cost["per_hour"] == pytest.approx(3 * C5_2XLARGE)
     assert cost["time_limit_hours"] == 0.5 and cost["trials"] == 1 and cost["cluster_hours"] == 0  # static
-    assert cost["maximum_usd"] == pytest.approx(3 * C5_2XLARGE * 0.5)  # $0.51
+    assert run["training"]["max_restarts"] == 3 and cost["attempts"] == 4
+    assert cost["maximum_usd"] == pytest.approx(3 * C5_2XLARGE * 0.5 * 4)  # $2.04
     assert cost["budget_usd"] == 10 and cost["approval"]["needed"] is False
-    line = "Cost of this run: up to $0.51 (budget $10.00): $1.02/h (3 x c5.2xlarge on-demand at $0.34/h)"
+    line = "Cost of this run: up to $2.04 (budget $10.00): $1.02/h (3 x c5.2xlarge on-demand at $0.34/h)"
     assert cost["summary"].startswith(line) and line in caplog.text
+    assert "x 0.5 h time limit x 4 attempts (up to 3 requeues)" in cost["summary"]
+    assert cost["price_sources"] == ["table"]  # offline: no Price List API
+    assert cost["summary"].endswith("prices: table (us-east-1 price table as of 2026-11-01)")
+    never_requeued = admin_profiles.make("local", {"training": {"max_restarts": 0}})
+    once = offline({"profile": never_requeued, "instance_type": "c5.2xlarge", "nodes": 3})["cost"]
+    assert once["attempts"] == 1 and once["maximum_usd"] == pytest.approx(3 * C5_2XLARGE * 0.5)  # $0.51
+    assert "attempts" not in once["summary"]
 
 
 def test_a_sweep_costs_its_trials(offline):
     conf = {"instance_type": "c5.2xlarge", "nodes": 3, "trials": [{"seed": 0}], "grid": {"lr": [0.1, 0.2, 0.3]}}
-    cost = offline(conf, sweep=True)["cost"]
-    assert cost["trials"] == 3 and cost["maximum_usd"] == pytest.approx(3 * 3 * C5_2XLARGE * 0.5)  # $1.53
-    assert "x 0.5 h time limit x 3 trials" in cost["summary"]
+    cost = offline({**conf, "budget_usd": 10}, sweep=True)["cost"]
+    assert cost["trials"] == 3 and cost["maximum_usd"] == pytest.approx(3 * 3 * C5_2XLARGE * 0.5 * 4)  # $6.12
+    assert "x 0.5 h time limit x 3 trials x 4 attempts (up to 3 requeues)" in cost["summary"]
 
 
 def aws_gpu_cost(ec2=None, trials: list[dict] | None = None, **settings) -> dict:
@@ -61,9 +71,11 @@ def test_parallelcluster_adds_head_node_and_fsx_over_the_time_limit_and_the_clus
     infra = C5_2XLARGE + FSX_1200_SCRATCH_2
     assert cost["infrastructure_per_hour"] == pytest.approx(infra)
     assert cost["per_hour"] == pytest.approx(2 * G5_12XLARGE + infra)
-    # 12 h time limit, plus 40 + 20 minutes of create and delete at the head node and FSx's price
-    assert cost["maximum_usd"] == pytest.approx((2 * G5_12XLARGE + infra) * 12 + infra * 1.0, abs=1e-4)  # $143.54
-    assert cost["summary"].startswith("Cost of this run: up to $143.54 (budget $200.00)")
+    # 12 h time limit x 6 attempts (max_restarts 5), plus 40 + 20 minutes of create and delete at the head
+    # node and FSx's price
+    assert cost["attempts"] == 6
+    assert cost["maximum_usd"] == pytest.approx((2 * G5_12XLARGE + infra) * 12 * 6 + infra * 1.0, abs=1e-4)  # $858.39
+    assert cost["summary"].startswith("Cost of this run: up to $858.39 (budget $1,000.00)")
     assert "+ $0.57/h x 1 h while the cluster is created and deleted" in cost["summary"]
 
 
@@ -75,15 +87,15 @@ def test_spot_is_priced_from_ec2s_spot_price_history(local_stack):
     cost = aws_gpu_cost(ec2=aws_client("ec2"))  # the profile's spot capacity
     infra = C5_2XLARGE + FSX_1200_SCRATCH_2
     assert cost["compute_per_node_hour"] == pytest.approx(0.00001)
-    assert cost["maximum_usd"] == pytest.approx((2 * 0.00001 + infra) * 12 + infra, abs=1e-4)  # $7.41
+    assert cost["maximum_usd"] == pytest.approx((2 * 0.00001 + infra) * 12 * 6 + infra, abs=1e-4)  # $41.62
     assert "EC2 spot price history" in cost["summary"] and "2 x g5.12xlarge spot at $1e-05/h" in cost["summary"]
     # A sweep of 4 trials on spot: each trial's nodes, head node and FSx over the time limit; the cluster's
     # create and delete once.
     sweep = aws_gpu_cost(ec2=aws_client("ec2"), trials=[{"lr": lr} for lr in (0.1, 0.2, 0.3, 0.4)])
     assert sweep["trials"] == 4 and sweep["compute_per_node_hour"] == pytest.approx(0.00001)
-    assert sweep["maximum_usd"] == pytest.approx((2 * 0.00001 + infra) * 12 * 4 + infra, abs=1e-4)  # $27.94
-    assert sweep["summary"].startswith("Cost of this run: up to $27.94 (budget $200.00)")
-    assert "x 12 h time limit x 4 trials" in sweep["summary"]
+    assert sweep["maximum_usd"] == pytest.approx((2 * 0.00001 + infra) * 12 * 6 * 4 + infra, abs=1e-4)  # $164.78
+    assert sweep["summary"].startswith("Cost of this run: up to $164.78 (budget $1,000.00)")
+    assert "x 12 h time limit x 4 trials x 6 attempts (up to 5 requeues)" in sweep["summary"]
 
 
 def test_spot_without_history_is_bounded_by_the_on_demand_price():
@@ -94,10 +106,12 @@ def test_spot_without_history_is_bounded_by_the_on_demand_price():
 
 def test_over_budget_is_refused_with_both_figures_and_what_to_change(offline):
     message = refusal(offline, {"instance_type": "g5.12xlarge", "nodes": 3})  # the profile's budget: $5
-    assert message.startswith("budget.usd: this run may cost up to $8.51, more than its budget of $5.00: ")
+    assert message.startswith("budget.usd: this run may cost up to $34.03, more than its budget of $5.00: ")
     assert "3 x g5.12xlarge on-demand at $5.67/h" in message and "fewer nodes (now 3)" in message
+    assert "fewer requeues (training.max_restarts, now 3; the admin's)" in message
+    assert "prices: table (us-east-1 price table as of 2026-11-01)" in message
     assert "raise the budget (form field 'Budget (USD)', up to $50.00, the profile's budget.max_usd)" in message
-    assert offline({"instance_type": "g5.12xlarge", "nodes": 3, "budget_usd": 9})["cost"]["maximum_usd"] < 9
+    assert offline({"instance_type": "g5.12xlarge", "nodes": 3, "budget_usd": 35})["cost"]["maximum_usd"] < 35
 
 
 @pytest.mark.parametrize(
@@ -162,6 +176,6 @@ def test_a_profile_may_let_a_run_start_capped_instead(offline, admin_profiles):
 def test_above_the_approval_threshold_the_run_asks_for_approval(offline, admin_profiles):
     profile = admin_profiles.make("local", {"budget": {"approval_above_usd": 8}})
     costly = offline({"profile": profile, "instance_type": "g5.12xlarge", "nodes": 3, "budget_usd": 50})["cost"]
-    assert costly["maximum_usd"] == pytest.approx(3 * G5_12XLARGE * 0.5)  # $8.51, above $8
+    assert costly["maximum_usd"] == pytest.approx(3 * G5_12XLARGE * 0.5 * 4)  # $34.03, above $8
     assert costly["approval"] == {"above_usd": 8.0, "needed": True, "timeout_hours": 24.0, "approvers": []}
     assert offline({"profile": profile})["cost"]["approval"]["needed"] is False

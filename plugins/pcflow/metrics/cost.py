@@ -1,10 +1,12 @@
 """What a run cost, as an estimate: node-hours x price, plus the head node and FSx over the run's window.
 
-Prices come from a dated table bundled with pcflow (pcflow/metrics/prices.json), one section per region
-(overridable per call); a region the table lacks is unpriced (`NoPrices`), never priced as another
-region. A run on spot capacity is priced from EC2's spot price history for its window when the API
-answers, else at the table's on-demand price less its typical spot discount. Every figure says where
-it came from.
+On-demand instance prices come from AWS's Price List API for the run's region (`price_list`, cached per
+day) when it answers, else from a dated table bundled with pcflow (pcflow/metrics/prices.json), one
+section per region (overridable per call); FSx and what a kept stack bills come from the table. A region
+neither prices is unpriced (`NoPrices`), never priced as another region. A run on spot capacity is priced
+from EC2's spot price history for its window when the API answers, else at the on-demand price less the
+table's typical spot discount. Every figure says where it came from: its `source` is one of `SOURCES`,
+its `basis` says which table, answer or day.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from statistics import fmean
 from typing import Any
 
+from pcflow.metrics import price_list
+
 CAPACITY_TYPES = ("ondemand", "spot")
+#: Where a price came from: AWS's Price List API, EC2's spot price history, pcflow's bundled table.
+SOURCES = ("price-list", "spot-history", "table")
 log = logging.getLogger(__name__)
 
 
@@ -35,26 +41,87 @@ def bundled_prices() -> dict[str, Any]:
     return json.loads(resources.files("pcflow.metrics").joinpath("prices.json").read_text())
 
 
-def price_table(overrides: Mapping[str, Any] | None = None, region: str = DEFAULT_REGION) -> dict[str, Any]:
+def price_table(
+    overrides: Mapping[str, Any] | None = None,
+    region: str = DEFAULT_REGION,
+    *,
+    listed: Mapping[str, float] | None = None,
+    listed_on: str | None = None,
+) -> dict[str, Any]:
     """The bundled prices of `region`, flat (`on_demand_per_hour`, `fsx_lustre_per_gib_month`, the dated
-    `as_of`...), with `overrides` merged in (top-level keys; per-type maps merged one level). Raises
-    `NoPrices` for a region the table lacks, unless `overrides` price the compute nodes."""
+    `as_of`...), with the Price List API's on-demand prices `listed` (on the day `listed_on`) laid over
+    them, then `overrides` (top-level keys; per-type maps merged one level). Raises `NoPrices` for a region
+    the table lacks, unless the API or `overrides` price the compute nodes."""
     bundled = bundled_prices()
     regional = bundled["regions"].get(region)
-    if regional is None and not (overrides or {}).get("on_demand_per_hour"):
+    if regional is None and not listed and not (overrides or {}).get("on_demand_per_hour"):
         priced = ", ".join(sorted(bundled["regions"]))
         raise NoPrices(
             f"the price table (pcflow/metrics/prices.json, as of {bundled['as_of']}) has no prices for region "
-            f"{region} (it has {priced}); add the region's prices there"
+            f"{region} (it has {priced}) and none came from the AWS Price List API; add the region's prices there"
         )
     common = {k: v for k, v in bundled.items() if k not in ("regions", "_about")}
     table = json.loads(json.dumps({**common, "region": region, **(regional or {})}))
-    for key, value in (overrides or {}).items():
+    overrides = dict(overrides or {})
+    if listed:
+        table.setdefault("on_demand_per_hour", {}).update(listed)
+        table["price_list"] = {
+            "as_of": listed_on,
+            "types": sorted(set(listed) - set(overrides.get("on_demand_per_hour", {}))),
+        }
+    for key, value in overrides.items():
         if isinstance(value, Mapping) and isinstance(table.get(key), dict):
             table[key].update(value)
         else:
             table[key] = value
     return table
+
+
+def run_prices(
+    region: str,
+    instance_types: Iterable[str | None],
+    *,
+    pricing: Any = None,
+    overrides: Mapping[str, Any] | None = None,
+    today: dt.date | None = None,
+) -> dict[str, Any]:
+    """`price_table` of a run: its instance types (compute, head node) asked of the Price List API when
+    there is a `pricing` client (`price_list.pricing_client`), the table for what it does not answer."""
+    if pricing is None:
+        return price_table(overrides, region)
+    listed = price_list.on_demand(pricing, region, [t for t in instance_types if t], today=today)
+    found = {t: p for t, p in listed.prices.items() if p is not None}
+    return price_table(overrides, region, listed=found, listed_on=listed.day)
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A price per hour, where it came from (one of `SOURCES`) and on what basis."""
+
+    usd_per_hour: float
+    source: str
+    basis: str
+
+
+def table_basis(table: Mapping[str, Any]) -> str:
+    return f"{table.get('region')} price table as of {table.get('as_of')}"
+
+
+def on_demand_quote(table: Mapping[str, Any], instance_type: str | None) -> Quote | None:
+    """The type's on-demand price per hour in the prices of `price_table`, with its source; None if unpriced."""
+    price = table.get("on_demand_per_hour", {}).get(instance_type)
+    if price is None:
+        return None
+    listed = table.get("price_list") or {}
+    if instance_type in listed.get("types", ()):
+        return Quote(float(price), "price-list", f"AWS Price List API, {table.get('region')}, {listed.get('as_of')}")
+    return Quote(float(price), "table", table_basis(table))
+
+
+def sources_of(quotes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The sources of priced lines, in `SOURCES` order."""
+    used = {q["source"] for q in quotes}
+    return [source for source in SOURCES if source in used]
 
 
 @dataclass(frozen=True)
@@ -106,58 +173,56 @@ def spot_prices(ec2: Any, instance_type: str, start: dt.datetime, end: dt.dateti
 
 def _compute(inputs: CostInputs, table: Mapping[str, Any], ec2: Any) -> tuple[dict | None, dict | None, str]:
     """(bill line, spot savings, why unknown) of the compute nodes."""
-    on_demand = table.get("on_demand_per_hour", {})
     if inputs.node_seconds is None or not inputs.instance_type:
         return None, None, "compute (no node-hours or instance type)"
     node_hours = inputs.node_seconds / 3600
-    od_price = on_demand.get(inputs.instance_type)
-    table_source = f"on-demand table ({table.get('as_of')})"
+    on_demand = on_demand_quote(table, inputs.instance_type)
     if inputs.capacity_type == "ondemand":
-        if od_price is None:
+        if on_demand is None:
             return None, None, f"compute ({inputs.instance_type} not in the price table)"
-        line = _line("compute (on-demand)", node_hours, "node-hours", od_price, table_source, inputs.instance_type)
-        return line, None, ""
-    price = (
+        return _line("compute (on-demand)", inputs.instance_type, node_hours, "node-hours", on_demand), None, ""
+    history = (
         spot_price(ec2, inputs.instance_type, inputs.start, inputs.end) if ec2 and inputs.start and inputs.end else None
     )
-    source = "EC2 spot price history"
-    if price is None and od_price is not None:
-        price = round(od_price * (1 - float(table.get("spot_discount_when_unknown", 0.7))), 6)
-        source = f"{table_source} less the typical spot discount"
-    if price is None:
+    quote = Quote(history, "spot-history", "EC2 spot price history") if history is not None else None
+    if quote is None and on_demand is not None:
+        discounted = round(on_demand.usd_per_hour * (1 - float(table.get("spot_discount_when_unknown", 0.7))), 6)
+        quote = Quote(discounted, on_demand.source, f"{on_demand.basis}, less the typical spot discount")
+    if quote is None:
         return None, None, f"compute ({inputs.instance_type}: no spot or on-demand price)"
-    line = _line("compute (spot)", node_hours, "node-hours", price, source, inputs.instance_type)
+    line = _line("compute (spot)", inputs.instance_type, node_hours, "node-hours", quote)
     saved = None
-    if od_price:
+    if on_demand and on_demand.usd_per_hour:
+        od_price, price = on_demand.usd_per_hour, quote.usd_per_hour
         saved = {"usd": round(node_hours * (od_price - price), 4), "percent": round(100 * (1 - price / od_price), 1)}
     return line, saved, ""
 
 
 def estimate(inputs: CostInputs, table: Mapping[str, Any], *, ec2: Any = None) -> dict[str, Any]:
     """The bill of one run, labelled as an estimate; unknown parts are listed, never guessed as zero."""
-    on_demand = table.get("on_demand_per_hour", {})
     compute, saved, why = _compute(inputs, table, ec2)
     lines = [compute] if compute else []
     unknown = [why] if why else []
     window_h = inputs.window_s / 3600 if inputs.window_s is not None else None
     if inputs.head_instance_type and window_h is not None:
-        price = on_demand.get(inputs.head_instance_type)
-        if price is None:
+        head = on_demand_quote(table, inputs.head_instance_type)
+        if head is None:
             unknown.append(f"head node ({inputs.head_instance_type} not in the price table)")
         else:
-            source = f"on-demand table ({table.get('as_of')})"
-            lines.append(_line("head node", window_h, "hours", price, source, inputs.head_instance_type))
+            lines.append(_line("head node", inputs.head_instance_type, window_h, "hours", head))
     if inputs.fsx_storage_gib and window_h is not None:
         price = fsx_per_hour(table, inputs.fsx_storage_gib, inputs.fsx_deployment_type)
         if price is None:
             unknown.append(f"FSx ({inputs.fsx_deployment_type} not in the price table)")
         else:
             item = f"{inputs.fsx_storage_gib:g} GiB {inputs.fsx_deployment_type}"
-            lines.append(_line("FSx for Lustre", window_h, "hours", price, "price table", item))
+            lines.append(_line("FSx for Lustre", item, window_h, "hours", Quote(price, "table", table_basis(table))))
     return {
         "estimate": True,
         "currency": table.get("currency", "USD"),
         "price_table_as_of": table.get("as_of"),
+        "price_list_as_of": (table.get("price_list") or {}).get("as_of"),
+        "price_sources": sources_of(lines),
         "capacity_type": inputs.capacity_type,
         "total_usd": round(sum(line["usd"] for line in lines), 4) if lines else None,
         "lines": lines,
@@ -173,6 +238,8 @@ def unpriced(inputs: CostInputs, why: str) -> dict[str, Any]:
         "estimate": True,
         "currency": bundled.get("currency", "USD"),
         "price_table_as_of": bundled.get("as_of"),
+        "price_list_as_of": None,
+        "price_sources": [],
         "capacity_type": inputs.capacity_type,
         "total_usd": None,
         "lines": [],
@@ -181,15 +248,16 @@ def unpriced(inputs: CostInputs, why: str) -> dict[str, Any]:
     }
 
 
-def _line(what: str, quantity: float, unit: str, price: float, source: str, item: str) -> dict[str, Any]:  # noqa: PLR0917
+def _line(what: str, item: str, quantity: float, unit: str, quote: Quote) -> dict[str, Any]:
     return {
         "what": what,
         "item": item,
         "quantity": round(quantity, 6),
         "unit": unit,
-        "price_per_hour": round(price, 6),
-        "usd": round(quantity * price, 4),
-        "source": source,
+        "price_per_hour": round(quote.usd_per_hour, 6),
+        "usd": round(quantity * quote.usd_per_hour, 4),
+        "source": quote.source,
+        "basis": quote.basis,
     }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.aws.base import PcflowAwsOperator
-from pcflow.metrics import cost, publish
+from pcflow.metrics import cost, price_list, publish
 from pcflow.metrics.definitions import parse_definitions
 from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job, job_refs, xcom_summary
 from pcflow.metrics.leaderboard import leaderboard_csv, leaderboard_page, rank_trials
@@ -146,6 +146,11 @@ class HarvestMetricsOperator(PcflowAwsOperator):
 
         return SlurmHook(HeadNode.of(self.head_node))
 
+    @cached_property
+    def pricing(self) -> Any:
+        """The connection's Price List API client (at the API's endpoint region, whatever the run's)."""
+        return price_list.pricing_client(self.aws_conn_id, verify=self.verify)
+
     # -- the parts -------------------------------------------------------------------------------
 
     def settings(self) -> tuple[Objective | None, list, str]:
@@ -187,7 +192,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             end=end,
         )
         try:
-            table = cost.price_table(self.prices, region=self.hook.region_name)
+            types = [self.instance_type, head]
+            table = cost.run_prices(self.hook.region_name, types, pricing=self.pricing, overrides=self.prices)
         except cost.NoPrices as exc:  # never another region's prices
             self.log.warning("Not priced: %s", exc)
             return cost.unpriced(inputs, str(exc))

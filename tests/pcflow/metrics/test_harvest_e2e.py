@@ -218,6 +218,13 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     assert bill["estimate"] is True and bill["price_table_as_of"] == cost.bundled_prices()["as_of"]
     lines = {line["what"]: line for line in bill["lines"]}
     assert set(lines) == {"compute (on-demand)", "head node", "FSx for Lustre"}
+    # The Price List API (the stand-in's sample) prices c5.xlarge, not p4d.24xlarge; FSx is the table's.
+    assert bill["price_sources"] == ["price-list", "table"] and dt.date.fromisoformat(bill["price_list_as_of"])
+    assert [lines[w]["source"] for w in ("compute (on-demand)", "head node", "FSx for Lustre")] == [
+        "table",
+        "price-list",
+        "table",
+    ]
     assert lines["head node"]["quantity"] == pytest.approx(2, abs=0.05)  # hours of the run's window
     assert lines["head node"]["usd"] == pytest.approx(2 * 0.17, abs=0.01)
     assert lines["FSx for Lustre"]["quantity"] == pytest.approx(2, abs=0.05)
@@ -244,6 +251,7 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
         "document.querySelectorAll('#cost-checkpoints tr').length",
     )
     assert estimate_label == "estimate" and model_link == summary["model"]["model"] and rows == 1 + 6
+    assert f"(prices: price-list {bill['price_list_as_of']}, table as of {bill['price_table_as_of']})" in html
     assert before.startswith("Before the run: Cost of this run: up to $100.00 (budget $200.00)")
     for name in ("loss", "probe_accuracy", "top1"):
         line = drawn(charts[name])
@@ -366,7 +374,8 @@ def test_gpu_use_reaches_harvest_report_and_cloudwatch_standin_nvidia_smi(  # no
     # head node and PERSISTENT_2 FSx from the cluster settings, all an estimate.
     lines = {line["what"]: line for line in document["cost"]["lines"]}
     assert document["cost"]["estimate"] is True and document["cost"]["capacity_type"] == "spot"
-    assert lines["compute (spot)"]["source"] == "EC2 spot price history"
+    assert lines["compute (spot)"]["source"] == "spot-history"
+    assert lines["compute (spot)"]["basis"] == "EC2 spot price history"
     assert lines["compute (spot)"]["price_per_hour"] == pytest.approx(0.00001)
     assert lines["head node"]["item"] == "c5.2xlarge" and lines["FSx for Lustre"]["item"] == "2400 GiB PERSISTENT_2_250"
     assert document["cost"]["spot_savings"]["percent"] > 99
@@ -409,7 +418,8 @@ def test_spot_price_history_on_the_emulator_and_the_table_as_fallback(local_stac
     bill = cost.estimate(cost.CostInputs("x9.huge", "spot", node_seconds=7200, start=start, end=end), table, ec2=ec2)
     (line,) = bill["lines"]
     assert bill["estimate"] is True and bill["price_table_as_of"] == table["as_of"]
-    assert line["source"] == f"on-demand table ({table['as_of']}) less the typical spot discount"
+    assert line["source"] == "table" and bill["price_sources"] == ["table"]
+    assert line["basis"] == f"us-east-1 price table as of {table['as_of']}, less the typical spot discount"
     assert line["usd"] == pytest.approx(2 * 10.0 * (1 - table["spot_discount_when_unknown"]))
     assert bill["spot_savings"] == {"usd": pytest.approx(14.0), "percent": 70.0}
 

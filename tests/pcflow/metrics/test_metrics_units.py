@@ -150,7 +150,8 @@ def test_spot_price_history_refused_falls_back_to_the_table_standin_ec2():
         inputs = CostInputs("g5.12xlarge", "spot", node_seconds=3600, start=end - dt.timedelta(hours=1), end=end)
         bill = estimate(inputs, price_table(), ec2=ec2)
         stub.assert_no_pending_responses()
-    assert bill["lines"][0]["source"] == "on-demand table (2026-11-01) less the typical spot discount"
+    assert bill["lines"][0]["source"] == "table" and bill["price_sources"] == ["table"]
+    assert bill["lines"][0]["basis"] == "us-east-1 price table as of 2026-11-01, less the typical spot discount"
     assert bill["lines"][0]["price_per_hour"] == pytest.approx(5.672 * 0.3)
 
 

@@ -16,6 +16,7 @@ from taskcontext import FakeTI
 
 import pcflow.checks
 import pcflow.pipeline
+from pcflow.metrics import price_list
 from pcflow.paths import profile_names
 from pcflow.pipeline import settings, sweep_params, training_params, validation
 from pcflow.runspec import resolve_run_spec
@@ -47,9 +48,10 @@ def declared_paths() -> set[str]:
 
 def validated_document(profile: str) -> dict:
     """The validate task's own document for a sweep on `profile` (a sweep adds `trials`), priced on demand
-    (a spot price asks EC2) within the profile's largest budget."""
+    (a spot price asks EC2) on one node, within the profile's largest budget."""
     form = training_params(partition="default", extra=sweep_params())
-    conf = {"profile": profile, "capacity_type": "ondemand", "budget_usd": resolve_run_spec(profile).budget.max_usd}
+    budget = resolve_run_spec(profile).budget.max_usd
+    conf = {"profile": profile, "capacity_type": "ondemand", "nodes": 1, "budget_usd": budget}
     params = {**{name: param.value for name, param in form.items()}, **conf}
     ti = FakeTI(dag_id="pretrain_sweep", run_id=f"manual__{uuid.uuid4().hex}", task_id="validate")
     context = {"ti": ti, "dag_run": types.SimpleNamespace(run_type="manual"), "logical_date": None}
@@ -66,6 +68,7 @@ def test_every_path_read_exists_in_the_validated_run_document(declared_paths, pr
     # What only AWS can answer is asked of moto in tests/dags; here the document's shape is the point.
     for check in ("check_against_aws", "account_preflight", "check_cluster_settings"):
         monkeypatch.setattr(validation, check, lambda run: None)
+    monkeypatch.setattr(price_list, "pricing_client", lambda *args, **kwargs: None)  # the table prices
     monkeypatch.setattr(pcflow.checks, "check_dataset_source", lambda run: None)  # S3, for an s3:// source
     if not resolve_run_spec(profile).network.get("ssh_ingress_cidrs"):  # aws-gpu: the admin's to set (deploy.md)
         profile = admin_profiles.make(profile, {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}})
