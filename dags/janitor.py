@@ -1,4 +1,5 @@
-"""Hourly: delete pcflow resources whose `pcflow:expires` has passed (a killed run's network and cluster;
+"""Hourly: delete pcflow resources whose `pcflow:expires` has passed and whose DAG run Airflow says is
+finished or gone, never one of a queued or running run (a killed run's network and cluster;
 a stack's image, network and cluster once no run has stamped them for `teardown.keep_hours`), list what
 is kept with its cost per day, and stop the compute fleet of a kept cluster whose queue has been idle
 longer than its profile's `budget.idle_minutes` (the next run starts it). Triggered by hand it only

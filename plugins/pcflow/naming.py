@@ -24,6 +24,13 @@ NEVER_EXPIRES = "never"
 #: which stack created it (its users are recorded elsewhere: `pcflow.aws.buckets`).
 TAG_SHARED = "pcflow:shared"
 TAG_CREATED_BY = "pcflow:created-by"
+#: The DAG run a resource belongs to (a run's own) or that last used it (what a stack keeps): the janitor
+#: asks Airflow for that run's state and keeps what an unfinished run may still need. The run key
+#: (`pcflow:run`) cannot be looked up: it is a digest.
+TAG_DAG_ID = "pcflow:dag-id"
+TAG_RUN_ID = "pcflow:run-id"
+#: What every run stamps again on what it adopts: its expiry and itself as the last user.
+STAMPED_TAGS = (TAG_EXPIRES, TAG_DAG_ID, TAG_RUN_ID)
 
 #: Longest run key: fits Slurm job names, S3 key segments, AWS Name tags and a ParallelCluster name
 #: with a prefix, and stays readable in `squeue`.
@@ -96,6 +103,22 @@ def run_key_from_context(context: Mapping[str, Any]) -> str:
     return run_key(ti.dag_id, ti.run_id, getattr(ti, "map_index", None))
 
 
+def dag_run_of(context: Mapping[str, Any]) -> tuple[str, str]:
+    """(dag_id, run_id) of the task instance an operator is executing in: what `pcflow:dag-id` and
+    `pcflow:run-id` name."""
+    ti = context["ti"]
+    return ti.dag_id, ti.run_id
+
+
+def dag_run_tags(dag_run: tuple[str, str] | None) -> dict[str, str]:
+    """`pcflow:dag-id` and `pcflow:run-id` of a DAG run; none when a value is not one AWS takes in a tag
+    (a run id with `~`, which Airflow's default pattern allows): the janitor then decides by expiry."""
+    if dag_run is None:
+        return {}
+    tags = dict(zip((TAG_DAG_ID, TAG_RUN_ID), dag_run, strict=True))
+    return tags if all(value and AWS_TAG_VALUE_RE.match(value) for value in tags.values()) else {}
+
+
 def validate_stack_name(name: str) -> str:
     """A stack groups shared resources (network, AMI, cluster) across runs; it appears in AWS names."""
     if not isinstance(name, str) or not STACK_NAME_RE.fullmatch(name):
@@ -151,12 +174,15 @@ def standard_tags(
     ttl: dt.timedelta | None = None,
     now: dt.datetime | None = None,
     extra: Mapping[str, str] | None = None,
+    dag_run: tuple[str, str] | None = None,
 ) -> dict[str, str]:
-    """The tags every created resource carries; `run` is absent for resources shared across runs."""
+    """The tags every created resource carries; `run` is absent for resources shared across runs, and
+    `dag_run` (dag_id, run_id) names the DAG run that makes or uses the resource (`dag_run_tags`)."""
     tags = {
         TAG_STACK: validate_stack_name(stack),
         TAG_COMPONENT: str(Component(component)),
         TAG_EXPIRES: expires_at(ttl, now),
+        **dag_run_tags(dag_run),
     }
     if run is not None:
         tags[TAG_RUN] = run

@@ -109,3 +109,14 @@ def test_tag_filters():
         {"Name": "tag:pcflow:component", "Values": ["network"]},
         {"Name": "tag:pcflow:run", "Values": ["k1"]},
     ]
+
+
+def test_a_resource_names_its_dag_run_when_aws_takes_the_values():
+    from pcflow.naming import dag_run_tags, standard_tags
+
+    run_id = "manual__2026-11-29T18:17:00.123456+00:00"
+    tags = standard_tags(stack="research", component="network", run="k", dag_run=("pretrain", run_id))
+    assert tags["pcflow:dag-id"] == "pretrain" and tags["pcflow:run-id"] == run_id
+    assert "pcflow:dag-id" not in standard_tags(stack="research", component="network")
+    # `~` is in Airflow's default run id pattern but not in what AWS takes: no DAG run named (expiry decides).
+    assert dag_run_tags(("pretrain", "manual~1")) == {} and dag_run_tags(None) == {}

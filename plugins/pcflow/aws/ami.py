@@ -28,7 +28,7 @@ from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import refresh_expiry, tag_equals, tag_specifications
 from pcflow.errors import PcflowError, ServiceFailed, WaitFailed
 from pcflow.events import SUCCESS, validate_event
-from pcflow.naming import TAG_EXPIRES, TAG_STACK, Component, digest, resource_name, standard_tags
+from pcflow.naming import TAG_STACK, Component, dag_run_of, digest, resource_name, standard_tags
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ class AmiSpec:
     wait_for_ssm_agent: bool = True
     #: The image's `pcflow:expires`: it lives this long past the last run that used it (None: never).
     ttl: dt.timedelta | None = None
+    #: The DAG run (dag_id, run_id) baking or reusing the image: the janitor keeps it while that run is
+    #: unfinished. Like `ttl`, no part of the recipe.
+    dag_run: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         validate_region(self.region)
@@ -265,12 +268,13 @@ class _Bake:
     def tags(self, role: str, ttl: dt.timedelta | None = None) -> dict[str, str]:
         extra = {TAG_RECIPE: self.recipe, TAG_ROLE: role, "Name": self.name}
         ttl = ttl if role == "builder" else self.spec.ttl
-        return standard_tags(stack=self.spec.stack, component=Component.AMI, ttl=ttl, extra=extra)
+        stack, dag_run = self.spec.stack, self.spec.dag_run
+        return standard_tags(stack=stack, component=Component.AMI, ttl=ttl, extra=extra, dag_run=dag_run)
 
     def reuse(self, image: Mapping[str, Any]) -> dict[str, Any]:
         """An available image of the recipe, its expiry (and its snapshots') stamped again."""
         snapshots = [m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", []) if "Ebs" in m]
-        refresh_expiry(self.ec2, [image["ImageId"], *snapshots], self.tags("image")[TAG_EXPIRES])
+        refresh_expiry(self.ec2, [image["ImageId"], *snapshots], self.tags("image"))
         log.info("reusing image %s of recipe %s", image["ImageId"], self.recipe)
         return {"image_id": image["ImageId"], "recipe_hash": self.recipe, "reused": True}
 
@@ -548,7 +552,7 @@ class BakeImageOperator(PcflowAwsOperator):
         self.deferrable, self.waiter_delay, self.wait_for_ssm_agent = deferrable, waiter_delay, wait_for_ssm_agent
         self._bake: _Bake | None = None
 
-    def spec(self) -> AmiSpec:
+    def spec(self, context: Any) -> AmiSpec:
         return AmiSpec(
             stack=self.stack,
             region=self.hook.region_name,
@@ -566,6 +570,7 @@ class BakeImageOperator(PcflowAwsOperator):
             wait_for_ssm_agent=self.wait_for_ssm_agent,
             script_env=self.script_env(),
             ttl=dt.timedelta(hours=float(self.ttl_hours)) if self.ttl_hours is not None else None,
+            dag_run=dag_run_of(context),
         )
 
     def script_env(self) -> dict[str, str]:
@@ -583,7 +588,7 @@ class BakeImageOperator(PcflowAwsOperator):
         if not self.enabled:
             self.log.info("No image wanted (a static cluster brings its own software); nothing baked")
             return {"image_id": None, "recipe_hash": None, "reused": False}
-        spec = self.spec()
+        spec = self.spec(context)
         if not self.deferrable:
             return bake_image(
                 self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay, attempt=attempt_of(context)
@@ -622,7 +627,7 @@ class BakeImageOperator(PcflowAwsOperator):
         """Back from one of the bake's waits: on to the next step, or fail with the reason (the builder
         terminated). The recipe is recomputed, not carried in the deferral's kwargs: `dag.test` drops those."""
         event = validate_event(event, task=self.task_id)
-        bake, _ = self.prepare(context, self.spec())
+        bake, _ = self.prepare(context, self.spec(context))
         self._bake = bake
         if event["status"] == SUCCESS:
             return self.advance(bake)

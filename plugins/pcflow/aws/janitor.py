@@ -1,23 +1,24 @@
-"""The janitor: finds pcflow resources whose run is over or whose `pcflow:expires` has passed, and
-deletes them with the same convergence loop as every teardown (a second cleanup path, for runs that
-were killed before their teardown task ran). Its report also lists every resource it keeps, with what
-each costs per day (pcflow.aws.kept), so nothing bills unseen: buckets too (pcflow.aws.kept_buckets),
-which it never deletes.
+"""The janitor: finds pcflow resources whose `pcflow:expires` has passed, and deletes them with the same
+convergence loop as every teardown (a second cleanup path, for runs that were killed before their
+teardown task ran). Its report also lists every resource it keeps, with why and what each costs per
+day (pcflow.aws.kept), so nothing bills unseen: buckets too (pcflow.aws.kept_buckets), which it never
+deletes.
 
-"Run is over" needs to know which runs are alive; the caller passes the run keys of active DAG runs
-(`active_run_keys`). Without it, only expiry decides. Shared resources (no `pcflow:run` tag and
-`pcflow:expires=never`) are never reaped.
+Expiry is not enough on its own: a run may outlive any TTL (requeues, a sweep's trials one after
+another), so a resource naming its DAG run (`pcflow:dag-id`, `pcflow:run-id`: the run that made it, or
+that last used what a stack keeps) is deleted only once Airflow says that run is finished or gone; a run
+queued or running keeps it, whatever its expiry, and an answer Airflow does not give keeps it too
+(never delete on doubt). Shared resources (`pcflow:expires=never`) are never reaped.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pcflow.aws.base import aws_template_fields
 from pcflow.aws.kept_buckets import kept_buckets
 from pcflow.aws.teardown import (
     DEFAULT_HANDLER_SETS,
@@ -31,30 +32,116 @@ from pcflow.aws.teardown import (
     converge,
     teardown,
 )
-from pcflow.naming import TAG_EXPIRES, TAG_RUN, parse_expires
+from pcflow.naming import TAG_DAG_ID, TAG_EXPIRES, TAG_RUN_ID, parse_expires
 
 log = logging.getLogger(__name__)
 
 #: What the `janitor` DAG reaps: ParallelCluster stacks, network and instances, file systems, images.
 JANITOR_HANDLER_SETS = ("pcluster", "ec2", "fsx", "images")
+#: DAG run states in which a run may still use what it made (Airflow's DagRunState values).
+UNFINISHED = frozenset({"queued", "running"})
+#: The state of a DAG run (dag_id, run_id): a DagRunState value, None when Airflow has no such run any
+#: more; raises RunStateUnknown when Airflow does not answer.
+RunState = Callable[[str, str], "str | None"]
 
 
-def reapable(now: dt.datetime, active_run_keys: Collection[str] | None = None) -> Callable[[Mapping[str, str]], bool]:
-    """The janitor's rule on a resource's tags: expired, or belonging to a run that is no longer active."""
-    active = None if active_run_keys is None else frozenset(active_run_keys)
+class RunStateUnknown(Exception):
+    """Airflow gave no answer on a DAG run's state: the janitor keeps that run's resources."""
 
-    def rule(tags: Mapping[str, str]) -> bool:
+
+def no_airflow(dag_id: str, run_id: str) -> str | None:
+    """The run state where no Airflow is asked (a script, the janitor's functions called directly)."""
+    raise RunStateUnknown("no Airflow to ask")
+
+
+class JanitorRule:
+    """The janitor's rule on a resource's tags, as a Selector predicate, and why it keeps or reaps each:
+
+    | tags                                        | verdict                       |
+    | `pcflow:expires` unreadable                 | kept                          |
+    | `never`, or not yet passed                  | kept                          |
+    | passed, names a queued/running DAG run      | kept: run active              |
+    | passed, Airflow gives no answer on the run  | kept: run state unknown       |
+    | passed, the DAG run is finished or gone     | reaped                        |
+    | passed, names no DAG run                    | reaped                        |
+
+    Airflow is asked only about expired resources, once per DAG run and rule (one janitor pass)."""
+
+    def __init__(self, now: dt.datetime, run_state: RunState = no_airflow):
+        self.now, self.run_state = now, run_state
+        self._states: dict[tuple[str, str], tuple[bool, str]] = {}
+
+    def __call__(self, tags: Mapping[str, str]) -> bool:
+        return self.judge(tags)[0]
+
+    def why(self, tags: Mapping[str, str]) -> str:
+        return self.judge(tags)[1]
+
+    def judge(self, tags: Mapping[str, str]) -> tuple[bool, str]:
+        """(reap, reason) for a resource's tags."""
+        value = tags.get(TAG_EXPIRES)
         try:
-            expires = parse_expires(tags.get(TAG_EXPIRES))
+            expires = parse_expires(value)
         except ValueError:
-            log.warning("unreadable %s=%r: left alone", TAG_EXPIRES, tags.get(TAG_EXPIRES))
-            return False
-        if expires is not None and expires <= now:
-            return True
-        run = tags.get(TAG_RUN)
-        return active is not None and run is not None and run not in active
+            return False, f"kept: unreadable {TAG_EXPIRES}={value!r}"
+        if expires is None:
+            return False, "kept: never expires"
+        if expires > self.now:
+            return False, f"kept: expires {value}"
+        if TAG_DAG_ID not in tags or TAG_RUN_ID not in tags:
+            return True, f"expired {value}; names no DAG run"
+        return self.dag_run_verdict(tags[TAG_DAG_ID], tags[TAG_RUN_ID], value)
 
-    return rule
+    def dag_run_verdict(self, dag_id: str, run_id: str, expired: str) -> tuple[bool, str]:
+        key = (dag_id, run_id)
+        if key not in self._states:
+            self._states[key] = self._ask(dag_id, run_id, expired)
+        return self._states[key]
+
+    def _ask(self, dag_id: str, run_id: str, expired: str) -> tuple[bool, str]:
+        try:
+            state = self.run_state(dag_id, run_id)
+        except RunStateUnknown as exc:
+            log.warning("DAG run %s of %s: state unknown (%s); its resources are kept", run_id, dag_id, exc)
+            return False, f"kept: run state unknown ({dag_id} {run_id}: {exc})"
+        if state in UNFINISHED:
+            return False, f"kept: run active ({dag_id} {run_id} is {state}; expired {expired})"
+        if state is None:
+            return True, f"expired {expired}; DAG run {dag_id} {run_id} no longer exists"
+        return True, f"expired {expired}; DAG run {dag_id} {run_id} is {state}"
+
+
+def task_run_state(ti: Any) -> RunState:
+    """A DAG run's state as a task asks Airflow: through the Task SDK (`ti.get_dagrun_state`, the
+    execution API; task code has no database). Not found (404) is a run that no longer exists; any
+    other failure is an unknown answer."""
+
+    def state(dag_id: str, run_id: str) -> str | None:
+        try:
+            answer = ti.get_dagrun_state(dag_id, run_id)
+        except Exception as exc:  # the API's refusal, the supervisor unreachable, no Task SDK at all
+            if api_status(exc) == 404:
+                return None
+            raise RunStateUnknown(f"{type(exc).__name__}: {exc} {api_detail(exc)}".rstrip()) from exc
+        return str(getattr(answer, "value", answer))
+
+    return state
+
+
+def api_status(exc: Exception) -> int | None:
+    """The execution API's HTTP status in a failed Task SDK call: relayed by a supervisor process
+    (AirflowRuntimeError), or raised as is by an in-process one (`dag.test`: ServerResponseError)."""
+    from airflow.sdk.exceptions import AirflowRuntimeError
+
+    if isinstance(exc, AirflowRuntimeError):
+        return (exc.error.detail or {}).get("status_code")
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def api_detail(exc: Exception) -> str:
+    detail = getattr(exc, "detail", None)
+    return f"({detail})" if detail else ""
 
 
 def kept_resources(
@@ -91,11 +178,11 @@ def janitor_view(
     clients: ClientSource,
     now: dt.datetime,
     handler_sets: Sequence[str] = JANITOR_HANDLER_SETS,
-    active_run_keys: Collection[str] | None = None,
+    run_state: RunState = no_airflow,
 ) -> tuple[TeardownReport, list[Resource]]:
     """The janitor's dry run over every stack and what it keeps (as `kept_resources` lists it), from one
     listing of every pcflow resource instead of one for each."""
-    everything, rule = Selector(), reapable(now, active_run_keys)
+    everything, rule = Selector(), JanitorRule(now, run_state)
     reaping = [_Listed(handler, everything) for handler in build_handlers(clients, handler_sets)]
     images = [] if "images" in handler_sets else [_Listed(h, everything) for h in build_handlers(clients, ["images"])]
     dry_run = converge(reaping, replace(everything, predicate=rule), dry_run=True)
@@ -103,8 +190,11 @@ def janitor_view(
     return dry_run, [resource for handler in [*reaping, *images] for resource in handler.list(keeps)]
 
 
-def kept_report(resources: Sequence[Resource], region: str | None) -> dict[str, Any]:
-    """The kept resources with their cost per day (pcflow.aws.kept), and the total of those priced."""
+def kept_report(
+    resources: Sequence[Resource], region: str | None, why: Callable[[Resource], str] | None = None
+) -> dict[str, Any]:
+    """The kept resources with their cost per day (pcflow.aws.kept), and the total of those priced;
+    `why` adds each one's reason to its line."""
     from pcflow.aws.kept import daily_costs
     from pcflow.metrics.cost import NoPrices, price_table
 
@@ -115,6 +205,8 @@ def kept_report(resources: Sequence[Resource], region: str | None) -> dict[str, 
     else:
         log_note = f"prices: {table['region']} price table as of {table['as_of']}"
     lines = daily_costs(resources, table)
+    if why is not None:
+        lines = [{**line, "why": why(resource)} for line, resource in zip(lines, resources, strict=True)]
     priced = [line["usd_per_day"] for line in lines if line["usd_per_day"] is not None]
     unpriced = len(lines) - len(priced)
     return {"kept": lines, "kept_usd_per_day": round(sum(priced), 2), "kept_unpriced": unpriced, "prices": log_note}
@@ -124,16 +216,21 @@ def run_janitor(
     clients: ClientSource,
     *,
     now: dt.datetime | None = None,
-    active_run_keys: Collection[str] | None = None,
+    run_state: RunState = no_airflow,
     stack: str | None = None,
     dry_run: bool = True,
     handler_sets: Sequence[str] = DEFAULT_HANDLER_SETS,
     **loop_options: Any,
 ) -> TeardownReport:
-    """Reap what `reapable` selects (in one stack, or all pcflow stacks); dry run unless told otherwise."""
+    """Reap what `JanitorRule` selects (in one stack, or all pcflow stacks); dry run unless told otherwise."""
     now = now or dt.datetime.now(dt.UTC)
-    selector = Selector(stack=stack, predicate=reapable(now, active_run_keys))
+    selector = Selector(stack=stack, predicate=JanitorRule(now, run_state))
     return teardown(clients, selector, handler_sets=handler_sets, dry_run=dry_run, **loop_options)
+
+
+def kept_why(rule: JanitorRule, resource: Resource) -> str:
+    """Why the janitor keeps a resource: the rule's reason; a bucket is never the janitor's to delete."""
+    return "kept: buckets are never deleted" if resource.kind == "bucket" else rule.why(resource.tags)
 
 
 def resolve_dry_run(dry_run: bool | None, context: Any) -> bool:
@@ -146,27 +243,16 @@ def resolve_dry_run(dry_run: bool | None, context: Any) -> bool:
 
 class JanitorOperator(TeardownOperator):
     """The `janitor` DAG's task: the teardown operator over every pcflow stack (or `stack`), selecting what
-    `reapable` picks. `dry_run=None` means: report only when triggered by hand, delete when scheduled
-    (hourly). Returns `TeardownReport.to_xcom()` with what is kept and its cost per day; fails with the
-    report if something is left.
-
-    :param active_run_keys: run keys of DAG runs still running (e.g. pushed by an upstream task that
-        lists running DAG runs and maps them with `naming.run_key`); None = decide by expiry alone.
+    `JanitorRule` picks, with the state of each expired resource's DAG run asked of Airflow. `dry_run=None`
+    means: report only when triggered by hand, delete when scheduled (hourly). Returns
+    `TeardownReport.to_xcom()` with what is kept, why, and its cost per day; fails with the report if
+    something is left.
     """
 
-    template_fields: Sequence[str] = aws_template_fields(*TeardownOperator.template_fields, "active_run_keys")
     every_stack = True
 
-    def __init__(
-        self,
-        *,
-        stack: str | None = None,
-        active_run_keys: Collection[str] | None = None,
-        dry_run: bool | None = None,
-        **kwargs: Any,
-    ):
+    def __init__(self, *, stack: str | None = None, dry_run: bool | None = None, **kwargs: Any):
         super().__init__(stack=stack, dry_run=dry_run, **kwargs)
-        self.active_run_keys = active_run_keys
 
     def is_dry_run(self, context: Any) -> bool:
         return resolve_dry_run(self.dry_run, context)
@@ -174,11 +260,12 @@ class JanitorOperator(TeardownOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         dry_run, selection = self.is_dry_run(context), self.selector(context)
         self.log.info("janitor: stack %s, dry run %s", selection.stack or "<all>", dry_run)
-        rule = reapable(dt.datetime.now(dt.UTC), self.active_run_keys)
+        ti = context.get("ti")
+        rule = JanitorRule(dt.datetime.now(dt.UTC), task_run_state(ti) if ti is not None else no_airflow)
         report = self.converge(replace(selection, predicate=rule), dry_run=dry_run)
         kept = kept_resources(self.client, replace(selection, predicate=lambda tags: not rule(tags)), self.handler_sets)
         buckets = kept_buckets(self.client, self.hook.region_name, selection.stack)
-        costs = kept_report([*kept, *buckets], self.hook.region_name)
+        costs = kept_report([*kept, *buckets], self.hook.region_name, why=lambda resource: kept_why(rule, resource))
         self.log_kept(costs)
         return {**report.to_xcom(), **costs}
 
@@ -186,7 +273,8 @@ class JanitorOperator(TeardownOperator):
         """One line per kept resource and the total, as a person reads the janitor's log."""
         for line in costs["kept"]:
             usd = f"${line['usd_per_day']:,.2f}/day" if line["usd_per_day"] is not None else "not priced"
-            self.log.info("kept: %s %s (stack %s): %s, %s", line["kind"], line["id"], line["stack"], usd, line["basis"])
+            where = f"{line['kind']} {line['id']} (stack {line['stack']})"
+            self.log.info("%s: %s; %s, %s", line["why"], where, usd, line["basis"])
         unpriced = f", {costs['kept_unpriced']} not priced" if costs["kept_unpriced"] else ""
         count, total = len(costs["kept"]), costs["kept_usd_per_day"]
         self.log.info("kept: %d resource(s), $%.2f per day%s (%s)", count, total, unpriced, costs["prices"])

@@ -26,10 +26,10 @@ from pcflow.aws.tags import find_one, refresh_expiry, tag_equals, tag_specificat
 from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, TeardownOperator, teardown
 from pcflow.errors import ResourceConflict
 from pcflow.naming import (
-    TAG_EXPIRES,
     TAG_RUN,
     TAG_STACK,
     Component,
+    dag_run_of,
     digest,
     resource_name,
     run_key_from_context,
@@ -415,15 +415,17 @@ def ensure_network(
     *,
     run: str | None = None,
     ttl: dt.timedelta | None = None,
+    dag_run: tuple[str, str] | None = None,
     waiter_delay: int = 15,
 ) -> NetworkIds:
     """Create what is missing, adopt what exists and matches, refuse what exists and differs.
 
     `run` tags the network as one run's (deleted by that run's teardown / the janitor); leave it None
     for a network shared across runs of the stack. Safe to call any number of times. Every call stamps
-    the network's `pcflow:expires` again (now + `ttl`): a kept network lives `ttl` past its last run.
+    the network's `pcflow:expires` again (now + `ttl`): a kept network lives `ttl` past its last run,
+    and names that run (`dag_run`, as (dag_id, run_id)), which the janitor asks Airflow about.
     """
-    tags = standard_tags(stack=spec.stack, component=Component.NETWORK, run=run, ttl=ttl)
+    tags = standard_tags(stack=spec.stack, component=Component.NETWORK, run=run, ttl=ttl, dag_run=dag_run)
     step = _Ensurer(ec2, spec, tags, waiter_delay)
     if spec.adopted:
         return _adopt(step, spec)
@@ -447,7 +449,7 @@ def ensure_network(
     head_sg = step.security_group(vpc_id, "head-sg", "pcflow: SSH to the head node from configured CIDRs")
     step.ssh_rules(head_sg)
     owned = [vpc_id, igw_id, public_id, *private_ids, *route_tables, endpoint_id, nat_id, step.nat_allocation_id]
-    refresh_expiry(ec2, [*owned, cluster_sg, head_sg], tags[TAG_EXPIRES])
+    refresh_expiry(ec2, [*owned, cluster_sg, head_sg], tags)
     return NetworkIds(
         vpc_id=vpc_id,
         head_subnet_id=public_id,
@@ -490,7 +492,7 @@ def _adopt(step: _Ensurer, spec: NetworkSpec) -> NetworkIds:
     step.cluster_rules(cluster_sg)
     head_sg = step.security_group(spec.vpc_id, "head-sg", "pcflow: SSH to the head node from configured CIDRs")
     step.ssh_rules(head_sg)
-    refresh_expiry(ec2, [cluster_sg, head_sg], step.tags[TAG_EXPIRES])  # the VPC and subnets are not pcflow's
+    refresh_expiry(ec2, [cluster_sg, head_sg], step.tags)  # the VPC and subnets are not pcflow's
     return NetworkIds(
         vpc_id=spec.vpc_id,
         head_subnet_id=spec.public_subnet_id,
@@ -553,7 +555,9 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         spec = NetworkSpec.from_mapping(self.stack, self.hook.region_name, self.network)
         run = run_key_from_context(context) if self.run_scoped else None
         ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
-        ids = ensure_network(self.ec2, spec, run=run, ttl=ttl, waiter_delay=self.waiter_delay)
+        ids = ensure_network(
+            self.ec2, spec, run=run, ttl=ttl, dag_run=dag_run_of(context), waiter_delay=self.waiter_delay
+        )
         self.log.info("network of stack %s: vpc %s, head subnet %s", self.stack, ids.vpc_id, ids.head_subnet_id)
         return ids.to_xcom()
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pcflow.errors import ResourceConflict
-from pcflow.naming import TAG_EXPIRES, aws_tags
+from pcflow.naming import STAMPED_TAGS, aws_tags
 
 
 def tag_specifications(resource_types: str | Iterable[str], tags: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -48,11 +48,13 @@ def find_one(
     return found[0] if found else None
 
 
-def refresh_expiry(ec2: Any, resource_ids: Iterable[str | None], expires: str) -> list[str]:
-    """Stamp `pcflow:expires` again on resources an ensure found or made: what a stack keeps between runs
-    (a nightly's network, an image) lives its TTL past the last run that used it, so the janitor reaps
-    it only once its runs have stopped. Returns the ids stamped."""
+def refresh_expiry(ec2: Any, resource_ids: Iterable[str | None], tags: Mapping[str, str]) -> list[str]:
+    """Stamp `pcflow:expires` (and the DAG run using them, `pcflow:dag-id`/`pcflow:run-id`) from `tags`
+    again on resources an ensure found or made: what a stack keeps between runs (a nightly's network, an
+    image) lives its TTL past the last run that used it, and the janitor keeps it while that run is
+    unfinished. Returns the ids stamped."""
     ids = sorted({i for i in resource_ids if i})
+    stamp = aws_tags({key: tags[key] for key in STAMPED_TAGS if key in tags})
     for start in range(0, len(ids), 1000):  # CreateTags takes at most 1,000 resources
-        ec2.create_tags(Resources=ids[start : start + 1000], Tags=[{"Key": TAG_EXPIRES, "Value": expires}])
+        ec2.create_tags(Resources=ids[start : start + 1000], Tags=stamp)
     return ids

@@ -80,12 +80,14 @@ class _ClusterOperator(PcflowAwsOperator):
             suppress_validators=tuple(self.suppress_validators or ()),
         )
 
-    def _run_and_ttl(self, context: Any) -> tuple[str | None, dt.timedelta | None]:
-        from pcflow.naming import run_key_from_context
+    def _tagging(self, context: Any) -> dict[str, Any]:
+        """What the cluster's tags say of its run: its key (a run-scoped cluster), its TTL, and the DAG
+        run making or adopting it (the janitor keeps the cluster while that run is unfinished)."""
+        from pcflow.naming import dag_run_of, run_key_from_context
 
         run = run_key_from_context(context) if self.run_scoped else None
         ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
-        return run, ttl
+        return {"run": run, "ttl": ttl, "dag_run": dag_run_of(context)}
 
     def config_uri(self, context: Any, filename: str) -> str | None:
         """Where the rendered config of this run is kept: `s3://<config_bucket>/runs/<run key>/<filename>`."""
@@ -125,9 +127,9 @@ class ValidateClusterConfigOperator(_ClusterOperator):
         from pcflow.cluster.providers import validate_cluster
         from pcflow.cluster.spec import ClusterSpecError
 
-        run, ttl = self._run_and_ttl(context)
+        tagging = self._tagging(context)
         try:
-            result = validate_cluster(self.cluster_provider, self.cluster, stack=self.stack, run=run, ttl=ttl)
+            result = validate_cluster(self.cluster_provider, self.cluster, stack=self.stack, **tagging)
         except (ClusterSpecError, ClusterMismatch) as error:
             raise AirflowFailException(str(error)) from None
         except PclusterError as error:
@@ -175,15 +177,15 @@ class EnsureClusterOperator(_WaitingClusterOperator):
         from pcflow.cluster.spec import ClusterSpec
         from pcflow.cluster.static import StaticProvider
 
-        run, ttl = self._run_and_ttl(context)
+        tagging = self._tagging(context)
         provider = self.cluster_provider
         if isinstance(provider, StaticProvider):
             return provider.ensure().to_xcom()
         spec = ClusterSpec.parse(self.cluster)
-        rendered = provider.render(spec, stack=self.stack, run=run, ttl=ttl)
+        rendered = provider.render(spec, stack=self.stack, **tagging)
         self.keep_config(context, rendered.text, CONFIG_FILE)
         if not self.deferrable:
-            info = ensure_cluster(provider, spec, stack=self.stack, run=run, ttl=ttl, **self.waits)
+            info = ensure_cluster(provider, spec, stack=self.stack, **tagging, **self.waits)
             return {**info, "config_s3_uri": self.config_uri(context, CONFIG_FILE)}
         try:
             step = provider.start(spec, rendered)
@@ -269,7 +271,7 @@ class DeleteClusterOperator(_WaitingClusterOperator):
 
     def cluster_owner(self, context: Any) -> tuple[str, str | None]:
         """The (stack, run) a cluster this task may delete carries in its tags."""
-        return self.stack, self._run_and_ttl(context)[0]
+        return self.stack, self._tagging(context)["run"]
 
     def export_then_delete(self, context: Any) -> dict[str, Any]:
         """Deferrable all the way: each FSx export (when asked), then the stack's deletion. Called again

@@ -154,14 +154,21 @@ class ParallelClusterProvider:
     # -- validate ---------------------------------------------------------------------------
 
     def render(
-        self, spec: ClusterSpec, *, stack: str, run: str | None = None, ttl: dt.timedelta | None = None
+        self,
+        spec: ClusterSpec,
+        *,
+        stack: str,
+        run: str | None = None,
+        ttl: dt.timedelta | None = None,
+        dag_run: tuple[str, str] | None = None,
     ) -> RenderedConfig:
-        """Checks the instance type with EC2 (GPUs, EFA) and renders the config with the standard tags."""
+        """Checks the instance type with EC2 (GPUs, EFA) and renders the config with the standard tags
+        (`dag_run`: the DAG run making or adopting the cluster, named in its tags for the janitor)."""
         facts = check_instance_type(
             self.clients("ec2"), spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa
         )
         efa = facts["efa_supported"] if spec.efa is None else spec.efa
-        tags = standard_tags(stack=stack, component=Component.CLUSTER, run=run, ttl=ttl)
+        tags = standard_tags(stack=stack, component=Component.CLUSTER, run=run, ttl=ttl, dag_run=dag_run)
         return render_config(spec, efa=efa, tags=tags)
 
     def validate(self, spec: ClusterSpec, rendered: RenderedConfig) -> dict[str, Any]:

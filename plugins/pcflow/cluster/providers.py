@@ -74,13 +74,14 @@ def validate_cluster(
     stack: str,
     run: str | None = None,
     ttl: dt.timedelta | None = None,
+    dag_run: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """ParallelCluster: spec + EC2 instance-type checks, then `create-cluster --dryrun true`.
     Static: the health check (nothing is created either way)."""
     if isinstance(provider, StaticProvider):
         return {"provider": provider.name, "cluster": provider.ensure().to_xcom()}
     spec = ClusterSpec.parse(cluster)
-    rendered = provider.render(spec, stack=stack, run=run, ttl=ttl)
+    rendered = provider.render(spec, stack=stack, run=run, ttl=ttl, dag_run=dag_run)
     return provider.validate(spec, rendered)
 
 
@@ -108,6 +109,7 @@ def ensure_cluster(
     stack: str,
     run: str | None = None,
     ttl: dt.timedelta | None = None,
+    dag_run: tuple[str, str] | None = None,
     waiter_delay: int = 30,
     waiter_max_attempts: int = 240,
 ) -> dict[str, Any]:
@@ -115,7 +117,7 @@ def ensure_cluster(
     if isinstance(provider, StaticProvider):
         return provider.ensure().to_xcom()
     spec = ClusterSpec.parse(cluster)
-    rendered = provider.render(spec, stack=stack, run=run, ttl=ttl)
+    rendered = provider.render(spec, stack=stack, run=run, ttl=ttl, dag_run=dag_run)
     step = provider.start(spec, rendered)
     if step.waiter:
         _wait(provider, step.stack_name, step.waiter, waiter_delay, waiter_max_attempts)

@@ -86,7 +86,8 @@ def build_training_pipeline(
     """Declare the stages in the DAG (or task group) being defined; returns its tasks by name.
 
     `run_scoped=False` (nightly) keeps the network and cluster for the next run instead: no teardown, and
-    every run stamps their `pcflow:expires` again (`teardown.keep_hours` ahead), so the next night adopts
+    every run stamps their `pcflow:expires` again (`teardown.keep_hours` past the latest time the run may
+    end, pcflow.lifetime), so the next night adopts
     them and the janitor reaps them once the nights stop. The image is the stack's in both cases: reused
     by recipe, its expiry stamped again by every run that uses it.
     """
@@ -109,7 +110,7 @@ def infrastructure(run: Any, *, run_scoped: bool) -> dict[str, Any]:
     from pcflow.aws.network import EnsureNetworkOperator
     from pcflow.cluster.operators import EnsureClusterOperator, ValidateClusterConfigOperator
 
-    ttl_hours = run_value("ttl_hours") if run_scoped else run_value("teardown.keep_hours")
+    ttl_hours = run_value("expiry.run_hours") if run_scoped else run_value("expiry.kept_hours")
     scope = {"run_scoped": run_scoped, "ttl_hours": ttl_hours}
     # Above the profile's threshold a person approves the cost first; below it, this task is skipped.
     approval = CostApprovalOperator(task_id="approve_cost", cost=run_value("cost"))
@@ -176,7 +177,7 @@ def image_stage() -> Any:
         wait_for_ssm_agent=run_value("ami.wait_for_ssm_agent"),
         enabled=run_value("ami.enabled"),
         environment_file=run_value("ami.environment"),
-        ttl_hours=run_value("teardown.keep_hours"),
+        ttl_hours=run_value("expiry.kept_hours"),
     )
 
 

@@ -105,6 +105,7 @@ def resolve_for_run(
 
     `dated_partitions`: the DAG trains on the partition of its logical date (a scheduled DAG), also
     when one of its runs is started by hand or by a backfill."""
+    from pcflow.lifetime import expiry_hours
     from pcflow.naming import run_key_from_context
     from pcflow.paths import check_offered
     from pcflow.runspec import RunSpecError, resolve_run_spec
@@ -134,6 +135,7 @@ def resolve_for_run(
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from None
     document["keep_resources"] = spec.teardown.policy == "never"
+    document["expiry"] = expiry_hours(document)  # the stamps outlast the run's longest possible time
     return document
 
 

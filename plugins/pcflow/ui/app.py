@@ -55,7 +55,7 @@ def page(user: GetUserDep, session: SessionDep) -> HTMLResponse:
     manager = get_auth_manager()
     dags = visible_runs(manager, user, session)
     may_see_stacks = manager.is_authorized_dag(method="GET", details=DagDetails(id=JANITOR_DAG), user=user)
-    return html(render_page(dags, stack_overview() if may_see_stacks else None))
+    return html(render_page(dags, stack_overview(session) if may_see_stacks else None))
 
 
 def visible_runs(manager: Any, user: Any, session: Any) -> dict[str, list[runs.RunRow]]:
@@ -72,13 +72,13 @@ def visible_runs(manager: Any, user: Any, session: Any) -> dict[str, list[runs.R
     return visible
 
 
-def stack_overview() -> dict[str, Any]:
+def stack_overview(session: Any) -> dict[str, Any]:
     """The resources' overview, or why there is none (the page still shows the runs)."""
     from pcflow.ui.resources import connection_clients, overview
 
     try:
         clients, region = connection_clients()
-        return {"overview": overview(clients, region), "error": None}
+        return {"overview": overview(clients, region, run_state=runs.dag_run_state(session)), "error": None}
     except Exception as exc:  # an AWS outage or a missing connection must not hide the runs
         return {"overview": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcflow.aws.janitor import JANITOR_HANDLER_SETS, janitor_view, kept_report
+from pcflow.aws.janitor import JANITOR_HANDLER_SETS, RunState, janitor_view, kept_report, no_airflow
 from pcflow.aws.kept_buckets import kept_buckets
 
 #: Shown for a resource no stack tag names: a bucket shared by stacks that no longer use it, say.
@@ -32,14 +32,16 @@ class Overview:
     prices: str
 
 
-def overview(clients: Callable[[str], Any], region: str | None, now: dt.datetime | None = None) -> Overview:
+def overview(
+    clients: Callable[[str], Any], region: str | None, now: dt.datetime | None = None, run_state: RunState = no_airflow
+) -> Overview:
     """Every live pcflow resource, by stack, priced; and what the janitor would delete now (priced too:
-    it bills until then)."""
+    it bills until then), its DAG runs' states read by `run_state` as the janitor asks Airflow for them."""
     now = now or dt.datetime.now(dt.UTC)
     clients("s3"), clients("cloudwatch")  # made here: a botocore session does not make clients thread-safely
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcflow-buckets") as pool:
         sizing = pool.submit(kept_buckets, clients, region, None, now)  # S3 and CloudWatch, while EC2 lists
-        dry_run, kept = janitor_view(clients, now, JANITOR_HANDLER_SETS)  # as the janitor DAG decides: by expiry
+        dry_run, kept = janitor_view(clients, now, JANITOR_HANDLER_SETS, run_state)  # as the janitor decides
         buckets = sizing.result()
     costs = kept_report([*dry_run.would_delete, *dry_run.held, *kept, *buckets], region)  # held: kept for now
     doomed = {(r.kind, r.id) for r in dry_run.would_delete}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -101,6 +101,21 @@ def report_location(
     if parts.scheme != "s3" or not parts.netloc or not key.startswith(own) or ".." in key.split("/"):
         return None
     return parts.netloc, key
+
+
+def dag_run_state(session: Any) -> Callable[[str, str], str | None]:
+    """A DAG run's state from the metadata database (the API server has one; a task asks the execution
+    API instead), None when there is no such run: how the page's "would delete" judges a run's resources
+    as the janitor does (pcflow.aws.janitor)."""
+    from airflow.models.dagrun import DagRun
+    from sqlalchemy import select
+
+    def state(dag_id: str, run_id: str) -> str | None:
+        query = select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        found = session.scalar(query)
+        return None if found is None else str(getattr(found, "value", found))
+
+    return state
 
 
 def training_dag_ids(session: Any, permitted: Collection[str]) -> list[str]:

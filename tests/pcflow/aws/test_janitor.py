@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from pcflow.aws.janitor import JanitorOperator, reapable, run_janitor
+from pcflow.aws.janitor import JanitorOperator, run_janitor
 from pcflow.aws.network import NetworkSpec, ensure_network
 from pcflow.aws.tags import tag_specifications
 from pcflow.naming import standard_tags
@@ -31,16 +31,6 @@ def killed_run(aws, stack: str, run: str, *, ttl: dt.timedelta | None) -> None:
     )
 
 
-def test_rule_expired_or_inactive_run_but_never_shared():
-    rule = reapable(NOW, active_run_keys={"alive"})
-    assert rule({"pcflow:expires": "2026-11-29T11:00:00Z", "pcflow:run": "alive"})
-    assert rule({"pcflow:expires": "never", "pcflow:run": "dead"})
-    assert not rule({"pcflow:expires": "2026-11-29T13:00:00Z", "pcflow:run": "alive"})
-    assert not rule({"pcflow:expires": "never"})  # shared network/AMI
-    assert not rule({"pcflow:expires": "garbage", "pcflow:run": "dead"})  # unreadable: left alone
-    assert not reapable(NOW)({"pcflow:expires": "never", "pcflow:run": "dead"})  # no run list: expiry only
-
-
 def test_janitor_reaps_a_killed_run_and_keeps_the_live_one(aws, stack, counts):
     expired_ttl = dt.timedelta(hours=-1)  # expires = an hour before now
     killed_run(aws, stack, "run-killed", ttl=expired_ttl)
@@ -55,8 +45,9 @@ def test_janitor_reaps_a_killed_run_and_keeps_the_live_one(aws, stack, counts):
         kept = run_janitor(aws, stack=live, dry_run=False, pass_delay=0)
         assert kept.deleted == []
         assert aws.ec2.describe_vpcs(Filters=[{"Name": "tag:pcflow:stack", "Values": [live]}])["Vpcs"]
-        # Once the live run is no longer active, it is reaped too.
-        gone = run_janitor(aws, stack=live, active_run_keys=[], dry_run=False, pass_delay=0)
+        # Once its expiry has passed, it is reaped too (it names no DAG run: expiry alone decides).
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+        gone = run_janitor(aws, stack=live, now=later, dry_run=False, pass_delay=0)
         assert {r.kind for r in gone.deleted} >= {"instance", "vpc"}
     finally:
         from pcflow.aws.teardown import Selector, teardown
