@@ -227,9 +227,10 @@ def ec2_requests(action: str, params: dict, region: str, tags: dict) -> list[Req
     for name, kind in EC2_RESOURCES.items():
         value = params.get(name)
         idents = value if isinstance(value, list) else [value] if isinstance(value, str) else []
-        for ident in (owners.get(i, i) for i in idents):
+        for ident in (owners.get(i, i) if name in ("AssociationId", "AttachmentId") else i for i in idents):
             arn_kind = kind or ID_PREFIXES.get(ident.split("-", 1)[0])
-            context = tag_context(tags.get(ident, {}), "aws:ResourceTag")
+            seen = tags.get(ident) or tags.get(owners.get(ident, ""), {})  # a snapshot: its image's tags
+            context = tag_context(seen, "aws:ResourceTag")
             if action == "ec2:CreateTags":
                 context |= tag_context({t["Key"]: t["Value"] for t in params.get("Tags", [])}, "aws:RequestTag")
             found.append(request(action, ec2_arn(arn_kind, ident, region) if arn_kind else "*", context))

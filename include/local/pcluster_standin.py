@@ -47,6 +47,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack as local_stack  # include/local/stack.py: this stack's head node and Slurm
 
+sys.path.insert(0, str(local_stack.REPO / "plugins"))  # this checkout's pcflow, as demo.py imports it
 from pcflow.aws.calllog import acting_as
 
 #: What the stand-in does for the cluster itself (its head node's clustermgtd, the stack's cleanup on

@@ -117,12 +117,12 @@ def tag_pairs(tags: Any) -> dict[str, str] | None:
 def owners_seen(value: Any, owner: str | None = None, found: dict[str, str] | None = None) -> dict[str, str]:
     """{association or attachment id: the id of the resource it belongs to} (a route table's subnet
     associations, an address' association, an interface's attachment): the calls that undo them name
-    only that id, IAM judges them on the resource."""
+    only that id, IAM judges them on the resource. An image's snapshots too: its creation tags both."""
     found = {} if found is None else found
     if isinstance(value, dict):
         own = next((value[k] for k in OWNER_IDS if isinstance(value.get(k), str)), owner)
         for key, item in value.items():
-            if isinstance(item, str) and own and key.endswith(("AssociationId", "AttachmentId")):
+            if isinstance(item, str) and own and key.endswith(("AssociationId", "AttachmentId", "SnapshotId")):
                 found.setdefault(item, own)
             else:
                 owners_seen(item, own, found)
@@ -132,7 +132,7 @@ def owners_seen(value: Any, owner: str | None = None, found: dict[str, str] | No
     return found
 
 
-OWNER_IDS = ("RouteTableId", "AllocationId", "NetworkInterfaceId")
+OWNER_IDS = ("RouteTableId", "AllocationId", "NetworkInterfaceId", "ImageId")
 
 
 @contextlib.contextmanager
