@@ -79,7 +79,7 @@ test: setup payload-env pcluster iam-simulator lint  ## from nothing to a passin
 demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded default
 	@set -a && . .stack/env && set +a && $(PY) include/local/demo.py
 
-rehearsal: stack-up payload-env pcluster  ## run pretrain with the production profile (aws-gpu) on the local stack
+rehearsal: stack-up payload-env pcluster iam-simulator  ## run pretrain with the production profile (aws-gpu) on the local stack
 	@set -a && . .stack/env && set +a && $(PY) include/local/rehearsal.py
 
 airflow: stack-up payload-env  ## the Airflow UI on this machine (compose's services, no containers); prints URL and login

@@ -87,7 +87,11 @@ def report(name: str, summary: dict[str, Any]) -> int:
     objective = summary.get("objective") or {}
     versus = summary["trained_vs_untrained"].get(objective.get("name"), {})
     left = summary["left_tagged_with_run_key"]
-    ok = summary["state"] == "success" and not left
+    iam = summary.get("iam")  # the rehearsal's: its AWS calls against the shipped IAM policies
+    if iam is not None:
+        print(f"iam: {json.dumps({k: iam[k] for k in ('calls', 'denied')})}")
+        print("".join(f"  denied: {denial}\n" for denial in iam.get("denials", [])), end="")
+    ok = summary["state"] == "success" and not left and (iam is None or (iam["calls"] and not iam["denied"]))
     print(
         f"pcflow {name}: {'OK' if ok else 'FAILED'} - run {summary['state']}, {objective.get('name')} "
         f"{versus.get('trained')} trained vs {versus.get('untrained')} untrained, "

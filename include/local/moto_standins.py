@@ -56,6 +56,7 @@ from moto.core.common_models import CloudFormationModel
 from moto.core.exceptions import JsonRESTError
 from moto.ec2.models import amis as ec2_amis_models
 from moto.ec2.models import ec2_backends
+from moto.ec2.models.nat_gateways import NatGatewayBackend
 from moto.ec2.responses import amis as ec2_amis
 from moto.ec2.responses import general as ec2_general
 from moto.ec2.utils import Base64EncodedString
@@ -499,6 +500,23 @@ def s3_cloudwatch_metrics(account_id: str, region: str) -> list[MetricDatum]:
     return metrics
 
 
+_delete_nat_gateway = NatGatewayBackend.delete_nat_gateway
+
+
+def delete_nat_gateway(self: Any, nat_gateway_id: str) -> Any:
+    """AWS deletes a NAT gateway's network interface with it (the interface is AWS's, requester-managed:
+    the account cannot delete it); moto left it behind, detached and untagged."""
+    nat = _delete_nat_gateway(self, nat_gateway_id)
+    eni = getattr(nat, "_eni", None)
+    if eni is not None and eni.id in self.enis:
+        for address in list(self.addresses):
+            if getattr(address, "eni", None) is eni:
+                address.eni = None
+                address.association_id = None
+        self.enis.pop(eni.id, None)
+    return nat
+
+
 def install() -> None:
     """Add the stand-ins to moto (before its server builds its routes)."""
     FSxBackend.create_file_system = create_file_system
@@ -511,6 +529,7 @@ def install() -> None:
     ):
         setattr(FSxResponse, handler.__name__, handler)
     ec2_general.General.get_console_output = get_console_output
+    NatGatewayBackend.delete_nat_gateway = delete_nat_gateway
     SimpleSystemManagerResponse.describe_instance_information = describe_instance_information
     ec2_amis.AmisResponse.register_image = register_image
     ec2_amis_models.AmiBackend.create_image = create_image

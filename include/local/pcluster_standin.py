@@ -47,6 +47,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack as local_stack  # include/local/stack.py: this stack's head node and Slurm
 
+sys.path.insert(0, str(local_stack.REPO / "plugins"))  # this checkout's pcflow, as demo.py imports it
+from pcflow.aws.calllog import acting_as
+
+#: What the stand-in does for the cluster itself (its head node's clustermgtd, the stack's cleanup on
+#: deletion) is the cluster roles' call on AWS, not the CLI user's: a call log says so.
+BY_THE_CLUSTER = "cluster"
+
 VERSION = "3.16.1"
 REAL_PCLUSTER = local_stack.REPO / ".venv-pcluster" / "bin" / "pcluster"
 FAIL_TAG = "pcflow-standin:fail"
@@ -289,9 +296,24 @@ SETTLES_TO = {"STOP_REQUESTED": "STOPPED", "STOPPING": "STOPPED", "START_REQUEST
 
 
 def put_fleet(ddb, name: str, status: str) -> dict:
+    """The head node's write of the fleet's status (the first once it is up, then clustermgtd's)."""
     now = dt.datetime.now(dt.UTC).isoformat(sep=" ")  # str(datetime.now(tz=timezone.utc)), as pcluster writes it
     data = {"status": {"S": status}, "lastStatusUpdatedTime": {"S": now}}
-    ddb.put_item(TableName=f"parallelcluster-{name}", Item={**FLEET_KEY, "Data": {"M": data}})
+    with acting_as(BY_THE_CLUSTER):
+        ddb.put_item(TableName=f"parallelcluster-{name}", Item={**FLEET_KEY, "Data": {"M": data}})
+    return {"status": status, "lastStatusUpdatedTime": now}
+
+
+def request_fleet(ddb, name: str, status: str) -> dict:
+    """The CLI's request (update-compute-fleet): pcluster's ComputeFleetStatusManager updates the item."""
+    now = dt.datetime.now(dt.UTC).isoformat(sep=" ")
+    ddb.update_item(
+        TableName=f"parallelcluster-{name}",
+        Key=FLEET_KEY,
+        UpdateExpression="set #dt.#st=:s, #dt.#lut=:t",
+        ExpressionAttributeNames={"#dt": "Data", "#st": "status", "#lut": "lastStatusUpdatedTime"},
+        ExpressionAttributeValues={":s": {"S": status}, ":t": {"S": now}},
+    )
     return {"status": status, "lastStatusUpdatedTime": now}
 
 
@@ -325,7 +347,7 @@ def update_fleet(ddb, name: str, requested: str) -> dict:
     current = fleet(ddb, name)
     stop = requested == "STOP_REQUESTED"
     going = {"STOP_REQUESTED", "STOPPING", "STOPPED"} if stop else {"START_REQUESTED", "STARTING", "RUNNING"}
-    return current if current["status"] in going else put_fleet(ddb, name, requested)
+    return current if current["status"] in going else request_fleet(ddb, name, requested)
 
 
 def compute_fleet_command(cfn, ec2, args, region: str) -> None:
@@ -356,8 +378,9 @@ def create(cfn, ec2, args, region: str) -> None:
         Tags=stack_tags,
         DisableRollback=args.rollback_on_failure == "false",
     )["StackId"]
-    for node in compute_fleet(config):  # Slurm's nodes, not the stack's (pcluster launches them at run time)
-        launch(ec2, config, name, tags, node)
+    with acting_as(BY_THE_CLUSTER):  # Slurm's nodes, not the stack's: the head node launches them
+        for node in compute_fleet(config):
+            launch(ec2, config, name, tags, node)
     put_fleet(boto3.client("dynamodb", region_name=region), name, "RUNNING")  # what the head node writes once up
     out({"cluster": summary(name, region, "CREATE_IN_PROGRESS", arn), "validationMessages": []})
 
@@ -475,8 +498,9 @@ def delete(cfn, ec2, args, region: str) -> None:
         hint = " In case you have running instances belonging to a deleted cluster please use the "
         not_found(name, hint + "DeleteClusterInstances API.")
     instances = cluster_instances(ec2, name)
-    if instances:
-        ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in instances])
+    if instances:  # the stack's cleanup on deletion (a function with a cluster role) terminates the nodes
+        with acting_as(BY_THE_CLUSTER):
+            ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in instances])
     cfn.delete_stack(StackName=name)
     status = "DELETE_IN_PROGRESS"
     deleting = {"clusterName": name, "clusterStatus": status, "cloudformationStackStatus": status, "version": VERSION}

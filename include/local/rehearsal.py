@@ -6,18 +6,24 @@ real `pcluster --dryrun`, create (the pcluster stand-in: its cluster is the loca
 
 Prints the demo's summary plus the nodes the job ran on, the launcher, the dataset's mode and shard
 count, the model's S3 URI and what is left; exits non-zero if the run failed or left anything behind.
+Every AWS call the run makes, pcluster's and what the stand-in does for the cluster included, is
+recorded (pcflow.aws.calllog) and judged against the shipped IAM policy of whoever makes it on AWS
+(iam_calls.py): the summary's `iam` says how many calls and how many were denied; one denied fails it.
 Tests (and other DAGs' rehearsals, e.g. the nightly's) write an admin profile over PROFILE with
 `own_stack` (dagrun.write_profile) and read the run with `rehearsal_facts`.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from dagrun import DagRunResult
+from dagrun import REPO, DagRunResult
 from demo import prepare, report, run_with_progress, summarize
+from iam_calls import evaluate, read_calls
 
 PROFILE = "aws-gpu-rehearsal"
 CONF = {"profile": PROFILE, "partition": "rehearsal"}
@@ -58,14 +64,28 @@ def rehearsal_facts(result: DagRunResult) -> dict[str, Any]:
     }
 
 
+def iam_check(log: Path) -> dict[str, Any]:
+    """The recorded calls judged against the shipped policies; none recorded means the log did not work."""
+    iam = evaluate(read_calls(log))
+    if iam["calls"] == 0:
+        iam["denials"] = [f"no AWS call recorded in {log}"]
+    return iam
+
+
 def main() -> int:
+    from pcflow.aws.calllog import paused, recording
+
     prepare()
     print(f"pcflow rehearsal: running DAG `pretrain` with profile {PROFILE} (aws-gpu on the local stack) ...")
+    stack_dir = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
+    log = stack_dir / "logs" / f"rehearsal-aws-calls-{os.getpid()}.jsonl"
 
     def summarize_rehearsal(result: DagRunResult, seconds: float) -> dict[str, Any]:
-        return {**summarize(result, seconds), **rehearsal_facts(result)}
+        with paused():  # the summary's own lookups are not the run's
+            return {**summarize(result, seconds), **rehearsal_facts(result), "iam": iam_check(log)}
 
-    return report("rehearsal", run_with_progress("rehearsal", "pretrain", CONF, summarize_rehearsal))
+    with recording(log):
+        return report("rehearsal", run_with_progress("rehearsal", "pretrain", CONF, summarize_rehearsal))
 
 
 if __name__ == "__main__":

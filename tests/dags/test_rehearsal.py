@@ -31,9 +31,10 @@ from dagrun import (
     unfinished_tasks,
     write_profile,
 )
-from rehearsal import PROFILE, own_stack, rehearsal_facts
+from rehearsal import PROFILE, iam_check, own_stack, rehearsal_facts
 from stacktools import tell_standin
 
+from pcflow.aws.calllog import paused, recording
 from pcflow.aws.storage import TASK_KEY_TAG
 from pcflow.cluster.operators import DeleteClusterOperator
 from pcflow.dataset.manifest import read_manifest
@@ -50,19 +51,23 @@ class Rehearsed:
     in_flight_at_kills: list[list[str]]
     before_delete: dict[str, Any]  # moto's resources by kind and the FSx mount, as the cluster was deleted
     stack: str
+    iam: dict[str, Any]  # every AWS call of the runs, pcluster's included, judged against the shipped policies
 
 
+@paused()
 def cluster_stack_exists(name: str) -> bool:
     stacks = boto3.client("cloudformation").list_stacks()["StackSummaries"]
     return any(s["StackName"] == name and s["StackStatus"] != "DELETE_COMPLETE" for s in stacks)
 
 
+@paused()
 def export_started(key: str) -> bool:
     tasks = boto3.client("fsx").describe_data_repository_tasks()["DataRepositoryTasks"]
     wanted = f"{key}/export-before-delete"
     return any({t["Key"]: t["Value"] for t in task.get("Tags", [])}.get(TASK_KEY_TAG) == wanted for task in tasks)
 
 
+@paused()  # the test's lookups, not the run's calls
 def census(key: str, stack: str, job_name: str) -> dict[str, int]:
     """What exists, by kind, counted by pcflow's tags (the run's, or the stack's for what it keeps)."""
     ec2, fsx = boto3.client("ec2"), boto3.client("fsx")
@@ -114,13 +119,9 @@ def profiles(airflow, tmp_path_factory) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module")
-def rehearsed(profiles, local_stack, pcluster_cli, tmp_path_factory) -> Rehearsed:
-    stack = f"r{uuid.uuid4().hex[:8]}"
-    conf = {"profile": write_profile(profiles, f"rehearsal-{stack}", PROFILE, own_stack(stack)), "partition": PARTITION}
-    run_id, when = manual_run("pretrain")
+def rehearse(local_stack, stack: str, *, conf: dict, run_id: str, when: dt.datetime, log: Path):
+    """The run, killed twice and resumed; the test's own lookups beside it are not recorded."""
     key = run_key("pretrain", run_id)
-    log = tmp_path_factory.mktemp("rehearsal") / "killed-runs.log"
     kills = []
     started = spawn("start", "pretrain", run_id, when, log=log, conf=conf)
     kill_when(started, lambda: cluster_stack_exists(f"pcflow-{stack}-cluster"), log, "the cluster's creation")
@@ -144,7 +145,18 @@ def rehearsed(profiles, local_stack, pcluster_cli, tmp_path_factory) -> Rehearse
         result = resume_dag_run("pretrain", run_id, retry=unfinished_tasks("pretrain", run_id))
     finally:
         DeleteClusterOperator.execute = execute
-    yield Rehearsed(result, rehearsal_facts(result), kills, seen, stack)
+    return result, kills, seen
+
+
+@pytest.fixture(scope="module")
+def rehearsed(profiles, local_stack, pcluster_cli, tmp_path_factory) -> Rehearsed:
+    stack = f"r{uuid.uuid4().hex[:8]}"
+    conf = {"profile": write_profile(profiles, f"rehearsal-{stack}", PROFILE, own_stack(stack)), "partition": PARTITION}
+    run_id, when = manual_run("pretrain")
+    log = tmp_path_factory.mktemp("rehearsal") / "killed-runs.log"
+    with recording(log.with_name("aws-calls.jsonl")) as calls:
+        result, kills, seen = rehearse(local_stack, stack, conf=conf, run_id=run_id, when=when, log=log)
+    yield Rehearsed(result, rehearsal_facts(result), kills, seen, stack, iam_check(calls))
     assert remove_stack(stack) == []  # what the stack keeps on purpose: its image and data bucket
 
 
@@ -176,6 +188,13 @@ def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
     exported = boto3.client("s3").list_objects_v2(Bucket=dataset["bucket"], Prefix=prefix).get("Contents", [])
     assert {f"{prefix}job.log", f"{prefix}metrics.jsonl"} <= {o["Key"] for o in exported}
     assert tagged_resources("pcflow:run", result.run_key) == []
+
+
+def test_every_aws_call_of_the_rehearsal_is_allowed_by_the_shipped_policies(rehearsed):
+    """Each call the runs made (the killed ones', the pcluster CLI's, the stand-in's for the cluster) was
+    recorded and judged against the IAM policy of whoever makes it on AWS: none was denied."""
+    iam = rehearsed.iam
+    assert iam["calls"] > 0 and iam["denied"] == 0, iam.get("denials")
 
 
 def test_killed_twice_and_resumed_creates_nothing_twice(rehearsed):

@@ -5,19 +5,20 @@ The calls are read from plugins/pcflow's syntax tree, not from a hand-kept list:
 string (paginators, waiters, teardown's operation tables) whose name is an operation of a service pcflow
 makes a client for, in botocore's service model; waiter names are mapped to the operation they poll.
 Operations become IAM actions by name, except S3's, whose actions are named differently (AWS's S3 user
-guide, "Required permissions for Amazon S3 API operations").
+guide, "Required permissions for Amazon S3 API operations"): include/local/iam_calls.py's mapping, which
+the rehearsal also judges every call it records with.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import subprocess
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
 import botocore.session
+import iam_calls  # include/local: the evaluator and the operation -> action mapping, shared with the rehearsal
 import pytest
 from botocore import xform_name
 
@@ -28,26 +29,19 @@ PCLUSTER_POLICY = REPO / "include" / "iam" / "pcluster-cli-policy.json"
 
 #: The Amazon provider's hooks pcflow uses, and the client each makes.
 PROVIDER_HOOKS = {"EC2Hook": "ec2", "S3Hook": "s3", "CloudFormationHook": "cloudformation"}
-#: IAM action prefixes of the services pcflow calls (a new service fails the test until it is added here).
-IAM_PREFIX = {
-    s: s for s in ("ec2", "s3", "ssm", "fsx", "cloudwatch", "cloudformation", "sts", "iam", "sns", "pricing")
-} | {"service-quotas": "servicequotas"}
-#: S3 operations whose IAM action has another name. Multipart uploads (s3transfer) need s3:PutObject.
-S3_ACTIONS = {
-    "HeadObject": "GetObject",
-    "HeadBucket": "ListBucket",
-    "ListObjectsV2": "ListBucket",
-    "ListBuckets": "ListAllMyBuckets",
-    "DeleteObjects": "DeleteObject",
-    "PutBucketEncryption": "PutEncryptionConfiguration",
-    "GetBucketLifecycleConfiguration": "GetLifecycleConfiguration",
-    "PutBucketLifecycleConfiguration": "PutLifecycleConfiguration",
-    "PutPublicAccessBlock": "PutBucketPublicAccessBlock",
-    "GetPublicAccessBlock": "GetBucketPublicAccessBlock",
-    "GetBucketEncryption": "GetEncryptionConfiguration",
-    "CreateMultipartUpload": "PutObject",
-    "UploadPart": "PutObject",
-    "CompleteMultipartUpload": "PutObject",
+#: The services pcflow calls (a new service fails the test until it is added here).
+PCFLOW_SERVICES = {
+    "ec2",
+    "s3",
+    "ssm",
+    "fsx",
+    "cloudwatch",
+    "cloudformation",
+    "sts",
+    "iam",
+    "sns",
+    "service-quotas",
+    "pricing",
 }
 #: What s3transfer's TransferManager calls for an upload (multipart above its threshold, abort on failure).
 TRANSFER_MANAGER_CALLS = {
@@ -55,13 +49,6 @@ TRANSFER_MANAGER_CALLS = {
 } | {("s3", "AbortMultipartUpload")}
 #: Provider classes that make AWS calls themselves, and the calls: the failure alert's notifier publishes.
 PROVIDER_CALLS = {"SnsNotifier": {("sns", "Publish")}}
-#: Permissions a request parameter adds on top of the operation's own action: (operation, parameter) -> action.
-PARAMETER_ACTIONS = {
-    (("ec2", "RunInstances"), "IamInstanceProfile"): "iam:PassRole",
-    (("ec2", "*"), "TagSpecifications"): "ec2:CreateTags",
-    (("s3", "PutObject"), "Tagging"): "s3:PutObjectTagging",
-    (("s3", "GetObject"), "VersionId"): "s3:GetObjectVersion",
-}
 #: Method names that are AWS operations but are called on something else here.
 NOT_AWS_CALLS = {"get_template": "jinja2.Environment.get_template (report and batch templates)"}
 #: Operation names two services share: the one pcflow calls.
@@ -168,16 +155,14 @@ def called_operations() -> set[tuple[str, str]]:
 
 
 def iam_action(service: str, operation: str) -> str:
-    assert service in IAM_PREFIX, f"pcflow calls {service}: add its IAM prefix to IAM_PREFIX"
-    if service == "s3":
-        operation = S3_ACTIONS.get(operation, operation)
-    return f"{IAM_PREFIX[service]}:{operation}"
+    assert service in PCFLOW_SERVICES, f"pcflow calls {service}: add it to PCFLOW_SERVICES (its prefix to IAM_PREFIX)"
+    return iam_calls.iam_action(service, operation)
 
 
 def needed_actions() -> set[str]:
     calls = called_operations()
     needed = {iam_action(*call) for call in calls}
-    for ((service, operation), parameter), action in PARAMETER_ACTIONS.items():
+    for ((service, operation), parameter), action in iam_calls.PARAMETER_ACTIONS.items():
         if parameter in code().parameters and any(s == service and operation in ("*", o) for s, o in calls):
             needed.add(action)
     return needed
@@ -241,7 +226,7 @@ def test_pcluster_policy_has_no_service_wide_actions():
 # action supports (a key it would ignore fails the test below). Each conditioned statement of the two
 # policies has at least one request it must allow and one it must refuse.
 
-SIMULATOR = REPO / "tests" / "deploy" / "iam_simulate"
+SIMULATOR = iam_calls.SIMULATOR
 BOUNDARY_POLICY = REPO / "include" / "iam" / "pcflow-cluster-boundary.json"
 ACCOUNT = "123456789012"
 INSTANCE = f"arn:aws:ec2:us-east-1:{ACCOUNT}:instance/i-0123456789abcdef0"
@@ -302,7 +287,27 @@ ROLES_BOUNDED = "ClusterRolesOnlyWithThePermissionsBoundary"
 PASS_TO_EC2_AND_LAMBDA = "PassClusterRolesToEc2AndLambdaOnly"
 VIA_STACK = {"aws:CalledViaFirst": "cloudformation.amazonaws.com"}
 TO_CLOUDFORMATION = {"iam:PassedToService": "cloudformation.amazonaws.com"}
+SERVICE_ROLES = f"arn:aws:iam::{ACCOUNT}:role/aws-service-role"
+FSX_ROLE = f"{SERVICE_ROLES}/fsx.amazonaws.com/AWSServiceRoleForAmazonFSx"
+FOR_FSX = {"iam:AWSServiceName": "fsx.amazonaws.com"}
+SLR = "ServiceLinkedRolesOnFirstUse"
 PCLUSTER_REQUESTS = [
+    (SLR, "iam:CreateServiceLinkedRole", FSX_ROLE, FOR_FSX, True),
+    (
+        SLR,
+        "iam:CreateServiceLinkedRole",
+        f"{SERVICE_ROLES}/spot.amazonaws.com/AWSServiceRoleForEC2Spot",
+        {"iam:AWSServiceName": "spot.amazonaws.com"},
+        True,
+    ),
+    (SLR, "iam:CreateServiceLinkedRole", FSX_ROLE, {"iam:AWSServiceName": "organizations.amazonaws.com"}, False),
+    (
+        SLR,
+        "iam:CreateServiceLinkedRole",
+        f"{SERVICE_ROLES}/organizations.amazonaws.com/AWSServiceRoleForOrganizations",
+        {"iam:AWSServiceName": "organizations.amazonaws.com"},
+        False,
+    ),
     (ROLES_BOUNDED, "iam:CreateRole", CLUSTER_ROLE, BOUNDED, True),
     (ROLES_BOUNDED, "iam:CreateRole", CLUSTER_ROLE, {}, False),
     (ROLES_BOUNDED, "iam:CreateRole", CLUSTER_ROLE, UNBOUNDED, False),
@@ -319,25 +324,10 @@ PCLUSTER_REQUESTS = [
 ]
 
 
-@cache
-def simulator_installed() -> Path:
-    module = SIMULATOR / "node_modules" / "@cloud-copilot" / "iam-simulate"
-    assert module.is_dir(), "the IAM policy evaluator is not installed: run `make iam-simulator` (npm ci)"
-    return SIMULATOR / "simulate.mjs"
-
-
 def simulate(policy: Path, requests: list[tuple], boundary: Path | None = None) -> list[dict]:
     """Each (sid, action, resource, context, allowed) request through the evaluator, in one node process."""
-    payload = {
-        "policies": [{"name": policy.stem, "policy": json.loads(policy.read_text())}],
-        "boundary": json.loads(boundary.read_text()) if boundary else None,
-        "requests": [{"action": a, "resource": r, "context": c} for _, a, r, c, _ in requests],
-    }
-    script = simulator_installed()
-    proc = subprocess.run(
-        ["node", str(script)], input=json.dumps(payload), capture_output=True, text=True, cwd=SIMULATOR, check=True
-    )
-    return json.loads(proc.stdout)
+    payload = [{"action": a, "resource": r, "context": c} for _, a, r, c, _ in requests]
+    return iam_calls.simulate(policy, payload, boundary=boundary)
 
 
 def conditioned_sids(policy: Path) -> set[str]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from pcflow.aws.calllog import CALLER_ENV
 from pcflow.errors import ServiceFailed
 from pcflow.paths import checkout_root
 
@@ -151,8 +152,9 @@ class ParallelClusterHook(BaseHook):
         return self._region_name or self.aws_hook.region_name
 
     def subprocess_env(self) -> dict[str, str]:
-        """The subprocess' environment: ours, plus the connection's region, endpoint, CA bundle, credentials."""
-        env = dict(os.environ)
+        """The subprocess' environment: ours, plus the connection's region, endpoint, CA bundle, credentials
+        (and who makes its AWS calls, for a call log: the CLI's user, not Airflow's role)."""
+        env = dict(os.environ, **{CALLER_ENV: "pcluster"})
         hook = self.aws_hook
         if self.aws_conn_id:
             credentials = hook.get_credentials(region_name=self.region_name)

@@ -8,7 +8,6 @@ from typing import Any
 from pcflow.aws.clients import AwsCallFailed, error_code, error_message
 from pcflow.aws.teardown.handlers.base import ListByTagHandler
 from pcflow.aws.teardown.model import Resource, Selector
-from pcflow.naming import TAG_STACK
 
 
 class InstanceHandler(ListByTagHandler):
@@ -103,24 +102,14 @@ class RouteTableHandler(ListByTagHandler):
 
 
 class NetworkInterfaceHandler(ListByTagHandler):
-    """Tagged ENIs, and detached ENIs left in selected VPCs (FSx, Lambda and crashed launches leave them)."""
+    """pcflow's tagged ENIs. Untagged ones in pcflow's VPCs are not pcflow's to delete: FSx's, Lambda's
+    and a NAT gateway's are AWS's own (requester-managed, removed with their service; the VPC's deletion
+    is retried until they are gone), and the Airflow role may delete only what carries pcflow's tags
+    (include/iam/pcflow-airflow-policy.json), which the rehearsal's recorded calls check."""
 
     kind, order = "network-interface", 60
     operation, result_key, id_key = "describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId"
     tags_key, state_key = "TagSet", "Status"
-
-    def describe(self, selector: Selector) -> list[dict[str, Any]]:
-        found = {eni["NetworkInterfaceId"]: eni for eni in super().describe(selector)}
-        vpc_ids = [r.id for r in VpcHandler(self.client).list(selector)]
-        if vpc_ids:
-            filters = [{"Name": "vpc-id", "Values": vpc_ids}, {"Name": "status", "Values": ["available"]}]
-            found |= {eni["NetworkInterfaceId"]: eni for eni in self.call(Filters=filters)}
-        return list(found.values())
-
-    def selects(self, selector: Selector, item: dict[str, Any], tags: dict[str, str]) -> bool:
-        # An interface carrying pcflow's tags answers to the selector like any resource (a kept cluster's
-        # stays); an untagged one left detached in a selected VPC goes with its VPC.
-        return TAG_STACK not in tags or selector.matches(tags)
 
     def delete(self, resource: Resource) -> None:
         attachment = resource.detail.get("Attachment") or {}
