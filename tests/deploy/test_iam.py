@@ -353,13 +353,17 @@ def test_each_condition_allows_what_pcflow_does_and_refuses_the_rest(policy, req
 
 def test_the_boundary_caps_what_a_cluster_role_can_do_whatever_is_attached():
     """A node role with AdministratorAccess attached (refused above, but say it got there) is still held
-    to the permissions boundary: no IAM, no other buckets."""
+    to the permissions boundary: no IAM, no other buckets, and the dataset buckets read-only."""
     admin = SIMULATOR / "administrator-access.json"
     requests = [
         ("boundary", "ec2:RunInstances", INSTANCE, {}, True),
         ("boundary", "s3:GetObject", "arn:aws:s3:::my-pcflow-datasets/datasets/x.tar", {}, True),
         ("boundary", "iam:CreateUser", f"arn:aws:iam::{ACCOUNT}:user/backdoor", {}, False),
         ("boundary", "s3:GetObject", "arn:aws:s3:::payroll/2026.csv", {}, False),
+        # A job cannot overwrite another run's model or plant files under a prefix FSx imports (issue 24):
+        ("boundary", "s3:PutObject", "arn:aws:s3:::my-pcflow-datasets/runs/other/model/model.pt", {}, False),
+        ("boundary", "s3:DeleteObject", "arn:aws:s3:::my-pcflow-datasets/datasets/x.tar", {}, False),
+        ("boundary", "s3:PutObject", "arn:aws:s3:::parallelcluster-abc-v1-do-not-delete/x", {}, True),
     ]
     results = simulate(admin, requests, boundary=BOUNDARY_POLICY)
     assert [r["decision"] == "Allowed" for r in results] == [allowed for *_, allowed in requests], results

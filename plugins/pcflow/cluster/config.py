@@ -103,6 +103,14 @@ def refuse_replaced(spec: ClusterSpec, document: Mapping[str, Any]) -> None:
             )
 
 
+def dataset_keys(spec: ClusterSpec) -> str:
+    """What the nodes' roles may read of the dataset bucket (S3Access KeyName): the dataset's prefix, and
+    nothing else of the bucket. They write none of it: the worker uploads models and reports (through
+    the head node's SSH), and FSx imports and exports with its own role, so a job cannot overwrite
+    another run's model or plant files under a prefix FSx imports for other runs."""
+    return f"{spec.s3_prefix}/*" if spec.s3_prefix else "*"
+
+
 def render_config(
     spec: ClusterSpec,
     *,
@@ -120,7 +128,14 @@ def render_config(
     body = (
         _environment()
         .get_template(template)
-        .render(s=spec, efa=efa, data_repository_path=data_path, export_path=export_path, tags={})
+        .render(
+            s=spec,
+            efa=efa,
+            data_repository_path=data_path,
+            export_path=export_path,
+            dataset_keys=dataset_keys(spec),
+            tags={},
+        )
     )
     document = yaml.safe_load(body)
     if spec.extra_config:

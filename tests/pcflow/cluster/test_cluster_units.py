@@ -87,6 +87,9 @@ def test_render_fsx_variants_and_queue():
     lustre = doc["SharedStorage"][0]["FsxLustreSettings"]
     assert lustre["ImportPath"] == "s3://data/sets/x" and lustre["ExportPath"] == "s3://data/out"
     assert doc["HeadNode"]["Imds"] == {"Secured": True} and doc["Imds"] == {"ImdsSupport": "v2.0"}
+    # The nodes read the dataset's prefix and write nothing of the bucket (issue 24: jobs wrote anywhere).
+    read_only = [{"BucketName": "data", "KeyName": "sets/x/*", "EnableWriteAccess": False}]
+    assert doc["HeadNode"]["Iam"]["S3Access"] == read_only and queue["Iam"]["S3Access"] == read_only
     persistent = ClusterSpec.parse({**BASE, "s3_bucket": "data", "fsx": {"deployment_type": "PERSISTENT_2"}})
     lustre2 = render_config(persistent).document["SharedStorage"][0]["FsxLustreSettings"]
     assert "ImportPath" not in lustre2
