@@ -364,6 +364,21 @@ def test_the_boundary_caps_what_a_cluster_role_can_do_whatever_is_attached():
         ("boundary", "s3:PutObject", "arn:aws:s3:::my-pcflow-datasets/runs/other/model/model.pt", {}, False),
         ("boundary", "s3:DeleteObject", "arn:aws:s3:::my-pcflow-datasets/datasets/x.tar", {}, False),
         ("boundary", "s3:PutObject", "arn:aws:s3:::parallelcluster-abc-v1-do-not-delete/x", {}, True),
+        # EC2: what ParallelCluster's nodes and functions do, not ec2:* (issue 24): terminate only the
+        # cluster's nodes, tag only at launch or its own nodes, nothing on the network.
+        ("boundary", "ec2:TerminateInstances", INSTANCE, {"aws:ResourceTag/parallelcluster:cluster-name": "c"}, True),
+        ("boundary", "ec2:TerminateInstances", INSTANCE, {}, False),
+        ("boundary", "ec2:CreateTags", INSTANCE, {"ec2:CreateAction": "RunInstances"}, True),
+        ("boundary", "ec2:CreateTags", INSTANCE, {}, False),
+        ("boundary", "ec2:DescribeInstances", "*", {}, True),
+        ("boundary", "ec2:DeleteVpc", VPC, {}, False),
+        (
+            "boundary",
+            "ec2:AuthorizeSecurityGroupIngress",
+            f"arn:aws:ec2:us-east-1:{ACCOUNT}:security-group/sg-1",
+            {},
+            False,
+        ),
     ]
     results = simulate(admin, requests, boundary=BOUNDARY_POLICY)
     assert [r["decision"] == "Allowed" for r in results] == [allowed for *_, allowed in requests], results
