@@ -265,8 +265,16 @@ AIRFLOW_REQUESTS = [
     ("TagOnCreateOnly", "ec2:CreateTags", VPC, {"ec2:CreateAction": "CreateVpc"}, True),
     ("TagOnCreateOnly", "ec2:CreateTags", VPC, {"ec2:CreateAction": "CreateKeyPair"}, False),
     # Moving an own resource's expiry on; not tagging someone's instance as pcflow's, nor moving an own
-    # resource to another stack or run (only pcflow:expires may change after creation).
+    # resource to another stack or run (only pcflow:expires and the DAG run that used it last may change).
     ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:expires"]}, True),
+    # ...and the DAG run that used it last, which the janitor asks Airflow about before deleting it.
+    (
+        "RetagOwnResources",
+        "ec2:CreateTags",
+        INSTANCE,
+        {**OWN, "aws:TagKeys": ["pcflow:expires", "pcflow:dag-id", "pcflow:run-id"]},
+        True,
+    ),
     ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {"aws:TagKeys": ["pcflow:expires"]}, False),
     ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:stack"]}, False),
     ("RetagOwnResources", "ec2:CreateTags", INSTANCE, {**OWN, "aws:TagKeys": ["pcflow:expires", "pcflow:run"]}, False),
