@@ -116,7 +116,7 @@ def dag_run_tags(dag_run: tuple[str, str] | None) -> dict[str, str]:
     if dag_run is None:
         return {}
     tags = dict(zip((TAG_DAG_ID, TAG_RUN_ID), dag_run, strict=True))
-    return tags if all(value and AWS_TAG_VALUE_RE.match(value) for value in tags.values()) else {}
+    return tags if all(value and AWS_TAG_VALUE_RE.fullmatch(value) for value in tags.values()) else {}
 
 
 def validate_stack_name(name: str) -> str:

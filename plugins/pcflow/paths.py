@@ -8,6 +8,8 @@ import os
 import posixpath
 from pathlib import Path
 
+from pcflow.errors import ConfigurationError
+
 #: Directories of the deployment admin's own profiles (os.pathsep-separated), looked up before
 #: include/profiles/; read by the DAG processor (the form's choices) and by the workers (the runs).
 PROFILES_DIR_ENV = "PCFLOW_PROFILES_DIR"
@@ -34,8 +36,6 @@ def include_dir() -> Path:
     """`PCFLOW_INCLUDE_DIR`, else the checkout's `include/`. An installed pcflow has no include/ of its own:
     a path guessed beside site-packages would only fail later as "no profile 'aws-gpu' in <somewhere>", so
     a deployment that names none, or names a directory nothing is mounted at, is told which setting to fix."""
-    from pcflow.errors import ConfigurationError
-
     configured = os.environ.get(INCLUDE_DIR_ENV)
     if configured:
         if not Path(configured).is_dir():
@@ -78,7 +78,6 @@ def offered_profiles() -> list[str]:
     profile found. The form asks when a DAG file is parsed and the first task asks again for each run,
     so a setting that names a profile with no file, or leaves the default out, fails both (a
     ConfigurationError naming the setting): the DAG files do not import, and no run starts."""
-    from pcflow.errors import ConfigurationError
 
     found = profile_names()
     setting = os.environ.get(OFFERED_PROFILES_ENV, "")

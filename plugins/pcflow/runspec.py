@@ -88,8 +88,10 @@ class ClusterSettings(_Section):
     suppress_validators: list[str] = Field(default_factory=list)
 
 
+#: Where the job finds its run's staged data: a hyperparameter the train task sets (pipeline.tasks).
+DATA_DIR = "data_dir"
 #: Hyperparameters pcflow sets itself (the train task adds them): no profile, conf, trial or grid may.
-RESERVED_HYPERPARAMETERS = frozenset({"data_dir"})
+RESERVED_HYPERPARAMETERS = frozenset({DATA_DIR})
 
 
 def reserved_hyperparameters(hyperparameters: Any, where: str) -> list[str]:

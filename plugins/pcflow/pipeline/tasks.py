@@ -117,9 +117,11 @@ def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]
 def training_inputs(
     run: dict[str, Any], cluster: dict[str, Any], data_dir: str, trials: list[dict] | None = None
 ) -> dict[str, Any]:
-    """Where and how to reach the cluster, and the data's path there, for the train task."""
-    # data_dir is one of RESERVED_HYPERPARAMETERS: the first task refused it in the profile, conf and trials.
-    hyperparameters = {**run["training"]["hyperparameters"], "data_dir": data_dir}
+    """Where and how to reach the cluster, and the data's path there, for the train task (DATA_DIR is one
+    of runspec.RESERVED_HYPERPARAMETERS: the first task refused it in the profile, conf, trials and grid)."""
+    from pcflow.runspec import DATA_DIR
+
+    hyperparameters = {**run["training"]["hyperparameters"], DATA_DIR: data_dir}
     return {
         "head_node": HeadNode.from_cluster(cluster).as_dict(),
         "shared_root": cluster.get("shared_root"),
