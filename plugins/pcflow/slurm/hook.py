@@ -81,12 +81,16 @@ class HostKeyMismatch(SlurmConnectionError, AirflowFailException):
 
 @dataclass(frozen=True)
 class CommandResult:
+    """A finished remote command: callers decide with `check` (or the exit code) whether failure matters."""
+
     argv: tuple[str, ...]
     exit_code: int
     stdout: str
     stderr: str
 
     def check(self) -> CommandResult:
+        """Itself when the command succeeded; else a SlurmError with the end of its output (and a hint when the
+        disk is full)."""
         if self.exit_code != 0:
             detail = (self.stderr or self.stdout).strip()[-2000:]
             hint = " The cluster's disk is full: free space under the shared root." if "No space" in detail else ""
@@ -213,6 +217,8 @@ def fingerprint(key_blob: bytes) -> str:
 
 
 def host_key_message(conn_id: str, host: str, served: str | None, expected: str | None) -> str:
+    """The refusal of a host key that is not the pinned one, with both fingerprints: a person must decide
+    whether the node was rebuilt or the connection intercepted, so the message says how to tell."""
     return (
         f"The SSH host key of {host} does not match the key pinned in connection {conn_id!r}: the server "
         f"sent {served or 'a key that could not be read again'}, the pinned key is {expected or 'unknown'}. "
@@ -379,6 +385,7 @@ class SlurmHook(BaseHook):
         )
 
     def close(self) -> None:
+        """Close the SFTP channel and the connection; safe when they are already broken or were never opened."""
         for closable in (self._sftp, self._client):
             if closable is not None:
                 try:
@@ -506,6 +513,8 @@ class SlurmHook(BaseHook):
         return sizes
 
     def makedirs(self, *paths: str) -> None:
+        """`mkdir -p` on the head node: directories other tasks and users may share (a run's own use
+        `make_private_dirs`)."""
         self.run(["mkdir", "-p", "--", *paths])
 
     def make_private_dirs(self, *paths: str) -> None:
@@ -537,6 +546,8 @@ class SlurmHook(BaseHook):
             pass
 
     def file_size(self, path: str) -> int | None:
+        """The size of a remote file in bytes, None when it does not exist (yet): how a log's offset is taken
+        before submitting."""
         try:
             with self._sftp_request(f"a stat of {path}") as sftp:
                 return sftp.stat(path).st_size
@@ -561,6 +572,8 @@ class SlurmHook(BaseHook):
         return json_object(self.read_file(path, 0, SMALL_FILE_BYTES + 1))
 
     def is_dir(self, path: str) -> bool:
+        """Whether a remote path is a directory; False when it is absent (how a shipped payload is found already
+        there)."""
         try:
             with self._sftp_request(f"a stat of {path}") as sftp:
                 return stat.S_ISDIR(sftp.stat(path).st_mode or 0)
@@ -608,9 +621,12 @@ class SlurmHook(BaseHook):
         return job_id
 
     def job_info(self, job_id: str) -> JobInfo | None:
+        """Slurm's word on one job now, None when no source knows it any more (the exit marker may still: the
+        operator asks it next)."""
         return queries.drive(queries.job_info(job_id, self.accounting_enabled), self._stdout)
 
     def array_elements(self, array_id: str) -> list[JobInfo]:
+        """One JobInfo per element of a job array that Slurm still knows, ordered by index; empty when it knows none."""
         return queries.drive(queries.array_elements(array_id, self.accounting_enabled), self._stdout)
 
     def find_jobs(self, job_name: str) -> list[JobInfo]:
@@ -618,8 +634,12 @@ class SlurmHook(BaseHook):
         return queries.drive(queries.jobs_named(job_name, self.accounting_enabled), self._stdout)
 
     def cancel(self, job_id: str, *, signal: str | None = None) -> None:
+        """`scancel`, never failing: a job already gone is what the caller wanted. `signal` sends it instead of
+        ending the job."""
         argv = ["scancel", *(["--signal", signal] if signal else []), job_id]
         self.run(argv, check=False)
 
     def requeue(self, job_id: str) -> None:
+        """`scontrol requeue`: Slurm runs the job again under the same id (the operator's waits treat that as
+        progress, not failure)."""
         self.run(["scontrol", "requeue", job_id])

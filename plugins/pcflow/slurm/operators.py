@@ -44,7 +44,21 @@ STATE_KEY = "slurm_job"
 
 
 class SlurmJobOperator(BaseOperator):
-    """Submit a training (or any) job to Slurm over SSH and wait for it, deferrably by default.
+    """Submit a training (or any) job to Slurm over SSH once per run key and wait for it without a worker slot.
+
+    Before submitting, the task looks for the job an earlier try of it left (the module docstring says
+    where): a job still running or requeued is waited on again, one that completed, or that pcflow ended
+    on purpose (early stopping, the budget), is adopted as this try's result, and only one that failed
+    makes it submit again. A job named like this run's but submitted by another user is never adopted.
+    Bad input (the spec, the shared root) fails the task without retry before anything reaches the
+    cluster; a failed job raises `JobFailed` (retried: the retry re-attaches or resubmits) with the log's
+    last lines; a host-key mismatch fails without retry. A job that waited past `pending_timeout` or
+    restarted more than `max_restarts` times is cancelled before the task fails; killing the task
+    cancels the job too.
+
+    Returns (XCom) `job_id`, `outcome` (`success`, `stopped_early`, `budget_exhausted`), `state`,
+    `exit_code`, `elapsed_s`, `restarts`, `nodes` (Slurm's node list of the last attempt), `run_dir`,
+    `log` and `metrics_file`: what the metrics stage reads.
 
     :param program: the program and its arguments, one list element each (never shell text), interpreter
         included: every launcher's workers run it as given, so changing the launcher never changes it.
@@ -52,8 +66,9 @@ class SlurmJobOperator(BaseOperator):
     :param allocation: the Slurm resources (BaseOperator already owns `resources`): nodes,
         tasks_per_node, gpus_per_node, cpus_per_task, partition, time_limit, exclusive, requeue,
         extra_sbatch (allow-listed options).
-    :param hyperparameters: written to hparams.json beside the script; the job reads PCFLOW_HPARAMS.
-    :param env: environment variables for the job.
+    :param hyperparameters: written to hparams.json in the run directory; the job reads `$PCFLOW_HPARAMS`.
+    :param env: environment variables for the job: passed through sbatch's environment, never written in
+        the script or spec.json (which name them only), and every value masked in logs once rendered.
     :param python: the environment's interpreter on the cluster (a baked venv's python): it runs the
         shipped payload's script under every launcher, and torchrun's per-node agent.
     :param payload_dir: the run's shipped payload on the cluster (`pcflow.slurm.payload`): `program[0]` is
@@ -61,8 +76,11 @@ class SlurmJobOperator(BaseOperator):
     :param head_node: the head node (`pcflow.slurm.head_node.HeadNode`, its dict, or an SSH connection id;
         connection extras: shared_root, slurm_bin): a cluster made by this run gives its address and
         pinned host key with the connection id. `ssh_conn_id`, `remote_host`, `host_key`: its parts, as
-        before HeadNode (still accepted; give them or `head_node`).
-    :param shared_root: a directory all nodes see; defaults to the connection's `shared_root` extra.
+        before HeadNode (still accepted; give them or `head_node`, not both).
+    :param shared_root: a directory all nodes see; defaults to the connection's `shared_root` extra. The
+        job's files live in `<shared_root>/pcflow/runs/<run key>/<task>/`.
+    :param poll_interval: seconds between the waiter's looks at the exit marker and the log (SFTP: cheap).
+    :param confirm_interval: seconds between questions to slurmctld (and at once when a marker appears).
     :param pending_timeout: seconds a job may stay pending before pcflow cancels it and fails.
     :param max_restarts: Slurm requeues (node failure, preemption) tolerated before pcflow gives up.
     :param early_stopping: `{"objective": {"name", "mode"}, "patience", "min_delta"}`: the wait scancels
@@ -73,7 +91,8 @@ class SlurmJobOperator(BaseOperator):
         the task still succeeds, with outcome `budget_exhausted`.
     :param secret_env: the references (`{name: {"variable": key}}`, pcflow.runspec.SecretReference) of the
         secrets among `env`: the trigger reads them again so the log lines it streams show `***` instead.
-    :param deferrable: wait in the triggerer (default) or in this worker with the same semantics.
+    :param deferrable: wait in the triggerer, or in this worker with the same semantics; the default is
+        Airflow's `operators.default_deferrable` (pcflow's deployments set it true).
     """
 
     template_fields: Sequence[str] = (
@@ -181,9 +200,12 @@ class SlurmJobOperator(BaseOperator):
             ) from None
 
     def array_spec(self) -> ArraySpec | None:
+        """None: one job. The array operator's hook into the spec, so one submit path serves both."""
         return None
 
     def run_dir(self, context: Context) -> RunDir:
+        """The job's directory under the shared root, named by run key and task so every try of the task finds
+        the same one; no shared root configured fails the task without retry."""
         from pcflow.slurm.spec import RunDir
 
         root = self.shared_root or self.hook.shared_root
@@ -236,6 +258,7 @@ class SlurmJobOperator(BaseOperator):
         return [job for job in jobs if job.user == user]
 
     def job_status(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
+        """Slurm's word on the job, or its exit marker's once Slurm has forgotten it; None when neither knows it."""
         return self.hook.job_info(job_id) or self._from_marker(job_id, run_dir)
 
     def _marker(self, job_id: str, run_dir: RunDir) -> dict | None:
@@ -311,6 +334,8 @@ class SlurmJobOperator(BaseOperator):
         return previous.state.is_active or previous.state.is_interruption
 
     def trigger_kwargs(self, run_dir: RunDir) -> dict[str, Any]:
+        """What the trigger needs, all JSON: it is stored with the deferred task and shown, so the environment
+        travels only as secret references."""
         return {
             "head_node": self.hook.head_node.as_dict(),
             "job_id": self.job_id,
@@ -324,11 +349,15 @@ class SlurmJobOperator(BaseOperator):
         }
 
     def make_trigger(self, run_dir: RunDir, log_offset: int) -> HeadNodeTrigger:
+        """The wait for this job, from `log_offset` on: the same trigger serves a deferred wait and a wait in
+        the worker."""
         from pcflow.slurm.trigger import SlurmJobTrigger
 
         return SlurmJobTrigger(log_offset=log_offset, **self.trigger_kwargs(run_dir))
 
     def policy_kwargs(self) -> dict[str, Any]:
+        """The waiter's pacing as WatchPolicy's fields, its defaults filled in: the trigger rebuilds the same
+        policy from them."""
         policy = WatchPolicy(
             poll_interval=self.poll_interval,
             confirm_interval=self.confirm_interval,
@@ -359,11 +388,14 @@ class SlurmJobOperator(BaseOperator):
         return job_id, log_offset
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
+        """Write the job's hyperparameters (data the job reads, never shell text) before sbatch is called."""
         from pcflow.slurm.render import render_hparams
 
         self.hook.write_file(run_dir.hparams, render_hparams(spec))
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The wait's end: the result XCom on success; a host-key mismatch fails without retry; any other
+        failure raises JobFailed (retried), after cancelling a job the waiter gave up on."""
         from pcflow.slurm.spec import RunDir
 
         event = validate_event(event, task=self.task_id, required=("job_id", "run_dir", "message"))
@@ -379,10 +411,12 @@ class SlurmJobOperator(BaseOperator):
         raise JobFailed(self.failure_message(run_dir, event))
 
     def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:
+        """The result XCom from the trigger's success event (a subclass reads its own event shape)."""
         info = JobInfo.from_dict(event["job"]) if event.get("job") else None
         return self.result(run_dir, info, exit_code=event.get("exit_code") or 0, outcome=event["outcome"])
 
     def failure_message(self, run_dir: RunDir, event: dict[str, Any]) -> str:
+        """The trigger's reason with the log's last lines, so the task log shows why without a trip to the cluster."""
         tail = "\n".join(event.get("log_tail") or [])
         return f"{event['message']}\nLast lines of {run_dir.log}:\n{tail}"
 
@@ -450,6 +484,8 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         return spec
 
     def trial_specs(self, spec: JobSpec) -> list[JobSpec]:
+        """One validated JobSpec per trial; a bad trial fails the task without retry, naming where it is wrong
+        but not its values."""
         from pcflow.slurm.spec import JobSpec
 
         try:

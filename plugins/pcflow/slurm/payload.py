@@ -41,6 +41,9 @@ class PayloadError(ConfigurationError):
 
 @dataclass(frozen=True)
 class PayloadArchive:
+    """A packed payload: the tar's bytes, their digest (the directory name on the cluster) and how many files it
+    holds."""
+
     name: str
     data: bytes  # an uncompressed tar: payloads are small and the SSH transport compresses nothing twice
     digest: str
@@ -48,6 +51,7 @@ class PayloadArchive:
 
 
 def payloads_dir() -> Path:
+    """`include/payloads/`: the only place payloads are shipped from (admin-owned code, not a trigger user's)."""
     return include_dir() / "payloads"
 
 
@@ -106,6 +110,8 @@ def build_archive(name: str) -> PayloadArchive:
 
 
 def payload_root(shared_root: str) -> str:
+    """`<shared root>/pcflow/payloads`; a shared root that is not a plain absolute path is refused (it names a
+    remote directory)."""
     if not ABS_PATH.fullmatch(shared_root or ""):
         raise PayloadError(
             f"shared root must be an absolute path of letters, digits and _.@+-/ (got {shared_root!r}); set the "

@@ -76,6 +76,8 @@ class JobProgress:
     last: str | None = None
 
     def note(self, info: JobInfo | None) -> str | None:
+        """The line to log when the job's state or pending reason changed since the last call, else None (no
+        line per poll)."""
         line = describe(info) if info is not None else None
         if line is None or line == self.last:
             return None
@@ -92,6 +94,7 @@ class ArrayProgress:
     last: dict[str, int] | None = None
 
     def note(self, counts: dict[str, int]) -> str | None:
+        """The line to log when the array's counts changed since the last call, else None."""
         if counts == self.last:
             return None
         self.last = dict(counts)

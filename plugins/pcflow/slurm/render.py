@@ -64,6 +64,8 @@ def sbatch_directives(spec: JobSpec, run_dir: RunDir, job_name: str) -> list[str
 
 
 def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_key: str) -> str:
+    """The job's batch script from its launcher's template; every shell value quoted by the template's filters,
+    every `#SBATCH` line re-checked. A job name that is not a plain name is refused."""
     if not NAME.fullmatch(job_name):
         raise ValueError(f"job name must be letters, digits and _.- (got {job_name!r})")
     try:
@@ -88,4 +90,5 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
 
 
 def render_hparams(spec: JobSpec) -> str:
+    """hparams.json's text: sorted keys, so the same hyperparameters give the same file; NaN/inf refused."""
     return json.dumps(spec.hyperparameters, indent=2, sort_keys=True, allow_nan=False) + "\n"

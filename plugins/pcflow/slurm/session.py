@@ -76,6 +76,7 @@ class View:
     generation: int  # the connection it came over
 
     def size(self, path: str) -> int | None:
+        """The size of a watched file at this tick, None when it did not exist."""
         found = self.files.get(path)
         return found.size if found is not None else None
 
@@ -108,7 +109,8 @@ class Waiter(Protocol):
     def watched_jobs(self) -> dict[str, int | None]:
         """Job ids to ask Slurm about: an array's id maps to its size, a single job's to None."""
 
-    async def connect(self) -> asyncssh.SSHClientConnection: ...
+    async def connect(self) -> asyncssh.SSHClientConnection:
+        """A new connection to the head node, its host key pinned: the session opens (and reopens) it."""
 
 
 class Seat:
@@ -176,6 +178,8 @@ class Seat:
         self.session.lost(error, view.generation)
 
     def deliver(self, notice: View | Trouble | BaseException) -> None:
+        """Hand the waiter a view or a failure: a view it is not waiting for is dropped (the next tick brings a
+        newer one); a failure is kept until it next waits."""
         if self.waiting:
             self._next.set_result(notice)
         elif not isinstance(notice, View):
@@ -214,6 +218,8 @@ class HeadNodeSession:
     # -- waiters come and go ------------------------------------------------------------------
 
     def join(self, waiter: Waiter) -> Seat:
+        """A seat for a new waiter; starts the poll loop when it is the first, and has Slurm asked within the
+        waiter's confirm interval."""
         loop = asyncio.get_running_loop()
         seat = Seat(self, waiter)
         self.seats[seat] = None
@@ -428,6 +434,8 @@ class HeadNodeSession:
     # -- failures ------------------------------------------------------------------------------
 
     def lost(self, error: BaseException, generation: int) -> None:
+        """A read over connection `generation` failed: reconnect once for every waiter, unless a later
+        connection already replaced it."""
         if generation == self.generation and self.conn is not None:
             self._broken(error)
 

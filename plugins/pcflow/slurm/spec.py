@@ -226,6 +226,8 @@ class RunDir:
 
     @classmethod
     def for_job(cls, shared_root: str, run_key: str, task: str) -> RunDir:
+        """`<shared root>/pcflow/runs/<run key>/<task>`; refuses a shared root that is not a plain absolute path
+        and a run key or task that is not a plain name, so the path cannot leave the runs directory."""
         if not ABS_PATH.fullmatch(shared_root or ""):
             raise ValueError(
                 f"shared root must be an absolute path of letters, digits and _.@+-/ (got {shared_root!r}); set "

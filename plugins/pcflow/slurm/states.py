@@ -13,6 +13,8 @@ from enum import StrEnum
 
 
 class JobState(StrEnum):
+    """Slurm's job states, reduced to what pcflow decides on; an unheard-of state is UNKNOWN, never an error."""
+
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     SUSPENDED = "SUSPENDED"
@@ -147,10 +149,12 @@ class JobInfo:
         return int(index) if sep and index.isdigit() else None
 
     def as_dict(self) -> dict:
+        """JSON for a trigger event or XCom (`from_dict` reads it back)."""
         return {**asdict(self), "state": str(self.state)}
 
     @classmethod
     def from_dict(cls, data: dict) -> JobInfo:
+        """The JobInfo `as_dict` wrote."""
         return cls(**{**data, "state": JobState(data["state"])})
 
 
@@ -331,6 +335,7 @@ class JobUsage:
     history: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
+        """JSON for the run's report and XCom."""
         return {**asdict(self), "state": str(self.state)}
 
 

@@ -45,6 +45,7 @@ class StatLoop:
 
     @classmethod
     async def start(cls, conn: asyncssh.SSHClientConnection) -> StatLoop:
+        """Start the loop on the head node over `conn`: once per connection, so no poll pays for a login shell."""
         process = await conn.create_process(quote_command(["sh", "-c", LOOP]), encoding=None, stderr=asyncssh.DEVNULL)
         return cls(process)
 
@@ -60,6 +61,7 @@ class StatLoop:
         return parse_stats(answer[: -len(TERMINATOR)].decode(errors="replace"))
 
     def close(self) -> None:
+        """Stop the loop: closing its stdin ends it on the head node."""
         self.process.close()
 
 

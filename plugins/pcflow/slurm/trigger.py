@@ -120,6 +120,8 @@ class HeadNodeTrigger(BaseTrigger):
         return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
 
     def kwargs(self) -> dict[str, Any]:
+        """The constructor's arguments, JSON only: what Airflow stores to rebuild the trigger (so never a
+        secret's value). Subclasses add their own."""
         return {
             "head_node": self.head_node.as_dict(),
             "job_id": self.job_id,
@@ -159,9 +161,13 @@ class HeadNodeTrigger(BaseTrigger):
     # -- remote access -------------------------------------------------------------------------
 
     async def connect(self) -> asyncssh.SSHClientConnection:
+        """A new connection to the head node, its host key pinned: the session opens the shared one through
+        its first waiter, `on_kill` one of its own."""
         return await connect_async(self.head_node)
 
     async def run_command(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> str:
+        """A command's stdout over `conn`, `slurm_bin` applied, never failing on its exit code (scancel of a job
+        already gone)."""
         argv = with_slurm_bin(argv, self.slurm_bin)
         result = await conn.run(quote_command(argv), check=False, timeout=self.command_timeout)
         out = result.stdout or ""
@@ -271,6 +277,7 @@ class HeadNodeTrigger(BaseTrigger):
 
     @staticmethod
     async def size_of(sftp: asyncssh.SFTPClient, path: str) -> int | None:
+        """A remote file's size, None when it does not exist (yet)."""
         try:
             return (await sftp.stat(path)).size or 0
         except asyncssh.SFTPNoSuchFile:
@@ -278,6 +285,7 @@ class HeadNodeTrigger(BaseTrigger):
 
     @staticmethod
     async def close(conn: asyncssh.SSHClientConnection | None) -> None:
+        """Close a connection of this wait's own; errors on the way out are ignored (nothing is left to release)."""
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -422,6 +430,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
         return size > self.cursor.offset
 
     def skip_log(self, offset: int) -> None:
+        """Jump the log cursor to `offset`, saying in the task log how much was skipped and where the whole log is."""
         skipped = self.cursor.skip_to(offset)
         self.log.warning(
             "Skipped %d bytes of the job log: it grows faster than the task log can follow. All of "
@@ -486,6 +495,8 @@ class SlurmJobTrigger(HeadNodeTrigger):
         return self.payload(self.after_budget(verdict), self.final_info())
 
     def marker_is_ours(self) -> bool:
+        """Whether the exit marker names this job: a marker left by an earlier job in the same directory settles
+        nothing."""
         return bool(self.marker) and str(self.marker.get("job_id")) == self.job_id
 
     def settled_by_marker(self) -> bool:
@@ -498,6 +509,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
         return marker_job_info(self.marker, self.job_id, self.info) if self.settled_by_marker() else self.info
 
     def payload(self, verdict: Verdict, info: JobInfo | None) -> dict[str, Any]:
+        """The event the operator's `execute_complete` reads: the verdict, Slurm's last word and the log's tail."""
         return {
             "status": "success" if verdict.outcome.ok else "failed",
             "outcome": str(verdict.outcome),
@@ -540,6 +552,7 @@ class SlurmArrayTrigger(HeadNodeTrigger):
         return posixpath.join(self.run_dir, "done")
 
     def marker_path(self, index: int) -> str:
+        """Element `index`'s exit marker (each element writes its own, in its own directory)."""
         return posixpath.join(self.run_dir, str(index), "exit.json")
 
     @functools.cached_property
@@ -598,6 +611,7 @@ class SlurmArrayTrigger(HeadNodeTrigger):
                 self.markers[index] = await self.read_json(sftp, self.marker_path(index))
 
     async def stop_running_trials_early(self, seat: Seat) -> None:
+        """Apply the early-stopping rule to each running element not yet settled."""
         for index, info in self.watch.latest.items():
             if info.state is JobState.RUNNING and index not in self.watch.verdicts:
                 await self.stop_early_if_due(seat, f"{self.job_id}_{index}", posixpath.join(self.run_dir, str(index)))

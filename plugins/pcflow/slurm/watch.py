@@ -16,6 +16,9 @@ from pcflow.slurm.states import JobInfo, JobState
 
 
 class Outcome(StrEnum):
+    """How a wait ended. Its values are stored (the result's and the event's `outcome`): a rename breaks readers
+    of old runs."""
+
     SUCCESS = "success"
     STOPPED_EARLY = "stopped_early"
     BUDGET_EXHAUSTED = "budget_exhausted"
@@ -56,6 +59,8 @@ class WatchPolicy:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The end of one job's wait: its outcome, the message for the task log and the exit code when one is known."""
+
     outcome: Outcome
     message: str
     exit_code: int | None = None
@@ -243,6 +248,8 @@ class JobWatch:
 
 @dataclass(frozen=True)
 class ArrayVerdict:
+    """The end of an array's wait: the array's outcome and message, and one record per element for the result."""
+
     outcome: Outcome
     message: str
     elements: list[dict]
