@@ -51,6 +51,10 @@ def recipe_hash(
 
 @dataclass(frozen=True)
 class AmiSpec:
+    """What the AMI stage bakes, checked on construction before any AWS call. The recipe (what names the image
+    and decides reuse) is the base image, the script, the ParallelCluster version, `extra_inputs` and
+    `script_env`; the builder's placement, `ttl` and `dag_run` are not part of it."""
+
     stack: str
     region: str
     pcluster_version: str
@@ -116,11 +120,13 @@ class BakeWait:
 
     @classmethod
     def instance(cls, instance_id: str, name: str) -> BakeWait:
+        """Wait for the builder instance with botocore's EC2 waiter `name` (running, stopped)."""
         status = ("Reservations[0].Instances[0].State.Name",)
         return cls("ec2", name, {"InstanceIds": [instance_id]}, f"builder {instance_id}", status)
 
     @classmethod
     def agent_online(cls, instance_id: str) -> BakeWait:
+        """Wait for the builder's SSM agent to register: a command sent before that fails."""
         args = {"Filters": [{"Key": "InstanceIds", "Values": [instance_id]}]}
         return cls(
             "ssm", "AgentOnline", args, f"SSM agent of {instance_id}", ("InstanceInformationList[0].PingStatus",)
@@ -128,11 +134,13 @@ class BakeWait:
 
     @classmethod
     def bootstrap(cls, command_id: str, instance_id: str) -> BakeWait:
+        """Wait for the bootstrap command to end (a longer bound: the script installs the image's software)."""
         args = {"CommandId": command_id, "InstanceId": instance_id}
         return cls("ssm", "command_executed", args, f"bootstrap on {instance_id}", ("Status",), 240)
 
     @classmethod
     def image_available(cls, image_id: str) -> BakeWait:
+        """Wait for the new image to become available (a longer bound: snapshotting takes minutes)."""
         return cls("ec2", "image_available", {"ImageIds": [image_id]}, f"image {image_id}", ("Images[0].State",), 240)
 
     def waiter(self, client: Any) -> Any:
@@ -212,6 +220,8 @@ def find_base_image(
 
 
 def check_base_image(ec2: Any, image_id: str, region: str) -> None:
+    """Refuse a base image that does not exist or is not available in the region, before a builder is launched
+    from it."""
     from botocore.exceptions import ClientError
 
     try:
@@ -226,6 +236,7 @@ def check_base_image(ec2: Any, image_id: str, region: str) -> None:
 
 
 def check_instance_type(ec2: Any, instance_type: str, region: str) -> None:
+    """Refuse a builder instance type the region does not offer, before anything is launched."""
     from botocore.exceptions import ClientError
 
     try:
@@ -553,6 +564,7 @@ class BakeImageOperator(PcflowAwsOperator):
         self._bake: _Bake | None = None
 
     def spec(self, context: Any) -> AmiSpec:
+        """The AmiSpec from this task's rendered fields; the same every try, so each try computes the same recipe."""
         return AmiSpec(
             stack=self.stack,
             region=self.hook.region_name,
@@ -601,6 +613,8 @@ class BakeImageOperator(PcflowAwsOperator):
         return self.advance(bake)
 
     def prepare(self, context: Any, spec: AmiSpec) -> tuple[_Bake, dict[str, Any] | None]:
+        """The bake for this try, and the recipe's image if one exists; validates, creates nothing (see
+        `prepare_bake`)."""
         return prepare_bake(
             self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay, attempt=attempt_of(context)
         )

@@ -41,6 +41,7 @@ class Difference:
     why: str
 
     def describe(self) -> str:
+        """The difference as one line of the refusal or the report: setting, what was found, and why it matters."""
         return f"{self.setting}: {self.found} ({self.why})"
 
 
@@ -180,6 +181,7 @@ def release_bucket(s3: Any, name: str, stack: str) -> bool:
 
 
 def bucket_tags(s3: Any, name: str) -> dict[str, str]:
+    """A bucket's tags; a bucket without any is `{}`, not an error (S3 answers NoSuchTagSet)."""
     from botocore.exceptions import ClientError
 
     try:

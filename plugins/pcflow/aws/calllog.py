@@ -109,6 +109,7 @@ def tags_seen(value: Any, under: str = "", found: dict[str, dict[str, str]] | No
 
 
 def tag_pairs(tags: Any) -> dict[str, str] | None:
+    """`[{"Key", "Value"}]` as a dict, None when the value is not a tag list (so any other list is walked on)."""
     if isinstance(tags, list) and all(isinstance(t, dict) and "Key" in t for t in tags):
         return {t["Key"]: str(t.get("Value", "")) for t in tags}
     return None

@@ -102,6 +102,7 @@ def error_code(error: BaseException) -> str:
 
 
 def error_message(error: BaseException) -> str:
+    """The AWS error message of a ClientError, else the exception's text: for matching on ids AWS names in it."""
     from botocore.exceptions import ClientError
 
     if isinstance(error, ClientError):

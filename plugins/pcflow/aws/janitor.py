@@ -75,6 +75,7 @@ class JanitorRule:
         return self.judge(tags)[0]
 
     def why(self, tags: Mapping[str, str]) -> str:
+        """The reason `judge` gives: what the janitor's report says about a kept or reaped resource."""
         return self.judge(tags)[1]
 
     def judge(self, tags: Mapping[str, str]) -> tuple[bool, str]:
@@ -93,6 +94,7 @@ class JanitorRule:
         return self.dag_run_verdict(tags[TAG_DAG_ID], tags[TAG_RUN_ID], value)
 
     def dag_run_verdict(self, dag_id: str, run_id: str, expired: str) -> tuple[bool, str]:
+        """(reap, reason) for an expired resource of this DAG run, Airflow asked once per run in a pass."""
         key = (dag_id, run_id)
         if key not in self._states:
             self._states[key] = self._ask(dag_id, run_id, expired)
@@ -140,6 +142,7 @@ def api_status(exc: Exception) -> int | None:
 
 
 def api_detail(exc: Exception) -> str:
+    """The Task SDK error's detail in parentheses (empty when it has none), for the "state unknown" reason."""
     detail = getattr(exc, "detail", None)
     return f"({detail})" if detail else ""
 

@@ -142,6 +142,7 @@ class NetworkIds:
     private_subnet_ids: tuple[str, ...] = field(default=())
 
     def to_xcom(self) -> dict[str, Any]:
+        """The ids as JSON (tuples as lists), for the cluster stage and the run's record."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 

@@ -53,6 +53,8 @@ class BucketUnavailable(ResourceConflict):
 
 
 def validate_bucket_name(name: str) -> str:
+    """The name when S3 would accept it (the naming rules, no IP address, no reserved prefix or suffix); refused
+    here with the rule, before any call."""
     if (
         not isinstance(name, str)
         or not BUCKET_NAME_RE.fullmatch(name)

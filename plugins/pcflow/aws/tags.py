@@ -22,6 +22,7 @@ def tag_dict(tag_list: Iterable[Mapping[str, str]] | None) -> dict[str, str]:
 
 
 def tag_equals(key: str, value: str) -> dict[str, Any]:
+    """The EC2 filter for one tag's value, so lookups by identity are narrowed on the server."""
     return {"Name": f"tag:{key}", "Values": [value]}
 
 

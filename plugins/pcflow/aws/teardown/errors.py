@@ -33,4 +33,5 @@ def is_gone(code: str, message: str = "", resource_id: str | None = None) -> boo
 
 
 def is_retryable(code: str) -> bool:
+    """Whether a failed deletion is "not yet" (a dependency still in use, throttling): the next pass tries again."""
     return code in RETRYABLE_CODES or code.endswith("InUse") or code.endswith(".InUse")

@@ -24,6 +24,7 @@ class Resource:
         return (self.kind, self.id)
 
     def describe(self) -> str:
+        """`<kind> <id> (<state>)`, as the report and the logs name a resource."""
         return f"{self.kind} {self.id}" + (f" ({self.state})" if self.state else "")
 
 
@@ -47,6 +48,8 @@ class Selector:
             object.__setattr__(self, "components", frozenset(str(c) for c in self.components))
 
     def ec2_filters(self) -> list[dict[str, Any]]:
+        """EC2's tag filters for the selector (all but `predicate`): the listing is narrowed on the server,
+        `matches` decides."""
         if self.stack is not None:
             filters = [{"Name": f"tag:{TAG_STACK}", "Values": [self.stack]}]
         else:
@@ -58,6 +61,8 @@ class Selector:
         return filters
 
     def matches(self, tags: Mapping[str, str]) -> bool:
+        """Whether a resource's tags are picked: pcflow's stack tag always required, then stack, run, components
+        and the predicate."""
         if TAG_STACK not in tags or (self.stack is not None and tags[TAG_STACK] != self.stack):
             return False
         if self.run is not None and tags.get(TAG_RUN) != self.run:

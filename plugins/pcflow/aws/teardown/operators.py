@@ -61,6 +61,7 @@ class TeardownOperator(PcflowAwsOperator):
         )
 
     def is_dry_run(self, context: Any) -> bool:
+        """Whether this try only reports: the operator's `dry_run` (the janitor decides by how the run was started)."""
         return bool(self.dry_run)
 
     def converge(self, selector: Selector, *, dry_run: bool) -> TeardownReport:

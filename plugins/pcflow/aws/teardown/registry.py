@@ -36,10 +36,13 @@ def register_handlers(name: str, factory: HandlerFactory, *, replace: bool = Fal
 
 
 def registered_handler_sets() -> list[str]:
+    """The names of the handler sets registered so far (a lazily registered one appears once it is asked for)."""
     return sorted(_REGISTRY)
 
 
 def build_handlers(clients: ClientSource, handler_sets: Iterable[str]) -> list[ResourceHandler]:
+    """The handlers of the named sets, importing the module that registers a lazy one; an unknown name is
+    refused with the known ones."""
     handlers: list[ResourceHandler] = []
     for name in handler_sets:
         if name not in _REGISTRY and name in _REGISTERED_BY:

@@ -29,6 +29,8 @@ class TeardownReport:
         return self.dry_run or not (self.remaining or self.held)
 
     def summary(self) -> str:
+        """The report for a task log: what was (or would be) deleted, what is left with its last error, what is
+        kept and why."""
         if self.dry_run:
             lines = [f"dry run: would delete {len(self.would_delete)} resource(s)"]
             lines += [f"  {r.describe()}" for r in self.would_delete]
@@ -44,6 +46,8 @@ class TeardownReport:
         return "\n".join(lines)
 
     def to_xcom(self) -> dict[str, Any]:
+        """The report as small JSON: kinds and ids (no tags or details), errors and hold reasons."""
+
         def ids(resources: Iterable[Resource]) -> list[dict[str, str]]:
             return [{"kind": r.kind, "id": r.id} for r in resources]
 

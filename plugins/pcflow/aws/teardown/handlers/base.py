@@ -19,13 +19,17 @@ class ResourceHandler(Protocol):
     kind: str
     order: int
 
-    def list(self, selector: Selector) -> list[Resource]: ...
+    def list(self, selector: Selector) -> list[Resource]:
+        """What the selector picks of this kind now; called again every pass, so a deletion is confirmed by listing."""
 
-    def prepare(self, resources: Sequence[Resource]) -> None: ...
+    def prepare(self, resources: Sequence[Resource]) -> None:
+        """A step over the whole batch before any deletion of this kind (e.g. revoking rules between groups)."""
 
-    def delete(self, resource: Resource) -> None: ...
+    def delete(self, resource: Resource) -> None:
+        """Start deleting one resource; an error means "not yet" to the loop, which lists again to see it gone."""
 
-    def holds(self, resources: Sequence[Resource]) -> dict[tuple[str, str], str]: ...
+    def holds(self, resources: Sequence[Resource]) -> dict[tuple[str, str], str]:
+        """The listed resources that must not go yet, by key, with why: they keep their owner's other resources too."""
 
 
 class Handler:
@@ -36,9 +40,11 @@ class Handler:
     order: ClassVar[int] = 0
 
     def prepare(self, resources: Sequence[Resource]) -> None:
+        """Nothing: most kinds need no whole-batch step before their deletions."""
         return None
 
     def holds(self, resources: Sequence[Resource]) -> dict[tuple[str, str], str]:
+        """Nothing is held: most kinds keep no data that exists nowhere else."""
         return {}
 
 
@@ -69,6 +75,7 @@ class ListByTagHandler(Handler):
         self.client = client
 
     def list(self, selector: Selector) -> list[Resource]:
+        """The call's items that the selector picks, as Resources (tags read from `tags_key`, state for the loop)."""
         resources = []
         for item in self.describe(selector):
             tags = tag_dict(item.get(self.tags_key))

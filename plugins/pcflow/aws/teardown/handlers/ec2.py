@@ -11,6 +11,9 @@ from pcflow.aws.teardown.model import Resource, Selector
 
 
 class InstanceHandler(ListByTagHandler):
+    """Instances first, so what they use (ENIs, groups, subnets) can go; only live states are listed, so a
+    terminated instance counts as gone."""
+
     kind, order = "instance", 10
     operation, result_key, id_key = "describe_instances", "Reservations", "InstanceId"
     LIVE = ("pending", "running", "stopping", "stopped", "shutting-down")
@@ -25,11 +28,14 @@ class InstanceHandler(ListByTagHandler):
         return item["State"]["Name"]
 
     def delete(self, resource: Resource) -> None:
+        """Terminate, unless already shutting down (termination is asynchronous: the next pass sees it go)."""
         if resource.state != "shutting-down":
             self.client.terminate_instances(InstanceIds=[resource.id])
 
 
 class VpcEndpointHandler(ListByTagHandler):
+    """The S3 gateway endpoint; one that lists an already deleted route table is freed of it first."""
+
     kind, order = "vpc-endpoint", 30
     operation, result_key, id_key = "describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId"
 
@@ -40,6 +46,8 @@ class VpcEndpointHandler(ListByTagHandler):
         return str(item.get("State", "")).lower()
 
     def delete(self, resource: Resource) -> None:
+        """Delete the endpoint; AWS's per-endpoint refusal in a 200 answer is raised as a failed call, so the
+        loop sees it."""
         from botocore.exceptions import ClientError
 
         try:
@@ -57,6 +65,8 @@ class VpcEndpointHandler(ListByTagHandler):
 
 
 class NatGatewayHandler(ListByTagHandler):
+    """NAT gateways, before their elastic IPs and subnets; a gateway being deleted is left to finish."""
+
     kind, order = "nat-gateway", 40
     operation, result_key, id_key = "describe_nat_gateways", "NatGateways", "NatGatewayId"
 
@@ -67,6 +77,7 @@ class NatGatewayHandler(ListByTagHandler):
         return selector.matches(tags) and item.get("State") not in ("deleted", "failed")
 
     def delete(self, resource: Resource) -> None:
+        """Delete, unless already deleting (asynchronous: the gateway's address is freed only when it is gone)."""
         if resource.state != "deleting":
             self.client.delete_nat_gateway(NatGatewayId=resource.id)
 
@@ -78,6 +89,8 @@ class ElasticIpHandler(ListByTagHandler):
     operation, result_key, id_key, state_key = "describe_addresses", "Addresses", "AllocationId", "AssociationId"
 
     def delete(self, resource: Resource) -> None:
+        """Release the address, disassociating it from an instance first; one a NAT gateway holds fails until
+        the gateway is gone."""
         # An address held by a NAT gateway is freed by deleting the gateway (an earlier kind in the pass).
         if resource.detail.get("AssociationId") and resource.detail.get("InstanceId"):
             self.client.disassociate_address(AssociationId=resource.detail["AssociationId"])
@@ -85,6 +98,8 @@ class ElasticIpHandler(ListByTagHandler):
 
 
 class RouteTableHandler(ListByTagHandler):
+    """pcflow's route tables, disassociated first; a VPC's main table is never listed (it goes with the VPC)."""
+
     kind, order = "route-table", 50
     operation, result_key, id_key = "describe_route_tables", "RouteTables", "RouteTableId"
 
@@ -95,6 +110,7 @@ class RouteTableHandler(ListByTagHandler):
         return str(len(item.get("Associations", [])))
 
     def delete(self, resource: Resource) -> None:
+        """Disassociate the table from its subnets, then delete it."""
         for assoc in resource.detail.get("Associations", []):
             if not assoc.get("Main"):
                 self.client.disassociate_route_table(AssociationId=assoc["RouteTableAssociationId"])
@@ -112,6 +128,7 @@ class NetworkInterfaceHandler(ListByTagHandler):
     tags_key, state_key = "TagSet", "Status"
 
     def delete(self, resource: Resource) -> None:
+        """Detach (forced) when still attached, then delete."""
         attachment = resource.detail.get("Attachment") or {}
         if attachment.get("AttachmentId") and attachment.get("Status") in ("attached", "attaching"):
             self.client.detach_network_interface(AttachmentId=attachment["AttachmentId"], Force=True)
@@ -131,6 +148,8 @@ class SecurityGroupHandler(ListByTagHandler):
         return f"{len(item.get('IpPermissions', [])) + len(item.get('IpPermissionsEgress', []))} rules"
 
     def prepare(self, resources: Sequence[Resource]) -> None:
+        """Revoke every rule of every selected group first: groups that reference each other could never go one
+        by one."""
         for resource in resources:
             if resource.detail.get("IpPermissions"):
                 self.client.revoke_security_group_ingress(
@@ -142,6 +161,7 @@ class SecurityGroupHandler(ListByTagHandler):
                 )
 
     def delete(self, resource: Resource) -> None:
+        """Delete the group (its rules were revoked in `prepare`)."""
         self.client.delete_security_group(GroupId=resource.id)
 
 
@@ -157,14 +177,19 @@ def _clean_permissions(permissions: Iterable[Mapping[str, Any]]) -> list[dict[st
 
 
 class SubnetHandler(ListByTagHandler):
+    """Subnets, once nothing runs in them."""
+
     kind, order = "subnet", 80
     operation, result_key, id_key = "describe_subnets", "Subnets", "SubnetId"
 
     def delete(self, resource: Resource) -> None:
+        """Delete the subnet; while an ENI is left in it AWS refuses, which the loop reads as "later"."""
         self.client.delete_subnet(SubnetId=resource.id)
 
 
 class InternetGatewayHandler(ListByTagHandler):
+    """Internet gateways, detached from their VPC first (a VPC with one attached cannot be deleted)."""
+
     kind, order = "internet-gateway", 90
     operation, result_key, id_key = "describe_internet_gateways", "InternetGateways", "InternetGatewayId"
 
@@ -172,16 +197,20 @@ class InternetGatewayHandler(ListByTagHandler):
         return ",".join(a["VpcId"] for a in item.get("Attachments", []))
 
     def delete(self, resource: Resource) -> None:
+        """Detach from every VPC, then delete."""
         for attachment in resource.detail.get("Attachments", []):
             self.client.detach_internet_gateway(InternetGatewayId=resource.id, VpcId=attachment["VpcId"])
         self.client.delete_internet_gateway(InternetGatewayId=resource.id)
 
 
 class VpcHandler(ListByTagHandler):
+    """The VPC last: it goes only once everything in it has (a dependency error means "later")."""
+
     kind, order = "vpc", 100
     operation, result_key, id_key = "describe_vpcs", "Vpcs", "VpcId"
 
     def delete(self, resource: Resource) -> None:
+        """Delete the VPC; refused while anything is left in it, which the loop reads as "later"."""
         self.client.delete_vpc(VpcId=resource.id)
 
 

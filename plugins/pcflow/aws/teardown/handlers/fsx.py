@@ -23,6 +23,7 @@ class FsxFileSystemHandler(ListByTagHandler):
         return selector.matches(tags) and item.get("Lifecycle") != "DELETED"
 
     def delete(self, resource: Resource) -> None:
+        """Delete, unless already deleting (asynchronous: its ENIs leave the subnet when it is gone)."""
         if resource.state != "DELETING":
             self.client.delete_file_system(FileSystemId=resource.id)
 

@@ -21,6 +21,7 @@ class ImageHandler(ListByTagHandler):
         return {"Owners": ["self"], "Filters": selector.ec2_filters()}
 
     def delete(self, resource: Resource) -> None:
+        """Deregister the image, then delete its snapshots (they would bill on); a snapshot already gone is fine."""
         from botocore.exceptions import ClientError
 
         snapshots = [
@@ -47,4 +48,5 @@ class SnapshotHandler(ListByTagHandler):
         return {"OwnerIds": ["self"], "Filters": selector.ec2_filters()}
 
     def delete(self, resource: Resource) -> None:
+        """Delete the snapshot."""
         self.client.delete_snapshot(SnapshotId=resource.id)
