@@ -38,6 +38,8 @@ def _environment() -> jinja2.Environment:
 
 
 def s3_uri(bucket: str, prefix: str) -> str:
+    """`s3://bucket/prefix` without stray slashes (`s3://bucket` for an empty prefix), as FSx's data repository
+    paths must be spelled."""
     return f"s3://{bucket}/{prefix.strip('/')}" if prefix.strip("/") else f"s3://{bucket}"
 
 

@@ -13,6 +13,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Partition:
+    """A Slurm partition as `sinfo` saw it: `usable_nodes` counts nodes that can take a job now (not down,
+    drained or unresponsive), and `gpus_per_node` is the most GPUs such a node has."""
+
     name: str
     state: str  # up | down | drain | inact
     nodes: int = 0
@@ -23,6 +26,10 @@ class Partition:
 
 @dataclass(frozen=True)
 class ClusterInfo:
+    """What a provider's ensure found: how to reach the head node (connection id, and for a cluster made at run
+    time its address and pinned host key), the shared root and the partitions. The same shape for every
+    provider, so the job stage never asks which one ran."""
+
     provider: str
     name: str
     head_node_address: str | None
@@ -37,6 +44,7 @@ class ClusterInfo:
     adopted: bool = False
 
     def to_xcom(self) -> dict[str, Any]:
+        """JSON for the ensure task's XCom; `HeadNode.from_cluster` and `from_xcom` read it back."""
         return {
             "provider": self.provider,
             "name": self.name,
@@ -53,6 +61,7 @@ class ClusterInfo:
 
     @classmethod
     def from_xcom(cls, value: dict[str, Any]) -> ClusterInfo:
+        """The ClusterInfo `to_xcom` wrote; a field it lacks takes its default."""
         head = value.get("head_node") or {}
         return cls(
             provider=value["provider"],

@@ -202,6 +202,9 @@ class EnsureClusterOperator(_WaitingClusterOperator):
         self.defer(trigger=trigger, method_name="execute_complete", kwargs={"action": step.action})
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, action: str = "created") -> Any:
+        """Back from the stack wait: the outcome is read from describe-cluster whatever the wait said, so a
+        failed cluster is diagnosed there (its failure codes, stack events, bootstrap log), not by the
+        trigger."""
         from pcflow.cluster.spec import ClusterSpec
 
         event = validate_event(event, task=self.task_id)
@@ -211,6 +214,7 @@ class EnsureClusterOperator(_WaitingClusterOperator):
         return self.outcome(context, self.cluster_provider.finish(ClusterSpec.parse(self.cluster), action))
 
     def outcome(self, context: Any, info: ClusterInfo) -> dict[str, Any]:
+        """The task's XCom: the cluster's info and where its rendered config was kept."""
         return {**info.to_xcom(), "config_s3_uri": self.config_uri(context, CONFIG_FILE)}
 
 
@@ -315,12 +319,15 @@ class DeleteClusterOperator(_WaitingClusterOperator):
         self.defer(trigger=trigger, method_name="execute_complete", kwargs={"result": result})
 
     def export_key(self, context: Any) -> str:
+        """The key the run's FSx exports are found by again after each deferral (so none is started twice)."""
         from pcflow.aws.storage import EXPORT_BEFORE_DELETE
         from pcflow.naming import run_key_from_context
 
         return f"{run_key_from_context(context)}/{EXPORT_BEFORE_DELETE}"
 
     def export_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
+        """Back from an export's wait: on to the next step; a failed export fails the task and keeps the cluster
+        (its file system holds data that is nowhere else yet)."""
         from pcflow.aws.storage import data_repository_task_result
 
         event = validate_event(event, task=self.task_id, required=("task_id",))
@@ -330,6 +337,8 @@ class DeleteClusterOperator(_WaitingClusterOperator):
         return self.export_then_delete(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, result: dict | None = None) -> Any:
+        """Back from the stack's deletion: the result, or a failure that says where to look (its DELETE_FAILED
+        resources) and that a rerun continues."""
         require_success(
             event,
             task=self.task_id,

@@ -94,6 +94,8 @@ def default_cluster_name(stack: str, *parts: str) -> str:
 
 
 def describe_tags(described: Mapping[str, Any]) -> dict[str, str]:
+    """The cluster's tags from describe-cluster's `[{key, value}]` (ParallelCluster's spelling, not EC2's):
+    where ownership, config hash and expiry are read."""
     return {t["key"]: t["value"] for t in described.get("tags") or ()}
 
 
@@ -321,6 +323,8 @@ class ParallelClusterProvider:
             log.info("cluster %s: compute fleet was %s, now %s", name, fleet.get("status"), answer.get("status"))
 
     def head_node_host_key(self, instance_id: str | None) -> str | None:
+        """The head node's host key from its console output; raises HostKeyUnavailable (retried) when required
+        and not printed yet: pcflow never trusts a key on first use."""
         key = host_key_from_console(console_text(self.clients("ec2"), instance_id)) if instance_id else None
         if key is None and self.require_host_key:
             raise HostKeyUnavailable(
@@ -368,6 +372,7 @@ class ParallelClusterProvider:
     # -- delete -----------------------------------------------------------------------------
 
     def file_system_ids(self, name: str) -> list[str]:
+        """The FSx file systems the cluster's stack created: those an export before delete must cover."""
         cfn = self.clients("cloudformation")
         resources = cfn.describe_stack_resources(StackName=name).get("StackResources", [])
         return [r["PhysicalResourceId"] for r in resources if r.get("ResourceType") == "AWS::FSx::FileSystem"]

@@ -38,6 +38,8 @@ FLEET_REQUESTS = ("START_REQUESTED", "STOP_REQUESTED")
 
 
 def default_pcluster_path() -> Path | None:
+    """Where the pcluster CLI is unless the hook is told: `PCFLOW_PCLUSTER` (the image sets it), else the
+    checkout's `.venv-pcluster`; None when neither is known."""
     configured = os.environ.get("PCFLOW_PCLUSTER")
     if configured:
         return Path(configured)
@@ -88,6 +90,9 @@ class PclusterError(ServiceFailed):
 
 
 class PclusterNotInstalled(PclusterError):
+    """The pcluster CLI is not where pcflow looks; the message says how to install it or point `PCFLOW_PCLUSTER`
+    at one."""
+
     pass
 
 
@@ -205,6 +210,7 @@ class ParallelClusterHook(BaseHook):
         return answer
 
     def version(self) -> str:
+        """The CLI's ParallelCluster version: the preflight's proof that the CLI runs at all."""
         return str(self.run("version", regional=False).get("version", ""))  # `version` takes no --region
 
     def describe_cluster(self, name: str) -> dict[str, Any] | None:
@@ -226,6 +232,8 @@ class ParallelClusterHook(BaseHook):
         suppress_validators: Sequence[str] = (),
         validation_failure_level: str = "ERROR",
     ) -> dict[str, Any]:
+        """`create-cluster`; with `dryrun` it only validates, and ParallelCluster's "would have succeeded" (exit
+        code 1) is returned as an answer, not raised."""
         args = ["--cluster-name", name, "--dryrun", str(dryrun).lower()]
         if not dryrun:
             args += ["--rollback-on-failure", str(rollback_on_failure).lower()]
@@ -242,6 +250,8 @@ class ParallelClusterHook(BaseHook):
     def update_cluster(
         self, name: str, config_text: str, *, dryrun: bool = False, suppress_validators: Sequence[str] = ()
     ) -> dict[str, Any]:
+        """`update-cluster`; with `dryrun`, ParallelCluster says whether (and how) the running cluster could
+        take the new config."""
         args = ["--cluster-name", name, "--dryrun", str(dryrun).lower()]
         if suppress_validators:
             args += ["--suppress-validators", *(f"type:{v}" for v in suppress_validators)]

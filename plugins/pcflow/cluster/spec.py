@@ -34,6 +34,8 @@ class ClusterSpecError(ConfigurationError):
 
 
 def validate_cluster_name(name: str, *, slurm_accounting: bool = False) -> str:
+    """The name when ParallelCluster would accept it (its pattern, and 60 characters, 40 with Slurm accounting);
+    refused here, naming the rule, before any call."""
     limit = CLUSTER_NAME_MAX_ACCOUNTING if slurm_accounting else CLUSTER_NAME_MAX
     if not isinstance(name, str) or not CLUSTER_NAME_RE.fullmatch(name):
         raise ClusterSpecError(

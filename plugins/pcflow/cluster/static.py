@@ -135,6 +135,8 @@ class StaticProvider:
         return self._hook
 
     def ensure(self, **_: Any) -> ClusterInfo:
+        """The cluster's info when Slurm answers and a partition can run the job. An unreachable head node or
+        unhealthy Slurm raises (retried); a host key mismatch is raised as it is, not retried."""
         hook = self.hook
         try:
             result = hook.run(list(SINFO_ARGV))

@@ -20,6 +20,9 @@ HANDLER_SET = "pcluster"
 
 
 class ParallelClusterStackHandler(ListByTagHandler):
+    """ParallelCluster clusters, as their CloudFormation stacks; deleted before the network, since the cluster
+    sits in its subnets."""
+
     kind, order = "pcluster-cluster", 5  # before the network: the cluster sits in its subnets
     operation, result_key, id_key, state_key = "describe_stacks", "Stacks", "StackName", "StackStatus"
 
@@ -34,6 +37,8 @@ class ParallelClusterStackHandler(ListByTagHandler):
         return TAG_PCLUSTER_VERSION in tags and selector.matches(tags) and item["StackStatus"] != "DELETE_COMPLETE"
 
     def delete(self, resource: Resource) -> None:
+        """Terminate the compute nodes Slurm launched (CloudFormation does not know them), then delete the
+        stack, unless its deletion is under way."""
         filters = [
             {"Name": f"tag:{TAG_PCLUSTER_NAME}", "Values": [resource.id]},
             {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
