@@ -71,6 +71,8 @@ def build_manifest(
     run: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The manifest of a load: its objects sorted by key and their content hash, so equal loads give equal
+    manifests (whatever order the uploads finished in) and a re-run can tell it has nothing to commit."""
     objects = sorted(objects, key=lambda o: o["key"])
     return {
         "format": FORMAT,

@@ -12,6 +12,9 @@ from collections.abc import Callable
 
 
 class Progress:
+    """Counts a load's files and bytes from many upload threads and logs a line every `interval_s` (and one at
+    the end): how a long load shows it is alive without a line per object."""
+
     def __init__(
         self,
         *,
@@ -29,6 +32,7 @@ class Progress:
         self._start = self._last = clock()
 
     def advance(self, *, files: int = 1, nbytes: int = 0, uploaded: bool) -> None:
+        """Count `files` more (uploaded, or skipped as unchanged); logs when a line is due. Safe from any thread."""
         with self._lock:
             self.files += files
             self.bytes += nbytes
@@ -44,6 +48,7 @@ class Progress:
             self.report()
 
     def report(self, final: bool = False) -> None:
+        """Log one progress line now (`final`: the summary with the time taken instead of an ETA)."""
         elapsed = max(self.clock() - self._start, 1e-9)
         rate = self.bytes / elapsed
         remaining = max(self.total_bytes - self.bytes, 0)

@@ -39,6 +39,8 @@ TAR_BLOCK = 512
 
 @dataclass
 class Sample:
+    """One WebDataset sample: the source files that share a key, and its class label when the layout gives one."""
+
     key: str
     files: list[SourceFile] = field(default_factory=list)
     label: int | None = None

@@ -35,15 +35,22 @@ class SourceFile:
 
 
 class Source(Protocol):
+    """What a loader needs of a dataset source, wherever it lives: a sorted listing, whether it holds anything,
+    a file's bytes, and proof that a file did not change while it was read."""
+
     uri: str
 
-    def list(self) -> list[SourceFile]: ...
+    def list(self) -> list[SourceFile]:
+        """Every file to load, sorted by path (so shards and manifests come out the same each time)."""
 
-    def holds_data(self) -> bool: ...
+    def holds_data(self) -> bool:
+        """Whether the source has any file, found without listing all of it (the first task's check)."""
 
-    def open(self, item: SourceFile) -> IO[bytes]: ...
+    def open(self, item: SourceFile) -> IO[bytes]:
+        """The bytes of a listed file, refused when they are no longer the listed version where the source can tell."""
 
-    def check_unchanged(self, item: SourceFile) -> None: ...
+    def check_unchanged(self, item: SourceFile) -> None:
+        """Refuse a file that changed since it was listed, after its bytes were read."""
 
 
 class LocalDirectorySource:
@@ -56,6 +63,8 @@ class LocalDirectorySource:
         self.uri = str(self.root)
 
     def list(self) -> list[SourceFile]:
+        """Every regular file under the directory, sorted; an empty source is refused (loading nothing is a
+        mistake, not a success)."""
         items = [SourceFile(rel, st.st_size, str(st.st_mtime_ns)) for rel, st in self._walk(self.top, "")]
         if not items:
             raise SourceError(f"dataset source {self.uri!r} holds no files: nothing to load")
@@ -117,12 +126,15 @@ class LocalDirectorySource:
             ) from None
 
     def open(self, item: SourceFile) -> IO[bytes]:
+        """The file's bytes; an unreadable file fails the load, naming it."""
         try:
             return self.path(item).open("rb")
         except OSError as err:
             raise SourceError(f"cannot read {self.path(item)}: {err.strerror}; fix or remove it and run again") from err
 
     def check_unchanged(self, item: SourceFile) -> None:
+        """Refuse a file whose size or mtime moved since it was listed (or that disappeared): the load would mix
+        versions."""
         try:
             st = self.path(item).stat()
         except OSError as err:
@@ -151,6 +163,7 @@ class S3PrefixSource:
         self.bucket, self.prefix = split_s3_uri(uri)
 
     def list(self) -> list[SourceFile]:
+        """Every object under the prefix, sorted, with its ETag as the version; an empty prefix is refused."""
         items = list(self._objects())
         if not items:
             raise SourceError(f"dataset source {self.uri} holds no objects: nothing to load")
@@ -173,6 +186,8 @@ class S3PrefixSource:
             raise SourceError(f"cannot list dataset source {self.uri}: {err}") from err
 
     def open(self, item: SourceFile) -> IO[bytes]:
+        """The object's bytes as listed (If-Match its ETag): one overwritten since the listing fails the load
+        rather than mixing versions."""
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=self.prefix + item.rel, IfMatch=item.version)
         except ClientError as err:
@@ -203,5 +218,6 @@ def open_source(uri: str | os.PathLike[str], s3_client: Any) -> Source:
 
 
 def iter_chunks(stream: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+    """A stream's bytes in chunks of `size`, so hashing or copying a large file never holds it whole."""
     while chunk := stream.read(size):
         yield chunk

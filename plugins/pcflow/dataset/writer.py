@@ -47,6 +47,7 @@ DENIED = {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureD
 
 
 def sha256_b64(hex_digest: str) -> str:
+    """A hex sha256 as S3's `ChecksumSHA256` wants it (base64): S3 then refuses an upload whose bytes differ."""
     return base64.b64encode(bytes.fromhex(hex_digest)).decode()
 
 
@@ -233,6 +234,8 @@ class PartitionWriter:
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def record(self, entry: dict[str, Any], *, uploaded: bool) -> None:
+        """Remember an object as part of the partition (uploaded, or kept as unchanged) and rewrite the journal
+        when due, so a crash loses at most the last interval's uploads. Safe from any thread."""
         with self._lock:
             self.entries[entry["key"]] = entry
             if uploaded:
@@ -280,10 +283,14 @@ class PartitionWriter:
             self._error = future.exception()
 
     def raise_if_failed(self) -> None:
+        """Raise the first upload's error, if one failed: the load stops early instead of uploading on after a
+        failure."""
         if self._error is not None:
             raise self._error
 
     def drain(self) -> None:
+        """Wait for every upload in flight to finish (each one recorded, for the journal), then raise the first
+        failure if any."""
         for future in self._futures:
             future.exception()  # wait without raising: every in-flight upload is finished and recorded
         self._futures.clear()
@@ -365,12 +372,14 @@ class HashingReader:
         self.raw, self.hash, self.size = raw, hashlib.sha256(), 0
 
     def read(self, n: int = -1) -> bytes:
+        """Read from the underlying stream, hashing and counting what was read."""
         data = self.raw.read(n)
         self.hash.update(data)
         self.size += len(data)
         return data
 
     def hexdigest(self) -> str:
+        """The sha256 of everything read so far: after an upload, of exactly the bytes sent."""
         return self.hash.hexdigest()
 
 
