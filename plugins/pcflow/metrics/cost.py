@@ -38,6 +38,8 @@ class NoPrices(LookupError):
 
 @cache
 def bundled_prices() -> dict[str, Any]:
+    """The price table shipped with pcflow (prices.json), read once per process: the fallback when the Price
+    List API does not answer."""
     return json.loads(resources.files("pcflow.metrics").joinpath("prices.json").read_text())
 
 
@@ -104,6 +106,7 @@ class Quote:
 
 
 def table_basis(table: Mapping[str, Any]) -> str:
+    """Which table a price came from (region and date), for the `basis` every figure carries."""
     return f"{table.get('region')} price table as of {table.get('as_of')}"
 
 
@@ -126,6 +129,10 @@ def sources_of(quotes: Iterable[Mapping[str, Any]]) -> list[str]:
 
 @dataclass(frozen=True)
 class CostInputs:
+    """What a run used, as the estimate needs it: node-seconds of the compute type (spot or on-demand), the
+    window the head node and FSx billed over, and the dates spot prices are looked up for. A capacity type
+    other than the known ones is refused."""
+
     instance_type: str | None
     capacity_type: str = "ondemand"
     node_seconds: float | None = None

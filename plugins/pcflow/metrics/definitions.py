@@ -34,6 +34,8 @@ RE2_MAX_MEM = 8 * 1024 * 1024
 
 
 def compile_re2(regex: str) -> re2._Regexp:
+    """An RE2 pattern with pcflow's memory bound and without RE2's own stderr logging (the refusal says why):
+    matching stays linear in the log whatever the pattern."""
     options = re2.Options()
     options.log_errors = False  # the refusal says why; RE2 would also print it to stderr
     options.max_mem = RE2_MAX_MEM
@@ -42,6 +44,9 @@ def compile_re2(regex: str) -> re2._Regexp:
 
 @dataclass(frozen=True)
 class MetricDefinition:
+    """A SageMaker-style metric definition, checked on construction: a plain name, an RE2 regex of bounded
+    length with exactly one group (the value). Anything else is refused before the job runs."""
+
     name: str
     regex: str
 
@@ -68,6 +73,7 @@ class MetricDefinition:
         return compile_re2(self.regex)
 
     def as_dict(self) -> dict[str, str]:
+        """JSON for the harvest document, in pcflow's own spelling (`parse_definitions` reads it back)."""
         return {"name": self.name, "regex": self.regex}
 
 

@@ -116,6 +116,8 @@ class EarlyStoppingOperator(BaseOperator):
         return SlurmHook(HeadNode.of(self.head_node))
 
     def make_trigger(self, context: Context) -> EarlyStoppingTrigger:
+        """The check's wait, aimed at the train task's run directory (the same path the train task computes from
+        the run key), its rule validated first."""
         root = self.shared_root or self.hook.shared_root
         run_dir = RunDir.for_job(root, run_key_from_context(context), slug(self.train_task_id, 64) or "job")
         return EarlyStoppingTrigger(
@@ -136,6 +138,8 @@ class EarlyStoppingOperator(BaseOperator):
         self.defer(trigger=self.make_trigger(context), method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The check's outcome. Advisory: a wait that gave up returns `unchecked` instead of failing (the
+        training is not this task's to fail)."""
         event = validate_event(event, task=self.task_id)
         if event["status"] != SUCCESS:  # advisory: the training goes on, unchecked
             self.log.warning("Early-stopping check gave up: %s", event.get("message"))

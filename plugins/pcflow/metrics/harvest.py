@@ -128,6 +128,8 @@ class Tail:
     skipped_bytes: int = 0
 
     def as_dict(self) -> dict[str, int]:
+        """`skipped_bytes` for the harvest document when a tail was cut (nothing otherwise), so a reader knows
+        points came before."""
         return {"skipped_bytes": self.skipped_bytes} if self.skipped_bytes else {}
 
 

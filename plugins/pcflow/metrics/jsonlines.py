@@ -30,6 +30,9 @@ _INDEX_KEYS = {"iteration", "phase_idx", "train_phase_idx", "epoch", "step", "ti
 
 @dataclass
 class ReadResult:
+    """What reading a metrics file gave: the points, and how many lines were bad or cut, with the first reason,
+    so the harvest can report a file it only half understood instead of failing on it."""
+
     points: list[Point] = field(default_factory=list)
     lines: int = 0
     bad_lines: int = 0
@@ -39,11 +42,13 @@ class ReadResult:
     dropped_points: int = 0
 
     def reject(self, number: int, why: str) -> None:
+        """Count a bad line, keeping the first reason (one is enough to tell what the job writes wrong)."""
         self.bad_lines += 1
         if not self.first_error:
             self.first_error = f"line {number}: {why}"
 
     def as_dict(self) -> dict[str, Any]:
+        """The counts for the harvest document (the points themselves go into series)."""
         return {
             "lines": self.lines,
             "points": len(self.points),

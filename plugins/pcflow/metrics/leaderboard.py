@@ -41,6 +41,8 @@ def rank_trials(documents: Sequence[Mapping[str, Any]], objective: Objective) ->
 
 
 def leaderboard_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The leaderboard as CSV: fixed columns, then one `hp.<name>` column per hyperparameter any trial had,
+    values as JSON so types survive."""
     hp_keys = sorted({k for r in rows for k in r["hyperparameters"]})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -55,6 +57,8 @@ def leaderboard_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 def leaderboard_page(
     rows: Sequence[Mapping[str, Any]], documents: Sequence[Mapping[str, Any]], objective: Objective, run_key: str
 ) -> str:
+    """The leaderboard as one self-contained HTML page (the best trials' curves overlaid, then the table); every
+    value from a trial is escaped."""
     by_trial = {doc["job"]["trial"]: doc for doc in documents}
     shown = [r["trial"] for r in rows][:MAX_OVERLAID]
     charts = []

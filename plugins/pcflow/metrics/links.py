@@ -22,8 +22,12 @@ class _XComLink(BaseOperatorLink):
 
 
 class MetricsReportLink(_XComLink):
+    """The task's report, through the pcflow page inside Airflow (the viewer needs no access to S3)."""
+
     name = "Metrics report"
 
 
 class MetricsDashboardLink(_XComLink):
+    """The stack's CloudWatch dashboard in the AWS console."""
+
     name = "CloudWatch dashboard"

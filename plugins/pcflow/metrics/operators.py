@@ -154,6 +154,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     # -- the parts -------------------------------------------------------------------------------
 
     def settings(self) -> tuple[Objective | None, list, str]:
+        """The objective, the metric definitions and the stack, validated; bad input fails the task without
+        retry (a retry would read the same input)."""
         try:
             definitions = self.metric_definitions
             if isinstance(definitions, str):
@@ -167,6 +169,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             raise AirflowFailException(f"Task {self.task_id}: {exc}") from exc
 
     def cost_of(self, document: Mapping[str, Any], context: Context) -> dict[str, Any]:
+        """The run's cost estimate from what the job used (accounting's node-seconds, else elapsed time x nodes)
+        and the run's window; a region without prices gives an unpriced estimate, never another region's."""
         usage = document.get("accounting") or {}
         node_seconds = usage.get("node_seconds")
         if node_seconds is None and document.get("elapsed_s") is not None and self.nodes:
@@ -275,6 +279,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         return saved
 
     def publish_dashboard(self, documents: Sequence[Mapping[str, Any]]) -> str | None:
+        """The stack's dashboard, merged with the objective's graphs and the standard ones; None when CloudWatch
+        is off."""
         if not self.cloudwatch:
             return None
         names: list[str] = []
@@ -352,6 +358,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         return result
 
     def harvest_trials(self, context, refs, key, objective, definitions):
+        """Harvest each trial of a sweep under `<run key>/trials/<i>`; the summary lists them with the run's
+        total cost."""
         documents, summaries = [], []
         for ref in refs:
             document, summary = self.harvest_one(context, ref, f"{key}/trials/{ref.trial}", objective, definitions)

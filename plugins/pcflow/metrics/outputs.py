@@ -43,6 +43,9 @@ LIST_SCRIPT = (
 
 @dataclass(frozen=True)
 class RemoteFile:
+    """A file of the run directory as `find` saw it: size and mtime decide whether the copy in S3 is already
+    this one."""
+
     path: str  # relative to the run directory
     size: int
     mtime: str  # as find printed it: compared, never computed with
@@ -76,6 +79,7 @@ class _CountingReader:
 
 
 def transfer_config() -> Any:
+    """S3's managed upload sized for a stream from the cluster: a few parts in memory whatever the model's size."""
     from boto3.s3.transfer import TransferConfig
 
     config = TransferConfig(

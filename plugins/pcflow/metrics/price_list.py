@@ -47,6 +47,8 @@ def pricing_client(aws_conn_id: str | None = "aws_default", verify: bool | str |
 
 
 def product_filters(region: str, instance_type: str) -> list[dict[str, str]]:
+    """The GetProducts filters that pick the one product a Linux, shared-tenancy on-demand instance of this type
+    bills as."""
     terms = {"instanceType": instance_type, "regionCode": region, **PRODUCT}
     return [{"Type": "TERM_MATCH", "Field": name, "Value": value} for name, value in terms.items()]
 
@@ -79,6 +81,7 @@ def ask(pricing: Any, region: str, instance_type: str) -> float | None:
 
 
 def default_directory() -> Path:
+    """Where the day's answers are cached on disk: under the Airflow home, which every worker has."""
     return Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "pcflow" / "price-list"
 
 
@@ -90,6 +93,7 @@ class PriceCache:
     days: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
 
     def day(self, day: str) -> dict[str, dict[str, float | None]]:
+        """The day's answers (from memory, else its file); asking for a new day drops the old one from memory."""
         if day not in self.days:
             self.days = {day: self._read(day)}  # only today's stays in process too
         return self.days[day]
@@ -121,6 +125,7 @@ _CACHE: PriceCache | None = None
 
 
 def default_cache() -> PriceCache:
+    """The process's one cache, made when first asked for (no I/O at import)."""
     global _CACHE  # noqa: PLW0603 (one cache per process, made when first needed: no I/O at import)
     if _CACHE is None:
         _CACHE = PriceCache()

@@ -28,10 +28,12 @@ _METRIC_NAME = re.compile(r"[^A-Za-z0-9_.:/\-]+")
 
 
 def run_prefix(run_key: str) -> str:
+    """`runs/<run key>/`: every object of a run under one prefix, so a re-harvest overwrites instead of adding."""
     return f"runs/{run_key}/"
 
 
 def dashboard_name(stack: str) -> str:
+    """`pcflow-<stack>`: one dashboard per stack; a stack name that is not valid is refused."""
     return f"pcflow-{validate_stack_name(stack)}"
 
 
@@ -43,6 +45,8 @@ def put_object(s3: Any, bucket: str, key: str, body: bytes | str, content_type: 
 
 
 def dimensions(*, stack: str, dag_id: str, run_key: str, trial: int | None) -> list[dict[str, str]]:
+    """The CloudWatch dimensions of a run's metric: stack, DAG, run and trial (`none` outside a sweep), so a
+    dashboard can search across runs."""
     return [
         {"Name": "stack", "Value": stack},
         {"Name": "dag", "Value": dag_id},
@@ -52,6 +56,7 @@ def dimensions(*, stack: str, dag_id: str, run_key: str, trial: int | None) -> l
 
 
 def metric_name(name: str) -> str:
+    """A metric name CloudWatch accepts: other characters replaced, at most 255."""
     return _METRIC_NAME.sub("_", name)[:255]
 
 
@@ -150,11 +155,14 @@ def _run_end(document: Mapping[str, Any]) -> dt.datetime | None:
 
 
 def datum_key(datum: Mapping[str, Any]) -> str:
+    """A datapoint's identity (name, dimensions, time), by which a re-harvest knows it was sent: CloudWatch
+    cannot overwrite one."""
     dims = ",".join(f"{d['Name']}={d['Value']}" for d in datum["Dimensions"])
     return f"{datum['MetricName']}|{dims}|{datum['Timestamp'].isoformat()}"
 
 
 def read_json(s3: Any, bucket: str, key: str) -> Any:
+    """A small JSON object from S3 (bounded read), None when the key does not exist."""
     try:
         return json.loads(read_object(s3, bucket=bucket, key=key, limit=MAX_MARKER_BYTES))
     except Exception as exc:
@@ -214,6 +222,7 @@ def dashboard_body(stack: str, region: str, metric_names: Iterable[str], existin
 
 
 def publish_dashboard(cloudwatch: Any, stack: str, region: str, metric_names: Iterable[str]) -> str:
+    """Create or merge the stack's dashboard, written only when it changed; returns its name."""
     name = dashboard_name(stack)
     try:
         existing = json.loads(cloudwatch.get_dashboard(DashboardName=name)["DashboardBody"])
@@ -228,8 +237,10 @@ def publish_dashboard(cloudwatch: Any, stack: str, region: str, metric_names: It
 
 
 def dashboard_url(region: str, name: str) -> str:
+    """The dashboard in the AWS console."""
     return f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#dashboards/dashboard/{name}"
 
 
 def s3_console_url(bucket: str, key: str, region: str) -> str:
+    """A prefix in the S3 console (the run's model, for the task's summary)."""
     return f"https://s3.console.aws.amazon.com/s3/object/{bucket}?region={region}&prefix={key}"

@@ -26,6 +26,7 @@ def _environment() -> jinja2.Environment:
 
 
 def fmt(value: Any) -> str:
+    """A value as the report shows it: a dash for nothing, four significant digits without an exponent for numbers."""
     if value is None or value == "":
         return "—"
     if isinstance(value, float):  # 4 significant digits, but never an exponent for a large amount
@@ -43,6 +44,8 @@ def curve(points: list[list[Any]]) -> tuple[list[tuple[float, float]], str]:
 
 
 def metric_charts(series: Mapping[str, list[list[Any]]]) -> list[str]:
+    """One SVG line chart per metric series, at most MAX_METRIC_CHARTS, so a job with hundreds of metrics still
+    gives a readable page."""
     charts = []
     for name, points in list(series.items())[:MAX_METRIC_CHARTS]:
         xy, label = curve(points)
@@ -66,6 +69,8 @@ def utilisation_charts(timeline: Mapping[str, list[list[float]]]) -> list[str]:
 
 
 def render_report(document: Mapping[str, Any], *, title: str | None = None) -> str:
+    """The run's report page from its harvest document; the template autoescapes, and only pcflow's own SVG is
+    marked safe."""
     return (
         _environment()
         .get_template("report.html.j2")

@@ -33,6 +33,8 @@ def cpu_times():
 
 
 def memory_mb():
+    """(used, total) MiB of the node from /proc/meminfo; "used" leaves out what the kernel could reclaim
+    (MemAvailable)."""
     info = {}
     with open("/proc/meminfo") as fh:
         for line in fh:
@@ -42,6 +44,8 @@ def memory_mb():
 
 
 def gpus(nvidia_smi):
+    """One record per GPU from nvidia-smi, None without one; a failing nvidia-smi is reported on stderr, never
+    to the job."""
     if not nvidia_smi:
         return None
     try:
@@ -75,6 +79,8 @@ def gpus(nvidia_smi):
 
 
 def main():
+    """Sample every interval until SIGTERM, appending one line per sample; an error skips a sample, never ends
+    the job."""
     run_dir = os.environ.get("PCFLOW_RUN_DIR") or "."
     path = os.environ.get("PCFLOW_UTILISATION_FILE") or os.path.join(run_dir, "utilisation.jsonl")
     interval = max(0.5, float(os.environ.get("UTILISATION_INTERVAL_S") or 5))

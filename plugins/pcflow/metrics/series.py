@@ -22,6 +22,8 @@ _HIGHER_IS_BETTER = ("acc", "accuracy", "top_1", "top_5", "top1", "top5", "preci
 
 @dataclass(frozen=True)
 class Point:
+    """One metric value as the job reported it, with whatever position it gave (step, epoch, time) and its split."""
+
     name: str
     value: float
     step: int | None = None
@@ -62,10 +64,13 @@ class Objective:
         return a > b if self.mode == "max" else a < b
 
     def as_dict(self) -> dict[str, str]:
+        """JSON for XCom and trigger kwargs (`parse` reads it back)."""
         return {"name": self.name, "mode": self.mode}
 
 
 def guess_mode(name: str) -> Mode | None:
+    """`min` for a loss- or error-like name, `max` for an accuracy-like one, None when the name says neither:
+    how a series' "best" is chosen without an objective."""
     words = name.lower().replace("/", "_").replace(".", "_").split("_")
     if any(w in _LOWER_IS_BETTER for w in words):
         return "min"
@@ -76,11 +81,14 @@ def guess_mode(name: str) -> Mode | None:
 
 @dataclass
 class Series:
+    """One metric's points in order, one per (epoch, step): what the report plots and summarises."""
+
     name: str
     split: str | None = None
     points: list[Point] = field(default_factory=list)
 
     def finite_points(self) -> list[Point]:
+        """The points with a finite value: NaN and inf are counted (divergence), never plotted or compared."""
         return [p for p in self.points if p.finite]
 
     @property

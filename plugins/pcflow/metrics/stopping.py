@@ -23,6 +23,9 @@ METRICS_TAIL_BYTES = 8 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Decision:
+    """The rule's answer: whether to stop, why (`diverged`, `no_improvement`), after how many evaluations, and
+    the best and last values, for the stop record and the task log."""
+
     stop: bool
     reason: str = ""  # "diverged" | "no_improvement" | ""
     evaluations: int = 0

@@ -27,6 +27,8 @@ def sampler_source() -> bytes:
 
 @dataclass
 class Sample:
+    """One line the sampler wrote: a node's CPU, memory and GPUs at one moment."""
+
     time: float
     host: str
     cpu_percent: float | None
@@ -37,6 +39,8 @@ class Sample:
 
 @dataclass
 class Utilisation:
+    """The job's samples from every node, and how many lines could not be read (counted, never fatal)."""
+
     samples: list[Sample] = field(default_factory=list)
     bad_lines: int = 0
 
@@ -105,6 +109,8 @@ class Utilisation:
         ]
 
     def summary(self) -> dict[str, Any]:
+        """Means and peaks for the report and XCom (GPU use summed over the job's GPUs, in % of one), with its
+        timeline for the charts."""
         if not self.samples:
             return {"samples": 0, "bad_lines": self.bad_lines}
         cpu = [s.cpu_percent for s in self.samples if s.cpu_percent is not None]
