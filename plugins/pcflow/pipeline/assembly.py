@@ -143,6 +143,8 @@ def infrastructure(run: Any, *, run_scoped: bool) -> dict[str, Any]:
 
 
 def dataset_stage(source: Any) -> Any:
+    """The dataset task: loads the run's source into its partition, and into a kept cluster's file system when
+    there is one."""
     from pcflow.dataset.operators import DatasetLoadOperator
 
     return DatasetLoadOperator(
@@ -160,6 +162,7 @@ def dataset_stage(source: Any) -> Any:
 
 
 def image_stage() -> Any:
+    """The image task: bakes (or reuses) the run's AMI inside the run's network."""
     from pcflow.aws.ami import BakeImageOperator
 
     return BakeImageOperator(
@@ -231,6 +234,8 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
 
 
 def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: bool) -> Any:
+    """The metrics task (the leaderboard for a sweep): harvests what the train task left, priced with the run's
+    region and cluster."""
     from pcflow.metrics.operators import HarvestMetricsOperator, SweepLeaderboardOperator
 
     harvest = SweepLeaderboardOperator if sweep else HarvestMetricsOperator
@@ -293,6 +298,8 @@ def operator_of(stage: Any) -> Any:
 
 
 def set_stage_timeouts(operators: Iterable[Any]) -> None:
+    """Give each stage its execution timeout (STAGE_TIMEOUTS, else the default), so a hung stage fails instead
+    of holding a slot for ever."""
     for operator in operators:
         operator.execution_timeout = STAGE_TIMEOUTS.get(operator.label, DEFAULT_STAGE_TIMEOUT)
 

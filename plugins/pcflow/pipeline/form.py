@@ -68,6 +68,7 @@ def training_params(*, partition: str | None = None, extra: dict[str, Param] | N
 
 
 def optional(kind: str, **schema: Any) -> dict[str, Any]:
+    """A JSON-schema type that also accepts null: an empty field means "as the profile says"."""
     return {"type": ["null", kind], **schema}
 
 
@@ -77,6 +78,7 @@ def optional_choice(*values: str) -> dict[str, Any]:
 
 
 def data_fields(partition: str | None) -> dict[str, Param]:
+    """The form's Data section: the dataset source and the partition."""
     return {
         "dataset_source": Param(
             None,
@@ -97,6 +99,7 @@ def data_fields(partition: str | None) -> dict[str, Param]:
 
 
 def resource_fields() -> dict[str, Param]:
+    """The form's Resources section: instance type, capacity, nodes and per-node counts."""
     return {
         "instance_type": Param(
             None,
@@ -128,6 +131,7 @@ def resource_fields() -> dict[str, Param]:
 
 
 def training_fields() -> dict[str, Param]:
+    """The form's Training section: launcher, hyperparameters (data, never shell text) and early stopping."""
     return {
         "launcher": Param(
             None,
@@ -155,6 +159,7 @@ def training_fields() -> dict[str, Param]:
 
 
 def cost_and_cleanup_fields() -> dict[str, Param]:
+    """The form's Cost and Cleanup sections, and the advanced overrides: placed last, after a DAG's own fields."""
     return {
         "budget_usd": Param(
             None,

@@ -167,6 +167,8 @@ class RunEnv:
     calls `resolve` on a template field's value), so its values never travel through XCom."""
 
     def resolve(self, context: Any) -> dict[str, str]:
+        """The environment, read from the run's params at render time (Airflow calls this for a template field's
+        value)."""
         return run_env(context["params"])
 
     def __str__(self) -> str:  # what the UI and the serialized DAG show
