@@ -36,6 +36,7 @@ app = FastAPI(title="pcflow", docs_url=None, redoc_url=None, openapi_url=None)
 
 @cache
 def templates() -> jinja2.Environment:
+    """The page's Jinja environment: autoescaped, strict about undefined names."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         autoescape=True,
@@ -46,6 +47,7 @@ def templates() -> jinja2.Environment:
 
 
 def html(body: str, csp: str = PAGE_CSP, status_code: int = 200) -> HTMLResponse:
+    """An HTML response with the page's Content-Security-Policy and safe headers (nothing may run or load)."""
     return HTMLResponse(body, status_code, headers={"Content-Security-Policy": csp, **SAFE_HEADERS})
 
 
@@ -94,6 +96,7 @@ def trend_charts(rows: list[runs.RunRow]) -> list[Markup]:
 
 
 def render_page(dags: dict[str, list[runs.RunRow]], stacks: dict[str, Any] | None) -> str:
+    """The pcflow page's HTML for the DAGs and stacks the user may read (the caller has filtered them)."""
     from pcflow.metrics.report import fmt
     from pcflow.ui.resources import resource_summary
 

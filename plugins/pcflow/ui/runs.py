@@ -134,6 +134,7 @@ def recent_runs(session: Any, dag_id: str, limit: int = RUNS_PER_DAG, *, with_su
 
 
 def one_run(session: Any, dag_id: str, run_id: str) -> RunRow | None:
+    """One run of the DAG with its summary, None when there is no such run."""
     found = _runs(session, dag_id, limit=1, run_id=run_id)
     return found[0] if found else None
 
