@@ -220,6 +220,8 @@ def _resource_line(line: Mapping[str, Any]) -> str:
 
 
 def left_running_text(failure: Failure, left: LeftRunning) -> list[str]:
+    """The alert's "still there" section: at most MAX_LISTED resources with their cost per day, the rest
+    counted, and what the janitor will do; a listing that failed says why instead."""
     scope = f"stack {failure.stack}" if failure.stack else "every pcflow stack"
     where = f" in {failure.region}" if failure.region else ""
     head = f"Still there ({scope}{where}; tagged EC2, FSx, images, ParallelCluster stacks and buckets):"
@@ -244,6 +246,8 @@ def left_running_text(failure: Failure, left: LeftRunning) -> list[str]:
 
 
 def not_deleted_text(failure: Failure) -> list[str]:
+    """The alert's "not deleted" section from the teardown's report, at most MAX_LISTED lines (the task log has
+    all); nothing when everything went."""
     if not failure.not_deleted:
         return []
     body = [f"  {line}" for line in failure.not_deleted[:MAX_LISTED]]

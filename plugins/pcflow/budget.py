@@ -46,6 +46,9 @@ class BudgetRefused(ConfigurationError):
 
 @dataclass(frozen=True)
 class Price:
+    """One priced item of a run (per hour) with where the price came from, so every figure the first task shows
+    can be checked."""
+
     usd_per_hour: float
     source: str  # one of pcflow.metrics.cost.SOURCES
     item: str
@@ -335,13 +338,17 @@ class CostMeter:
                 self.attempts[info.job_id] = _Attempt(info.restarts, node_seconds, wall, running)
 
     def node_seconds(self, wall: float) -> float:
+        """Node-seconds so far: attempts that are over, plus each running one extrapolated from Slurm's last
+        answer to `wall`."""
         running = sum(a.node_seconds + (wall - a.seen) * self.cost["nodes"] * a.running for a in self.attempts.values())
         return self.banked + running
 
     def so_far(self, wall: float) -> float:
+        """The run's cost so far at `wall`: its nodes' time, and the head node and FSx since the run began."""
         return cost_so_far(self.cost, node_seconds=self.node_seconds(wall), run_seconds=wall - self.run_started)
 
     def exhausted(self, wall: float) -> bool:
+        """Whether the cost so far has reached the budget (never, without one): the wait then cancels the job."""
         return self.budget is not None and self.so_far(wall) >= self.budget
 
     def ask_within(self, wall: float) -> float | None:

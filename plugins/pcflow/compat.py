@@ -47,7 +47,10 @@ LINK_XCOM_KEYS: dict[str, str] = {
 
 
 class StateStore(Protocol):
-    def get(self, key: str) -> Any: ...
+    """What `read_state` needs of Airflow's task state store: one method, so a test can hand in a dict."""
+
+    def get(self, key: str) -> Any:
+        """The value stored under `key`, falsy when there is none."""
 
 
 def read_state(store: StateStore | None, key: str) -> Any:

@@ -96,6 +96,7 @@ class Account:
 
 
 def key_pair(account: Account) -> str | None:
+    """The cluster's key pair must exist in the region, checked before anything is created; says how to import it."""
     if account.cluster is None:
         return None
     name = account.cluster.key_name
@@ -129,6 +130,8 @@ def _offered(ec2: Any, types: Sequence[str], zone: str | None = None) -> dict[st
 
 
 def instance_types_offered(account: Account) -> str | None:
+    """Every type pcflow launches must be offered in the zone the network will use; names a zone that offers
+    them all, if one does."""
     types = account.launched_types()
     if not types:
         return None
@@ -185,6 +188,8 @@ def vcpu_needs(account: Account) -> dict[str, tuple[str, int]]:
 
 
 def vcpu_quota(account: Account) -> str | None:
+    """The account's vCPU quota of each instance family must cover the cluster at its maximum size, or compute
+    nodes fail to launch and the job pends; says which quota to raise and by how much."""
     if account.cluster is None:
         return None
     quotas = account.client("service-quotas")
@@ -203,6 +208,8 @@ def vcpu_quota(account: Account) -> str | None:
 
 
 def builder_instance_profile(account: Account) -> str | None:
+    """The AMI builder's instance profile must exist and hold a role, or SSM never reaches the builder and the
+    bake times out."""
     ami = account.run["ami"]
     if not ami["enabled"]:
         return None
@@ -224,6 +231,8 @@ def builder_instance_profile(account: Account) -> str | None:
 
 
 def pcluster_cli(account: Account) -> str | None:
+    """The pcluster CLI must answer and find a recent enough Node.js (create-cluster runs AWS CDK), or the
+    cluster stage fails after the network was made."""
     if account.cluster is None:
         return None
     from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError

@@ -59,6 +59,8 @@ EXTRA_LINKS = ["pcflow.metrics.links.MetricsReportLink", "pcflow.metrics.links.M
 
 
 def get_provider_info() -> dict[str, Any]:
+    """What the `apache_airflow_provider` entry point hands Airflow's ProvidersManager: declarative, so Airflow
+    builds the `slurm` connection form without importing the hook."""
     return {
         "package-name": "pcflow",
         "name": "pcflow",

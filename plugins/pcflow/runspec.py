@@ -29,6 +29,9 @@ class _Section(BaseModel):
 
 
 class DatasetSettings(_Section):
+    """Where the run's data comes from and where in S3 its partition goes; the prefix is checked by the dataset
+    stage's own rule."""
+
     source: str = Field("builtin:digits", description="local directory, s3://bucket/prefix, or builtin:digits")
     bucket: str
     prefix: str = "datasets/digits"
@@ -49,6 +52,9 @@ class DatasetSettings(_Section):
 
 
 class AmiSettings(_Section):
+    """The image to bake: ParallelCluster's version, the admin's bootstrap script in include/ami/ and the
+    environment's requirements in include/payloads/ only (no path outside them is accepted)."""
+
     enabled: bool = True
     pcluster_version: str = Field("3.16.1", pattern=r"^\d+\.\d+\.\d+$")
     bootstrap_script: str = Field("ami/bootstrap.sh", validate_default=True, description="a script in include/ami/")
@@ -82,6 +88,9 @@ class AmiSettings(_Section):
 
 
 class ClusterSettings(_Section):
+    """Which cluster provider runs the job, the SSH connection to its head node, and the provider's own settings
+    (checked by that provider's spec)."""
+
     provider: Literal["static", "parallelcluster"]
     ssh_conn_id: str = Field("slurm_default", pattern=r"^[A-Za-z0-9_.-]{1,250}$")
     config: dict[str, Any] = Field(default_factory=dict, description="the provider's own settings")
@@ -155,6 +164,9 @@ def secret_references(env: Any) -> list[str]:
 
 
 class TrainingSettings(_Section):
+    """The job: launcher, payload and program, its allocation and environment (secrets by reference only),
+    restarts and pending timeout. pcflow's own hyperparameters (`data_dir`) cannot be set here."""
+
     launcher: Literal["srun", "torchrun", "vissl", "mpirun"] = "srun"
     payload: str | None = Field(
         None,
@@ -223,6 +235,9 @@ class TrainingSettings(_Section):
 
 
 class TeardownSettings(_Section):
+    """What happens to the run's resources when it ends: deleted (`always`) or kept until the janitor's TTL
+    (`never`), and how long what runs share is kept for the next one."""
+
     policy: Literal["always", "never"] = "always"  # never: kept for debugging until the janitor's TTL
     delete_image: bool = False
     keep_hours: float = Field(
@@ -248,6 +263,9 @@ class EarlyStoppingSettings(_Section):
 
 
 class MetricsSettings(_Section):
+    """What the run is judged by (objective and mode), the early-stopping rule, and the metric definitions,
+    compiled and checked here so a bad regex is refused before the job runs."""
+
     objective: str = Field("fewshot_accuracy", pattern=METRIC_NAME)
     mode: Literal["max", "min"] = "max"
     early_stopping: EarlyStoppingSettings | None = None
@@ -266,6 +284,9 @@ class MetricsSettings(_Section):
 
 
 class PreflightSettings(_Section):
+    """The account checks a profile skips, by name: for an endpoint (the local emulator) that cannot answer them
+    as AWS does. An unknown name is refused."""
+
     skip: list[str] = Field(
         default_factory=list, description="account checks (pcflow/preflight.py) an endpoint cannot answer as AWS does"
     )
@@ -388,6 +409,9 @@ class NightlySettings(_Section):
 
 
 class RunSpec(_Section):
+    """The run, fully resolved and validated: every stage reads its settings from this, so a bad value is
+    refused once, with its path, before anything is created."""
+
     profile: str
     stack: str
     region: str
@@ -445,6 +469,8 @@ def profiles_dir() -> Path:
 
 
 def available_profiles() -> list[str]:
+    """Every profile found, the deployment's and pcflow's own (which of them a run may use is
+    `paths.offered_profiles`)."""
     return profile_names()
 
 
@@ -465,6 +491,7 @@ def expand_paths(value: Any) -> Any:
 
 
 def format_errors(exc: ValidationError) -> str:
+    """pydantic's errors as one line per field path, for the first task's refusal."""
     lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "(top level)"

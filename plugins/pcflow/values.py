@@ -22,6 +22,8 @@ class Returned:
     optional: bool = False
 
     def resolve(self, context: Any) -> Any:
+        """The value the task returned (or the item at `path`), pulled from XCom when the operator renders its
+        fields."""
         group = getattr(context.get("task"), "task_group", None)
         value = context["ti"].xcom_pull(task_ids=group.child_id(self.task_id) if group else self.task_id)
         for step in self.path:
