@@ -19,7 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowSkipException
+
+from pcflow.errors import PcflowInputError
 
 #: The trigger rule of the stages right after the approval: run when it succeeded or was skipped.
 AFTER_APPROVAL = "none_failed_min_one_success"
@@ -71,7 +73,7 @@ class CostApprovalOperator(ApprovalOperator):
         return result
 
 
-class SelfApproval(AirflowFailException):
+class SelfApproval(PcflowInputError):
     """The person who triggered a costly run approved it: not an approval, and not retried."""
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from pcflow.errors import ConfigurationError, PcflowInputError, refusal, refused
-from pcflow.runspec import profile_rules
-from pcflow.trust import owner_of
 
 
 def setting_owner(run: dict[str, Any], path: str) -> str:
     """Who may change the run's setting at `path`, in errors.py's words: the profile's `overridable` decides."""
+    from pcflow.runspec import profile_rules  # pydantic: imported when a run is checked, not when a DAG parses
+    from pcflow.trust import owner_of
+
     return owner_of(path, profile_rules(run["profile"]), run["profile"])
 
 
