@@ -19,7 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowSkipException
+
+from pcflow.errors import PcflowInputError, profile_setting, refused
 
 #: The trigger rule of the stages right after the approval: run when it succeeded or was skipped.
 AFTER_APPROVAL = "none_failed_min_one_success"
@@ -61,17 +63,17 @@ class CostApprovalOperator(ApprovalOperator):
         trigger_user = triggered_by(context)
         approved = (event or {}).get("chosen_options") == [self.APPROVE]
         if approved and trigger_user is not None and responder.get("name") == trigger_user:
-            raise SelfApproval(
+            problem = (
                 f"{trigger_user!r} approved the run they triggered: another person must approve a run above "
-                f"{self.cost['approval']['above_usd']:g} USD; nothing was created. The deployment admin lists who "
-                "may approve in the profile's budget.approvers."
+                f"{self.cost['approval']['above_usd']:g} USD; nothing was created"
             )
+            raise refused("budget.approvers", problem, profile_setting(), SelfApproval)
         result = super().execute_complete(context, event)
         self.log.info("%s by %s (id %s)", event["chosen_options"][0], responder.get("name"), responder.get("id"))
         return result
 
 
-class SelfApproval(AirflowFailException):
+class SelfApproval(PcflowInputError):
     """The person who triggered a costly run approved it: not an approval, and not retried."""
 
 
@@ -85,10 +87,11 @@ def approvers_for(approvers: list[Mapping[str, str]], trigger_user: str | None) 
     leaves nobody, the run cannot be approved: refused now rather than waiting for the timeout."""
     others = [dict(a) for a in approvers if trigger_user is None or trigger_user not in (a["name"], a["id"])]
     if approvers and not others:
-        raise SelfApproval(
+        problem = (
             f"the profile's only approver is {trigger_user!r}, who triggered this run: another person must approve "
-            "it; nothing was created. The deployment admin adds approvers in the profile's budget.approvers."
+            "it; nothing was created"
         )
+        raise refused("budget.approvers", problem, profile_setting(), SelfApproval)
     return others
 
 

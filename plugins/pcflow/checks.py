@@ -2,14 +2,28 @@
 (not copies), so nothing the first task accepts is refused later for its form and no paid resource is
 created for a run whose job cannot be submitted or whose data cannot load.
 
-Each check takes the resolved run document and raises AirflowFailException naming the field.
+Each check takes the resolved run document and raises a `PcflowInputError` (errors.py: not retried)
+naming the field and who may change it (`setting_owner`: the profile's `overridable` decides).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
+from pcflow.errors import ConfigurationError, PcflowInputError, refusal, refused
+
+
+def setting_owner(run: dict[str, Any], path: str) -> str:
+    """Who may change the run's setting at `path`, in errors.py's words: the profile's `overridable` decides."""
+    from pcflow.runspec import profile_rules  # pydantic: imported when a run is checked, not when a DAG parses
+    from pcflow.trust import owner_of
+
+    return owner_of(path, profile_rules(run["profile"]), run["profile"])
+
+
+def refused_setting(run: dict[str, Any], path: str, problem: str, kind: type[PcflowInputError] | None = None):
+    """`errors.refused` for a setting of this run, its owner decided by the run's profile."""
+    return refused(path, problem, setting_owner(run, path), kind)
 
 
 def check_job(run: dict[str, Any], env: dict[str, str]) -> None:
@@ -34,8 +48,22 @@ def check_job(run: dict[str, Any], env: dict[str, str]) -> None:
                 array={"size": len(trials)} if run.get("trials") else None,
             )
     except ValidationError as exc:
-        lines = [f"{_training_field(error['loc'])}: {error['msg']}" for error in exc.errors()]
-        raise AirflowFailException("invalid Slurm job settings:\n  " + "\n  ".join(lines)) from None
+        lines = [refusal_line(run, _training_field(error["loc"]), error["msg"]) for error in exc.errors()]
+        raise ConfigurationError("invalid Slurm job settings:\n  " + "\n  ".join(lines)) from None
+
+
+def owned_here(run: dict[str, Any], exc: Exception, path: str) -> PcflowInputError:
+    """A stage's refusal as this run's first task words it: the owner of its setting decided by the
+    run's profile (a `refused` error keeps its setting; any other error is a refusal of `path`)."""
+    setting = getattr(exc, "setting", None)
+    if isinstance(exc, PcflowInputError) and setting:
+        return exc.owned_by(setting_owner(run, setting))
+    return refused_setting(run, path, str(exc))
+
+
+def refusal_line(run: dict[str, Any], path: str, problem: str) -> str:
+    """One line of a refusal of several settings (errors.refusal), for a setting of this run."""
+    return refusal(path, problem, setting_owner(run, path))
 
 
 def _training_field(loc: tuple) -> str:
@@ -59,7 +87,7 @@ def check_network(run: dict[str, Any]) -> None:
         if run["cluster"]["provider"] == "parallelcluster":
             head_node_allowed_ips(spec.ssh_ingress_cidrs)
     except (TypeError, ValueError) as exc:
-        raise AirflowFailException(f"network: {exc}") from None
+        raise owned_here(run, exc, "network") from None
 
 
 def check_static_cluster(run: dict[str, Any]) -> None:
@@ -71,7 +99,7 @@ def check_static_cluster(run: dict[str, Any]) -> None:
     try:
         make_provider("static", cluster=run["cluster"]["config"], ssh_conn_id=run["cluster"]["ssh_conn_id"])
     except (TypeError, ValueError) as exc:
-        raise AirflowFailException(f"cluster.config: {exc}") from None
+        raise refused_setting(run, "cluster.config", str(exc)) from None
 
 
 def check_dataset_source(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
@@ -80,7 +108,7 @@ def check_dataset_source(run: dict[str, Any], aws_conn_id: str = "aws_default") 
     source = run["dataset"]["source"]
     if source.startswith("builtin:"):
         if source != "builtin:digits":
-            raise AirflowFailException(f"dataset.source: no built-in dataset {source!r} (there is builtin:digits)")
+            raise refused_setting(run, "dataset.source", f"no built-in dataset {source!r} (there is builtin:digits)")
         return
     from pcflow.dataset.errors import SourceError
     from pcflow.dataset.sources import open_source
@@ -93,9 +121,9 @@ def check_dataset_source(run: dict[str, Any], aws_conn_id: str = "aws_default") 
     try:
         empty = not open_source(source, client).holds_data()
     except SourceError as exc:
-        raise AirflowFailException(f"dataset.source: {exc}") from None
+        raise refused_setting(run, "dataset.source", str(exc)) from None
     if empty:
-        raise AirflowFailException(f"dataset.source: {source!r} holds no files to load")
+        raise refused_setting(run, "dataset.source", f"{source!r} holds no files to load")
 
 
 def check_cost(run: dict[str, Any], aws_conn_id: str = "aws_default") -> dict[str, Any]:
@@ -103,7 +131,7 @@ def check_cost(run: dict[str, Any], aws_conn_id: str = "aws_default") -> dict[st
     budget cannot cap it. Returns the `cost` section the later stages read (approval, the train task's cap)."""
     import logging
 
-    from pcflow.budget import BudgetRefused, plan_cost, refuse_over_budget
+    from pcflow.budget import plan_cost, refuse_over_budget
     from pcflow.metrics import price_list
 
     ec2 = None
@@ -113,8 +141,5 @@ def check_cost(run: dict[str, Any], aws_conn_id: str = "aws_default") -> dict[st
         ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
     cost = plan_cost(run, ec2=ec2, pricing=price_list.pricing_client(aws_conn_id))
     logging.getLogger("airflow.task").info("%s", cost["summary"])
-    try:
-        refuse_over_budget(cost, run)
-    except BudgetRefused as exc:
-        raise AirflowFailException(str(exc)) from None
+    refuse_over_budget(cost, run)
     return cost

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
+from pcflow.errors import ConfigurationError
+
 TAG_PREFIX = "pcflow:"
 TAG_STACK = "pcflow:stack"
 TAG_RUN = "pcflow:run"
@@ -122,7 +124,7 @@ def dag_run_tags(dag_run: tuple[str, str] | None) -> dict[str, str]:
 def validate_stack_name(name: str) -> str:
     """A stack groups shared resources (network, AMI, cluster) across runs; it appears in AWS names."""
     if not isinstance(name, str) or not STACK_NAME_RE.fullmatch(name):
-        raise ValueError(
+        raise ConfigurationError(
             f"invalid stack name {name!r}: use 1-24 lower-case letters, digits and hyphens, "
             "starting with a letter and not ending with a hyphen (for example 'research' or 'team-a')"
         )
@@ -188,11 +190,11 @@ def standard_tags(
         tags[TAG_RUN] = run
     for key, value in (extra or {}).items():
         if key.startswith(TAG_PREFIX) and key in tags:
-            raise ValueError(f"extra tag {key!r} would override a standard pcflow tag")
+            raise ConfigurationError(f"extra tag {key!r} would override a standard pcflow tag")
         tags[key] = value
     for key, value in tags.items():
         if not AWS_TAG_VALUE_RE.fullmatch(value):
-            raise ValueError(f"tag {key}={value!r} has characters AWS does not accept in tag values")
+            raise ConfigurationError(f"tag {key}={value!r} has characters AWS does not accept in tag values")
     return tags
 
 

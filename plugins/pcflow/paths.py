@@ -8,7 +8,7 @@ import os
 import posixpath
 from pathlib import Path
 
-from pcflow.errors import ConfigurationError
+from pcflow.errors import ConfigurationError, deployment_admin, refused
 
 #: Directories of the deployment admin's own profiles (os.pathsep-separated), looked up before
 #: include/profiles/; read by the DAG processor (the form's choices) and by the workers (the runs).
@@ -39,17 +39,18 @@ def include_dir() -> Path:
     configured = os.environ.get(INCLUDE_DIR_ENV)
     if configured:
         if not Path(configured).is_dir():
-            raise ConfigurationError(
-                f"{INCLUDE_DIR_ENV}: {configured} is not a directory; mount the checkout's include/ there "
+            problem = (
+                f"{configured} is not a directory; mount the checkout's include/ there "
                 "(docker-compose.yaml mounts ./include at /opt/airflow/include)"
             )
+            raise refused(INCLUDE_DIR_ENV, problem, deployment_admin())
         return Path(configured)
     root = checkout_root()
     if root is None:
         raise ConfigurationError(
             f"{INCLUDE_DIR_ENV} is not set and pcflow is installed in {Path(__file__).resolve().parents[1]}, "
             "not in a checkout: set it to where the deployment mounts the checkout's include/ "
-            "(docker-compose.yaml: /opt/airflow/include)"
+            f"(docker-compose.yaml: /opt/airflow/include); {deployment_admin()}"
         )
     return root / "include"
 
@@ -84,25 +85,22 @@ def offered_profiles() -> list[str]:
     named = list(dict.fromkeys(name.strip() for name in setting.split(",") if name.strip()))
     missing = [name for name in named if name not in found]
     if missing:
-        raise ConfigurationError(
-            f"{OFFERED_PROFILES_ENV}: no profile file for {', '.join(map(repr, missing))} in "
-            f"{os.pathsep.join(map(str, profile_dirs()))}; profiles found: {', '.join(found)}"
+        problem = (
+            f"no profile file for {', '.join(map(repr, missing))} in {os.pathsep.join(map(str, profile_dirs()))}"
+            f"; profiles found: {', '.join(found)}"
         )
+        raise refused(OFFERED_PROFILES_ENV, problem, deployment_admin())
     offered = named or found
     default = default_profile()
     if default is not None and default not in offered:
         where = f"{OFFERED_PROFILES_ENV} offers" if named else f"that exist ({OFFERED_PROFILES_ENV} unset)"
-        raise ConfigurationError(
-            f"{DEFAULT_PROFILE_ENV}: {default!r} is not among the profiles {where} ({', '.join(offered)}); "
-            "the default must be one of them"
-        )
+        problem = f"{default!r} is not among the profiles {where} ({', '.join(offered)}); the default must be one"
+        raise refused(DEFAULT_PROFILE_ENV, problem, deployment_admin())
     return offered
 
 
 def check_offered(profile: object) -> None:
     """Refuse (ConfigurationError) a run that names a profile this deployment does not offer."""
-    from pcflow.errors import ConfigurationError
-
     offered = offered_profiles()
     if profile not in offered:
         raise ConfigurationError(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from pcflow.errors import ConfigurationError
+
 INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 #: A dataset partition: one path segment under the dataset prefix (a date for scheduled runs).
 PARTITION = re.compile(r"^[A-Za-z0-9=_.-]{1,64}$")
@@ -24,7 +26,7 @@ def validate_prefix(prefix: str) -> str:
     """The prefix without its outer slashes; refused unless every segment is a plain name."""
     stripped = prefix.strip("/") if isinstance(prefix, str) else ""
     if not PREFIX_RE.fullmatch(stripped) or any(part in ("", ".", "..") for part in stripped.split("/")):
-        raise ValueError(
+        raise ConfigurationError(
             f"invalid dataset prefix {prefix!r}: use S3 key segments of letters, digits and !_.*'()- "
             "separated by single slashes, none of them '.' or '..' (for example 'datasets/imagenet')"
         )

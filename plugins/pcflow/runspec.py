@@ -14,12 +14,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pcflow.errors import refusal
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
 from pcflow.paths import ami_script, include_dir, profile_names, within
 from pcflow.patterns import DEFAULT_CRON, INSTANCE_TYPE, NIGHTLY_SCHEDULES, PARTITION, validate_prefix
 from pcflow.profiles import RunSpecError, load_profile, with_parent  # noqa: F401 - where callers found them
-from pcflow.trust import ConfRefused, Rule, parse_rules, refusals
+from pcflow.trust import ConfRefused, Rule, owner_of, parse_rules, refusals
 
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -490,12 +491,12 @@ def expand_paths(value: Any) -> Any:
     return value
 
 
-def format_errors(exc: ValidationError) -> str:
-    """pydantic's errors as one line per field path, for the first task's refusal."""
+def format_errors(exc: ValidationError, profile: str, rules: dict[str, Rule]) -> str:
+    """One line per invalid field: its path, what is wrong, who may change it (errors.refusal)."""
     lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        lines.append(f"{where}: {error['msg']}")
+        lines.append(refusal(where, error["msg"], owner_of(where, rules, profile)))
     return "invalid run settings:\n  " + "\n  ".join(lines)
 
 
@@ -512,7 +513,7 @@ def resolve_run_spec(profile: str, overrides: dict[str, Any] | None = None) -> R
     try:
         return RunSpec.model_validate(document)
     except ValidationError as exc:
-        raise RunSpecError(format_errors(exc)) from None
+        raise RunSpecError(format_errors(exc, profile, profile_rules(profile))) from None
 
 
 def check_conf(profile: str, *changes: dict[str, Any], labels: dict[str, str] | None = None) -> None:

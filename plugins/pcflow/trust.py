@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pcflow.errors import ConfigurationError
+from pcflow.errors import ConfigurationError, profile_admin, refusal, trigger_user
 
 DOTTED_PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*$")
 BUILTIN = "builtin:"
@@ -122,6 +122,12 @@ def rule_for(path: str, rules: Mapping[str, Rule]) -> Rule | None:
     return Rule() if parents else None
 
 
+def owner_of(path: str, rules: Mapping[str, Rule], profile: str) -> str:
+    """Who may change the setting at `path` (errors.py's words): a trigger user where the profile's
+    `overridable` covers it, else the deployment admin alone."""
+    return trigger_user(profile) if rule_for(path, rules) is not None else profile_admin(profile)
+
+
 def refusals(
     changes: Mapping[str, Any], rules: Mapping[str, Rule], profile: str, labels: Mapping[str, str] | None = None
 ) -> list[str]:
@@ -131,17 +137,13 @@ def refusals(
         field = f"{path} (form field {labels[path]!r})" if labels and path in labels else path
         rule = rule_for(path, rules)
         if rule is None:
-            lines.append(
-                f"{field}: only the deployment admin may change this (profile {profile!r}); a run's conf may "
-                f"change only {', '.join(sorted(rules)) or 'nothing'}"
-            )
+            allowed = ", ".join(sorted(rules)) or "nothing"
+            lines.append(f"{refusal(field, None, profile_admin(profile))}; a run's conf may change only {allowed}")
         elif value is None:
-            lines.append(
-                f"{field}: null would remove the profile's value, which only the deployment admin may do "
-                f"(profile {profile!r}); leave the field out to keep the profile's value"
-            )
+            problem = "null would remove the profile's value (leave the field out to keep it)"
+            lines.append(refusal(field, problem, profile_admin(profile)))
         elif why := rule.refuses(value):
-            lines.append(f"{field}: {why}; the deployment admin sets the bounds in profile {profile!r}")
+            lines.append(refusal(field, why, trigger_user(profile)))
     return lines
 
 

@@ -109,7 +109,7 @@ def test_a_failing_nightly_publishes_its_stage_reason_and_what_is_left(
     message = envelope["Message"]
     (artifacts_dir / "alert.txt").write_text(f"Subject: {envelope['Subject']}\n\n{message}\n")
     assert "pcflow: pretrain_nightly failed at stage validate (try 1)." in message
-    assert "Why: AirflowFailException: settings a trigger user may not change:" in message
+    assert "Why: RunSpecError: settings a trigger user may not change:" in message
     assert "training.nodes (form field 'nodes'): 9 is outside" in message
     assert f"(run key {run_key('pretrain_nightly', result.run_id)}, stack {STACK})" in message
     assert f"Still there (stack {STACK} in us-east-1;" in message

@@ -26,7 +26,7 @@ from airflow.sdk import conf
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.tags import refresh_expiry, tag_equals, tag_specifications
-from pcflow.errors import PcflowError, ServiceFailed, WaitFailed
+from pcflow.errors import PcflowError, ServiceFailed, WaitFailed, profile_setting, refused
 from pcflow.events import SUCCESS, validate_event
 from pcflow.naming import TAG_STACK, Component, dag_run_of, digest, resource_name, standard_tags
 
@@ -81,12 +81,14 @@ class AmiSpec:
     def __post_init__(self) -> None:
         validate_region(self.region)
         if self.os not in PCLUSTER_OSES:
-            raise ValueError(f"os {self.os!r} is not a ParallelCluster OS; use one of {', '.join(PCLUSTER_OSES)}")
+            problem = f"{self.os!r} is not a ParallelCluster OS; use one of {', '.join(PCLUSTER_OSES)}"
+            raise refused("ami.os", problem, profile_setting())
         if not self.bootstrap_script.strip():
-            raise ValueError("the bootstrap script is empty")
+            raise refused("ami.bootstrap_script", "the bootstrap script is empty", profile_setting())
         for name in self.script_env:
             if not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", name):
-                raise ValueError(f"bootstrap environment variable {name!r} is not an upper-case shell name")
+                problem = f"bootstrap environment variable {name!r} is not an upper-case shell name"
+                raise refused("ami.environment", problem, profile_setting())
         object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
 
     @property
@@ -179,10 +181,11 @@ def required_python(requirements: str, source: str | Path) -> str:
     before it launches a builder."""
     found = REQUIRES_PYTHON.findall(requirements)
     if len(found) != 1:
-        raise ValueError(
+        problem = (
             f"the image's environment {source} must say once which Python its requirements need, with a line "
             f"like `# requires-python: >=3.11` (found {len(found)})"
         )
+        raise refused("ami.environment", problem, profile_setting())
     return found[0]
 
 
@@ -192,7 +195,8 @@ def load_script(path: str | Path) -> str:
 
     script = ami_script(path)
     if not script.is_file():
-        raise ValueError(f"bootstrap script {script} not found; AMI recipes live in include/ami/")
+        problem = f"bootstrap script {script} not found; AMI recipes live in include/ami/"
+        raise refused("ami.bootstrap_script", problem, profile_setting())
     return script.read_text()
 
 
@@ -212,10 +216,11 @@ def find_base_image(
         Filters=[{"Name": "name", "Values": [pattern]}, {"Name": "state", "Values": ["available"]}],
     )["Images"]
     if not images:
-        raise ValueError(
+        problem = (
             f"no ParallelCluster {pcluster_version} image named {pattern} owned by "
             f"{', '.join(owners)} in {region}; check the version, os and architecture, or give base_image_id"
         )
+        raise refused("ami.pcluster_version", problem, profile_setting())
     return max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"]
 
 
@@ -232,7 +237,8 @@ def check_base_image(ec2: Any, image_id: str, region: str) -> None:
         else:
             raise
     if not found or found[0].get("State") != "available":
-        raise ValueError(f"base image {image_id} does not exist (or is not available) in {region}")
+        problem = f"base image {image_id} does not exist (or is not available) in {region}"
+        raise refused("ami.base_image_id", problem, profile_setting())
 
 
 def check_instance_type(ec2: Any, instance_type: str, region: str) -> None:
@@ -243,10 +249,11 @@ def check_instance_type(ec2: Any, instance_type: str, region: str) -> None:
         ec2.describe_instance_types(InstanceTypes=[instance_type])
     except ClientError as error:
         if error_code(error) == "InvalidInstanceType":
-            raise ValueError(
+            problem = (
                 f"instance type {instance_type!r} does not exist in {region}; pick one that "
                 "`aws ec2 describe-instance-type-offerings` lists there"
-            ) from None
+            )
+            raise refused("ami.instance_type", problem, profile_setting()) from None
         raise
 
 
@@ -592,7 +599,8 @@ class BakeImageOperator(PcflowAwsOperator):
             return {}
         path = Path(self.environment_file)
         if not path.is_file():
-            raise ValueError(f"the image's environment {path} does not exist: set ami.environment to requirements")
+            problem = f"the image's environment {path} does not exist: set it to requirements"
+            raise refused("ami.environment", problem, profile_setting())
         requirements = path.read_text()
         return {"PCFLOW_PAYLOAD_REQUIREMENTS": requirements, "PCFLOW_PYTHON_MIN": required_python(requirements, path)}
 

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pcflow.errors import ServiceFailed
+from pcflow.errors import ConfigurationError, ServiceFailed
 
 if TYPE_CHECKING:
     from botocore.config import Config
@@ -151,11 +151,11 @@ def known_regions() -> frozenset[str]:
 def validate_region(region: str | None) -> str:
     """Refuse an unknown region before any call is made (a typo would otherwise create nothing useful)."""
     if not region:
-        raise ValueError("no AWS region: set region_name on the operator or in the aws connection's extra")
+        raise ConfigurationError("no AWS region: set region_name on the operator or in the aws connection's extra")
     regions = known_regions()
     if region not in regions:
         near = sorted(r for r in regions if r.split("-")[0] == region.split("-")[0])[:6]
-        raise ValueError(f"unknown AWS region {region!r}; known regions like it: {', '.join(near) or 'none'}")
+        raise ConfigurationError(f"unknown AWS region {region!r}; known regions like it: {', '.join(near) or 'none'}")
     return region
 
 

@@ -24,7 +24,7 @@ from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.ssh_ingress import refuse_anywhere
 from pcflow.aws.tags import find_one, refresh_expiry, tag_equals, tag_specifications
 from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, TeardownOperator, teardown
-from pcflow.errors import ResourceConflict
+from pcflow.errors import ConfigurationError, PcflowInputError, ResourceConflict, profile_setting, refused
 from pcflow.naming import (
     TAG_RUN,
     TAG_STACK,
@@ -69,38 +69,38 @@ class NetworkSpec:
         for name in ("private_subnet_cidrs", "ssh_ingress_cidrs", "private_subnet_ids"):
             value = getattr(self, name)
             if isinstance(value, str):
-                raise ValueError(f"{name} must be a list, not the string {value!r}")
+                raise ConfigurationError(f"{name} must be a list, not the string {value!r}")
             object.__setattr__(self, name, tuple(value))
         for cidr in self.ssh_ingress_cidrs:
             _cidr(cidr, "ssh_ingress_cidrs")
         refuse_anywhere(self.ssh_ingress_cidrs, self.allow_ssh_from_anywhere, "ssh_ingress_cidrs")
         if self.adopted:
             if not self.public_subnet_id:
-                raise ValueError("adopting vpc_id needs public_subnet_id (the head node's subnet) as well")
+                raise ConfigurationError("adopting vpc_id needs public_subnet_id (the head node's subnet) as well")
             return
         if self.public_subnet_id or self.private_subnet_ids:
-            raise ValueError("subnet ids can only be given together with vpc_id (adopting an existing VPC)")
+            raise ConfigurationError("subnet ids can only be given together with vpc_id (adopting an existing VPC)")
         self._validate_layout()
 
     def _validate_layout(self) -> None:
         """Subnets are valid CIDRs inside the VPC's range and do not overlap each other."""
         vpc = _cidr(self.vpc_cidr, "vpc_cidr")
         if not 16 <= vpc.prefixlen <= 28:
-            raise ValueError(f"vpc_cidr {self.vpc_cidr} must have a prefix between /16 and /28 (AWS limit)")
+            raise ConfigurationError(f"vpc_cidr {self.vpc_cidr} must have a prefix between /16 and /28 (AWS limit)")
         subnets = {"public_subnet_cidr": _cidr(self.public_subnet_cidr, "public_subnet_cidr")}
         if self.nat_gateway:
             if not self.private_subnet_cidrs:
-                raise ValueError("nat_gateway=True needs at least one private_subnet_cidrs entry for compute")
+                raise ConfigurationError("nat_gateway=True needs at least one private_subnet_cidrs entry for compute")
             for i, c in enumerate(self.private_subnet_cidrs):
                 subnets[f"private_subnet_cidrs[{i}]"] = _cidr(c, "private_subnet_cidrs")
         for name, net in subnets.items():
             if net.version != vpc.version or not net.subnet_of(vpc):
-                raise ValueError(f"{name} {net} is not inside vpc_cidr {vpc}; choose a range within it")
+                raise ConfigurationError(f"{name} {net} is not inside vpc_cidr {vpc}; choose a range within it")
         names = list(subnets)
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
                 if subnets[a].overlaps(subnets[b]):
-                    raise ValueError(f"CIDR overlap: {a} {subnets[a]} overlaps {b} {subnets[b]}")
+                    raise ConfigurationError(f"CIDR overlap: {a} {subnets[a]} overlaps {b} {subnets[b]}")
 
     @property
     def adopted(self) -> bool:
@@ -113,15 +113,26 @@ class NetworkSpec:
         allowed = {f.name for f in fields(cls)} - {"stack", "region"}
         unknown = sorted(set(values) - allowed)
         if unknown:
-            raise ValueError(f"unknown network setting(s) {unknown}; allowed: {sorted(allowed)}")
-        return cls(stack=stack, region=region, **values)
+            raise refused(
+                "network", f"unknown network setting(s) {unknown}; allowed: {sorted(allowed)}", profile_setting()
+            )
+        try:
+            return cls(stack=stack, region=region, **values)
+        except ConfigurationError as exc:  # the spec names the field within the section
+            raise refused("network", str(exc), profile_setting()) from None
+
+
+def _refused(name: str, problem: str) -> PcflowInputError:
+    """A refused `network.<name>` setting, in errors.refusal's words (a stage's check: the profile's
+    `overridable` is not at hand)."""
+    return refused(f"network.{name}", problem, profile_setting())
 
 
 def _cidr(value: str, what: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     try:
         return ipaddress.ip_network(value, strict=True)
     except (ValueError, TypeError) as error:
-        raise ValueError(f"invalid CIDR {value!r} in {what}: {error}") from None
+        raise ConfigurationError(f"invalid CIDR {value!r} in {what}: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -154,7 +165,7 @@ def choose_availability_zone(ec2: Any, region: str, wanted: str | None) -> str:
     if wanted is None:
         return names[0]
     if wanted not in names:
-        raise ValueError(f"availability zone {wanted!r} is not available in {region}; choose one of {names}")
+        raise _refused("availability_zone", f"{wanted!r} is not available in {region}; choose one of {names}")
     return wanted
 
 
@@ -476,18 +487,20 @@ def _adopt(step: _Ensurer, spec: NetworkSpec) -> NetworkIds:
         ec2.describe_vpcs(VpcIds=[spec.vpc_id])
     except ClientError as error:
         if error_code(error).endswith("NotFound"):
-            raise ValueError(f"vpc_id {spec.vpc_id} does not exist in {spec.region}; check the id and region") from None
+            raise _refused(
+                "vpc_id", f"{spec.vpc_id} does not exist in {spec.region}; check the id and region"
+            ) from None
         raise
     subnet_ids = [spec.public_subnet_id, *spec.private_subnet_ids]
     try:
         subnets = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]
     except ClientError as error:
         if error_code(error).endswith("NotFound"):
-            raise ValueError(f"subnet(s) {subnet_ids} not found in {spec.region}: {error}") from None
+            raise _refused("public_subnet_id", f"subnet(s) {subnet_ids} not found in {spec.region}: {error}") from None
         raise
     outside = [s["SubnetId"] for s in subnets if s["VpcId"] != spec.vpc_id]
     if outside:
-        raise ValueError(f"subnet(s) {outside} are not in vpc {spec.vpc_id}")
+        raise _refused("private_subnet_ids", f"subnet(s) {outside} are not in vpc {spec.vpc_id}")
     zone = next(s["AvailabilityZone"] for s in subnets if s["SubnetId"] == spec.public_subnet_id)
     cluster_sg = step.security_group(spec.vpc_id, "cluster-sg", "pcflow: all traffic between cluster nodes")
     step.cluster_rules(cluster_sg)

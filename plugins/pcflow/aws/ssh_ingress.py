@@ -13,6 +13,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from pcflow.errors import ConfigurationError
+
 ANYWHERE = ("0.0.0.0/0", "::/0")
 SETTING = "network.ssh_ingress_cidrs"
 
@@ -23,7 +25,7 @@ def refuse_anywhere(cidrs: Iterable[str], allowed: bool, setting: str) -> None:
         return
     for cidr in cidrs:
         if str(ipaddress.ip_network(cidr, strict=False)) in ANYWHERE:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{setting} contains {cidr} (SSH open to the internet); give the CIDR the Airflow workers "
                 "connect from (their egress) or your VPN's instead, or set allow_ssh_from_anywhere=True if "
                 "you really mean it (the deployment admin, in the profile)"
@@ -35,7 +37,7 @@ def head_node_allowed_ips(cidrs: Iterable[str]) -> str:
     (the others reach the head node through pcflow's head security group)."""
     cidrs = list(cidrs)
     if not cidrs:
-        raise ValueError(
+        raise ConfigurationError(
             f"{SETTING} is empty: a ParallelCluster head node would then take SSH from anywhere "
             "(ParallelCluster's default AllowedIps, 0.0.0.0/0); the deployment admin sets it in the profile "
             "to the CIDR(s) the Airflow workers connect from (their egress: NAT gateway or elastic IP /32, "
@@ -44,7 +46,7 @@ def head_node_allowed_ips(cidrs: Iterable[str]) -> str:
     for cidr in cidrs:
         if ipaddress.ip_network(cidr, strict=False).version == 4:
             return cidr
-    raise ValueError(
+    raise ConfigurationError(
         f"{SETTING} {cidrs} has no IPv4 range: ParallelCluster's HeadNode.Ssh.AllowedIps takes an IPv4 CIDR "
         "(left out, it allows 0.0.0.0/0); the deployment admin adds the Airflow workers' IPv4 egress"
     )

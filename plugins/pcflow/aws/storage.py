@@ -65,7 +65,7 @@ def validate_bucket_name(name: str) -> str:
         or name.startswith("xn--")
         or name.endswith("-s3alias")
     ):
-        raise ValueError(
+        raise ConfigurationError(
             f"invalid S3 bucket name {name!r}: use 3-63 lower-case letters, digits, hyphens and dots, "
             "starting and ending with a letter or digit (see the S3 bucket naming rules)"
         )
@@ -263,7 +263,7 @@ def start_data_repository_task(
     a fix starts a new task (its token counts the failed ones, so it is still deterministic).
     """
     if task_type not in TASK_TYPES:
-        raise ValueError(f"task_type must be one of {sorted(TASK_TYPES)}, not {task_type!r}")
+        raise ConfigurationError(f"task_type must be one of {sorted(TASK_TYPES)}, not {task_type!r}")
     filters = [{"Name": "file-system-id", "Values": [file_system_id]}]
     kwargs: dict[str, Any] = {"Filters": filters}
     ended_badly = 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import conf
 
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
-from pcflow.errors import ConfigurationError, WaitFailed
+from pcflow.errors import ConfigurationError, WaitFailed, profile_setting, refused
 from pcflow.events import SUCCESS, require_success, validate_event
 
 if TYPE_CHECKING:
@@ -120,22 +120,17 @@ class ValidateClusterConfigOperator(_ClusterOperator):
     ui_color = "#e8f7e4"
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from pcflow.cluster.parallelcluster import ClusterMismatch
         from pcflow.cluster.pcluster import PclusterError
         from pcflow.cluster.providers import validate_cluster
         from pcflow.cluster.spec import ClusterSpecError
 
         tagging = self._tagging(context)
-        try:
+        try:  # ClusterSpecError and ClusterMismatch are pcflow's input errors: not retried
             result = validate_cluster(self.cluster_provider, self.cluster, stack=self.stack, **tagging)
-        except (ClusterSpecError, ClusterMismatch) as error:
-            raise AirflowFailException(str(error)) from None
         except PclusterError as error:
             if not error.config_rejected:
                 raise  # throttling, a network error...: worth a retry
-            raise AirflowFailException(f"{error}\nFix the cluster settings of the profile or the run") from None
+            raise refused("cluster.config", str(error), profile_setting(), ClusterSpecError) from None
         if "config" in result:
             result["config_s3_uri"] = self.keep_config(context, result["config"], "cluster-config.dryrun.yaml")
         return result
@@ -170,9 +165,6 @@ class EnsureClusterOperator(_WaitingClusterOperator):
     ui_color = "#c6e2ff"
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from pcflow.cluster.parallelcluster import ClusterNotOwned
         from pcflow.cluster.providers import ensure_cluster
         from pcflow.cluster.spec import ClusterSpec
         from pcflow.cluster.static import StaticProvider
@@ -187,10 +179,7 @@ class EnsureClusterOperator(_WaitingClusterOperator):
         if not self.deferrable:
             info = ensure_cluster(provider, spec, stack=self.stack, **tagging, **self.waits)
             return {**info, "config_s3_uri": self.config_uri(context, CONFIG_FILE)}
-        try:
-            step = provider.start(spec, rendered)
-        except ClusterNotOwned as error:  # a retry gets the same answer
-            raise AirflowFailException(str(error)) from None
+        step = provider.start(spec, rendered)  # ClusterNotOwned: an input error, not retried
         self.log.info("cluster %s: %s", step.cluster_name, step.action)
         if step.waiter is None:
             return self.outcome(context, provider.finish(spec, step.action))
@@ -253,25 +242,17 @@ class DeleteClusterOperator(_WaitingClusterOperator):
         return self.cluster_name or (self.cluster or {}).get("name")
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from pcflow.cluster.parallelcluster import ClusterNotOwned
         from pcflow.cluster.providers import delete_cluster
         from pcflow.cluster.static import StaticProvider
 
         if self.keep:
             self.log.info("teardown policy keeps cluster %s; the janitor deletes it when it expires", self._name())
             return {"cluster_name": self._name(), "deleted": False, "kept": True}
-        provider = self.cluster_provider
-        try:
-            if isinstance(provider, StaticProvider) or not self.deferrable:
-                owner = self.cluster_owner(context)
-                return delete_cluster(
-                    provider, self._name(), owner=owner, export_fsx=bool(self.export_fsx), **self.waits
-                )
-            return self.export_then_delete(context)
-        except ClusterNotOwned as error:  # a retry gets the same answer
-            raise AirflowFailException(str(error)) from None
+        provider = self.cluster_provider  # ClusterNotOwned: an input error, not retried
+        if isinstance(provider, StaticProvider) or not self.deferrable:
+            owner = self.cluster_owner(context)
+            return delete_cluster(provider, self._name(), owner=owner, export_fsx=bool(self.export_fsx), **self.waits)
+        return self.export_then_delete(context)
 
     def cluster_owner(self, context: Any) -> tuple[str, str | None]:
         """The (stack, run) a cluster this task may delete carries in its tags."""

@@ -21,7 +21,7 @@ from pcflow.cluster.config import TAG_CONFIG_HASH, TAG_SHAPE_HASH, RenderedConfi
 from pcflow.cluster.info import ClusterInfo, Partition
 from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError
 from pcflow.cluster.spec import ClusterSpec, check_instance_type
-from pcflow.errors import PcflowError, ResourceConflict, ServiceFailed
+from pcflow.errors import PcflowError, PcflowInputError, ResourceConflict, ServiceFailed
 from pcflow.naming import TAG_EXPIRES, TAG_RUN, TAG_STACK, Component, expiry_advances, resource_name, standard_tags
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,9 @@ def export_attempts(delay: int, at_least: int = 40) -> int:
     return max(at_least, EXPORT_WAIT_LIMIT_S // max(delay, 1))
 
 
-class ClusterMismatch(ResourceConflict):
-    """A cluster with this name exists with another configuration."""
+class ClusterMismatch(ResourceConflict, PcflowInputError):
+    """A cluster with this name exists with another configuration: a person decides (another name, the
+    cluster deleted, updates allowed), so it is not retried."""
 
 
 class ClusterNotOwned(ClusterMismatch):

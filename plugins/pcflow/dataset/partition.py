@@ -11,19 +11,26 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from pcflow.errors import refused, trigger_user
 from pcflow.patterns import validate_prefix  # noqa: F401 - the dataset stage checks its prefix with it
 
 PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 DATE_FORMAT = "%Y-%m-%d"
 
 
-def validate_partition(partition: str) -> str:
-    """A single S3 key segment: letters, digits, `. _ = -`; no slashes, no `..`."""
+#: Who names the partition of a run scheduled on new data: the producer of the asset event it consumed.
+ANNOUNCED_BY = "the DAG that announced the data sets this (its asset event's `partition` extra)"
+
+
+def validate_partition(partition: str, owner: str | None = None) -> str:
+    """A single S3 key segment: letters, digits, `. _ = -`; no slashes, no `..`. `owner`: who set it
+    (errors.py's words; default: the run's conf)."""
     if not isinstance(partition, str) or not PARTITION_RE.fullmatch(partition) or ".." in partition:
-        raise ValueError(
+        problem = (
             f"invalid partition {partition!r}: use one path segment of letters, digits, '.', '_', '=' or '-' "
             "(for example '2026-11-29' or 'v3')"
         )
+        raise refused("dataset.partition", problem, owner or trigger_user())
     return partition
 
 
@@ -37,13 +44,14 @@ def resolve_partition(context: Mapping[str, Any], explicit: str | None = None) -
         return validate_partition(explicit)
     announced = announced_partition(context)
     if announced:
-        return validate_partition(announced)
+        return validate_partition(announced, ANNOUNCED_BY)
     dag_run = context.get("dag_run")
     run_type = str(getattr(dag_run, "run_type", "") or "").lower()
     logical_date = context.get("logical_date")
     if run_type.endswith("manual") or logical_date is None:
-        raise ValueError(
+        problem = (
             "this run was triggered by hand (or has no logical date): pass partition='...' "
             "(for example in the trigger form), so it is clear which data partition to load"
         )
+        raise refused("dataset.partition", problem, trigger_user())
     return validate_partition(logical_date.strftime(DATE_FORMAT))

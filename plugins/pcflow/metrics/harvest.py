@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pcflow.budget import BUDGET_FILE
-from pcflow.errors import PcflowError
+from pcflow.errors import PcflowInputError
 from pcflow.metrics.definitions import MetricDefinition, scan_log
 from pcflow.metrics.jsonlines import from_line_start, read_metric_lines
 from pcflow.metrics.series import Objective, Point, group
@@ -33,8 +33,9 @@ MAX_METRICS_BYTES = 32 * 1024 * 1024
 MAX_UTILISATION_BYTES = 16 * 1024 * 1024
 
 
-class RequiredMetricMissing(PcflowError):
-    """A metric the caller declared required is absent: the run's result cannot be judged."""
+class RequiredMetricMissing(PcflowInputError):
+    """A metric the caller declared required is absent: the run's result cannot be judged, and harvesting
+    the same output again would not change that (not retried)."""
 
 
 @dataclass(frozen=True)

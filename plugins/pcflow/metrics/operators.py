@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException
-
 from pcflow.aws.base import PcflowAwsOperator
+from pcflow.errors import ConfigurationError, PcflowInputError, refused, task_author
 from pcflow.metrics import cost, price_list, publish
 from pcflow.metrics.definitions import parse_definitions
 from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job, job_refs, xcom_summary
@@ -165,8 +164,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
                 parse_definitions(definitions),
                 validate_stack_name(self.stack),
             )
-        except ValueError as exc:
-            raise AirflowFailException(f"Task {self.task_id}: {exc}") from exc
+        except ValueError as exc:  # objective, metric_definitions or stack
+            raise ConfigurationError(f"Task {self.task_id}: {exc}; {task_author(self.task_id)}") from exc
 
     def cost_of(self, document: Mapping[str, Any], context: Context) -> dict[str, Any]:
         """The run's cost estimate from what the job used (accounting's node-seconds, else elapsed time x nodes)
@@ -243,7 +242,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
                 self.slurm, ref, definitions=definitions, objective=objective, required=list(self.required_metrics)
             )
         except RequiredMetricMissing as exc:
-            raise AirflowFailException(str(exc)) from exc
+            raise refused("required_metrics", str(exc), task_author(self.task_id), RequiredMetricMissing) from exc
         document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id)
         document["cost"] = self.cost_of(document, context)
         document |= self.cost_over_time(document, context)
@@ -337,8 +336,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         """The job(s) to harvest, from the train task's XCom; a malformed one fails without retries."""
         try:
             return job_refs(self.job)
-        except ValueError as exc:
-            raise AirflowFailException(f"Task {self.task_id}: {exc}") from exc
+        except ValueError as exc:  # the train task's XCom, as it is: a retry reads the same
+            raise PcflowInputError(f"Task {self.task_id}: {exc}") from exc
 
     def execute(self, context: Context) -> dict[str, Any]:
         objective, definitions, _ = self.settings()
@@ -380,7 +379,8 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         objective, definitions, _ = self.settings()
         if objective is None:
-            raise AirflowFailException(f"Task {self.task_id}: a leaderboard needs an objective (name and mode)")
+            problem = "a leaderboard needs an objective (name and mode)"
+            raise refused("objective", problem, task_author(self.task_id))
         refs = self.refs_to_harvest()
         key = run_key_from_context(context)
         try:

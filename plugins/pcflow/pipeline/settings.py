@@ -12,8 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
-
+from pcflow.errors import deployment_admin, refused, trigger_user
 from pcflow.pipeline.form import FORM_FIELDS, MAX_TRIALS, OTHER_FIELDS
 from pcflow.values import Returned
 
@@ -46,14 +45,15 @@ def expand_trials(trials: list[dict[str, Any]], grid: dict[str, list[Any]]) -> l
     """Every trial crossed with every point of the grid, in a stable order (trial-major)."""
     for name, values in grid.items():
         if not isinstance(values, list) or not values:
-            raise ValueError(f"grid.{name}: needs a non-empty list of values, got {values!r}")
+            raise refused(f"grid.{name}", f"needs a non-empty list of values, got {values!r}", trigger_user())
     points = [dict(zip(grid, combination, strict=True)) for combination in itertools.product(*grid.values())]
     expanded = [{**trial, **point} for trial in trials for point in points]
     if len(expanded) > MAX_TRIALS:
-        raise ValueError(
-            f"trials: {len(trials)} trials x {len(points)} grid points = {len(expanded)} trials, more than "
-            f"{MAX_TRIALS}; split the sweep or shrink the grid"
+        problem = (
+            f"{len(trials)} trials x {len(points)} grid points = {len(expanded)} trials, more than {MAX_TRIALS}; "
+            "split the sweep or shrink the grid"
         )
+        raise refused("trials", problem, trigger_user())
     return expanded
 
 
@@ -78,20 +78,18 @@ def check_conf_fields(params: dict[str, Any]) -> None:
     """Refuse, before anything is merged, what the conf changes beyond what the profile lets a trigger
     user change: unknown fields, settings not listed as overridable, values outside their bounds. A
     sweep's trials and grid change hyperparameters, so they are checked as such."""
-    from pcflow.runspec import RunSpecError, check_conf
+    from pcflow.runspec import check_conf
+    from pcflow.trust import ConfRefused
 
     unknown = sorted(set(params) - set(FORM_FIELDS) - set(OTHER_FIELDS))
     if unknown:
         fields = ", ".join(sorted([*FORM_FIELDS, *OTHER_FIELDS]))
-        raise AirflowFailException(f"{', '.join(unknown)}: not a field of this DAG's form (fields: {fields})")
+        raise ConfRefused(f"{', '.join(unknown)}: not a field of this DAG's form (fields: {fields})")
     grid = params.get("grid") or {}
     swept = [*(params.get("trials") or []), *({k: v} for k, values in grid.items() for v in _listed(values))]
     changes = [overrides_from_params(params), *({"training": {"hyperparameters": trial}} for trial in swept)]
     labels = {path: param for param, path in FORM_FIELDS.items()}
-    try:
-        check_conf(params.get("profile"), *changes, labels=labels)
-    except RunSpecError as exc:
-        raise AirflowFailException(str(exc)) from None
+    check_conf(params.get("profile"), *changes, labels=labels)
 
 
 def _listed(values: Any) -> list[Any]:
@@ -108,18 +106,14 @@ def resolve_for_run(
     from pcflow.lifetime import expiry_hours
     from pcflow.naming import run_key_from_context
     from pcflow.paths import check_offered
-    from pcflow.runspec import RunSpecError, resolve_run_spec
+    from pcflow.runspec import resolve_run_spec
 
     if not params.get("profile"):
-        raise AirflowFailException(
-            "profile: none chosen, and the deployment sets no default (the admin sets PCFLOW_DEFAULT_PROFILE)"
-        )
+        problem = "none chosen, and the deployment sets no default (the admin sets PCFLOW_DEFAULT_PROFILE)"
+        raise refused("profile", problem, deployment_admin())
     check_offered(params["profile"])  # the form's choices were fixed when the DAG was parsed, maybe elsewhere
     check_conf_fields(params)
-    try:
-        spec = resolve_run_spec(params["profile"], overrides_from_params(params))
-    except RunSpecError as exc:
-        raise AirflowFailException(str(exc)) from None
+    spec = resolve_run_spec(params["profile"], overrides_from_params(params))
     document = spec.model_dump(mode="json")
     document["training"]["allocation"] = spec.training.allocation()
     # XCom is readable by whoever can see the run: the train task resolves the values itself (RunEnv).
@@ -130,10 +124,7 @@ def resolve_for_run(
     document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}
     document["early_stopping"] = early_stopping_rule(spec.metrics)
     if "trials" in params:  # a sweep
-        try:
-            document["trials"] = expand_trials(params["trials"], params.get("grid") or {})
-        except ValueError as exc:
-            raise AirflowFailException(str(exc)) from None
+        document["trials"] = expand_trials(params["trials"], params.get("grid") or {})
     document["keep_resources"] = spec.teardown.policy == "never"
     document["expiry"] = expiry_hours(document)  # the stamps outlast the run's longest possible time
     return document
@@ -146,20 +137,14 @@ def run_partition(spec: Any, context: dict[str, Any], dated_partitions: bool) ->
     explicit = spec.dataset.partition
     if explicit is None and dated_partitions and context.get("logical_date"):
         explicit = context["logical_date"].strftime("%Y-%m-%d")
-    try:
-        return resolve_partition(context, explicit)
-    except ValueError as exc:
-        raise AirflowFailException(str(exc)) from None
+    return resolve_partition(context, explicit)
 
 
 def run_env(params: dict[str, Any]) -> dict[str, str]:
     """training.env as the first task validated it (same profile, same conf), its secrets read."""
-    from pcflow.runspec import RunSpecError, resolve_run_spec
+    from pcflow.runspec import resolve_run_spec
 
-    try:
-        return resolve_run_spec(params["profile"], overrides_from_params(params)).training.env_values()
-    except RunSpecError as exc:
-        raise AirflowFailException(str(exc)) from None
+    return resolve_run_spec(params["profile"], overrides_from_params(params)).training.env_values()
 
 
 class RunEnv:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import task
-from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.pipeline.settings import settings_for_cluster
 from pcflow.slurm.head_node import HeadNode
@@ -53,16 +52,13 @@ def planned_image_id(run: dict[str, Any], aws_conn_id: str = "aws_default") -> s
     from pcflow.aws.clients import aws_client
 
     ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
-    try:
-        return find_base_image(
-            ec2,
-            region=run["region"],
-            pcluster_version=ami["pcluster_version"],
-            os=ami["os"],
-            owners=ami["base_image_owners"],
-        )
-    except ValueError as exc:
-        raise AirflowFailException(f"ami: {exc}") from None
+    return find_base_image(
+        ec2,
+        region=run["region"],
+        pcluster_version=ami["pcluster_version"],
+        os=ami["os"],
+        owners=ami["base_image_owners"],
+    )
 
 
 @task(multiple_outputs=False)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import task
-from airflow.sdk.exceptions import AirflowFailException
 
+from pcflow.checks import setting_owner
+from pcflow.errors import refused
 from pcflow.pipeline.form import FORM_FIELDS, OTHER_FIELDS
 from pcflow.pipeline.settings import (
     PLANNED_SECURITY_GROUP,
@@ -35,9 +36,8 @@ def check_against_aws(run: dict[str, Any], aws_conn_id: str = "aws_default") -> 
         ec2.describe_instance_types(InstanceTypes=[instance_type])
     except ClientError as exc:
         if exc.response["Error"]["Code"].startswith("InvalidInstanceType"):
-            raise AirflowFailException(
-                f"instance_type: {instance_type} is not offered in {region}; pick another type or region"
-            ) from None
+            problem = f"{instance_type} is not offered in {region}; pick another type or region"
+            raise refused("instance_type", problem, setting_owner(run, "instance_type")) from None
         raise
 
 
@@ -68,7 +68,7 @@ def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = "aws_default"
         ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
         check_instance_type(ec2, spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa)
     except ClusterSpecError as exc:
-        raise AirflowFailException(f"cluster.config: {exc}") from None
+        raise refused("cluster.config", str(exc), setting_owner(run, "cluster.config"), ClusterSpecError) from None
 
 
 def account_preflight(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
@@ -77,16 +77,13 @@ def account_preflight(run: dict[str, Any], aws_conn_id: str = "aws_default") -> 
     import functools
 
     from pcflow.aws.clients import aws_client
-    from pcflow.preflight import Account, PreflightFailed, run_preflight
+    from pcflow.preflight import Account, run_preflight
 
     @functools.cache
     def client(service: str) -> Any:
         return aws_client(service, aws_conn_id=aws_conn_id, region_name=run["region"])
 
-    try:
-        run_preflight(Account(run, planned_cluster(run), client), skip=run["preflight"]["skip"])
-    except PreflightFailed as exc:
-        raise AirflowFailException(str(exc)) from None
+    run_preflight(Account(run, planned_cluster(run), client), skip=run["preflight"]["skip"])
 
 
 def training_form(params: dict[str, Any], dag: Any) -> dict[str, Any]:

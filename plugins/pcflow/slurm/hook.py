@@ -37,9 +37,8 @@ import paramiko
 from airflow.providers.common.compat.connection import get_async_connection
 from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowFailException
 
-from pcflow.errors import PcflowError
+from pcflow.errors import PcflowError, PcflowInputError, connection_admin
 from pcflow.slurm import DEFAULT_SSH_CONN_ID, queries
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.states import JobInfo
@@ -69,12 +68,12 @@ class SlurmConnectionError(SlurmError):
     """The head node could not be reached or authenticated."""
 
 
-class HostKeyNotPinned(SlurmConnectionError, AirflowFailException):
+class HostKeyNotPinned(SlurmConnectionError, PcflowInputError):
     """The connection turns host key checking off and nothing pins the head node's key: the admin's to
     fix, so not retried."""
 
 
-class HostKeyMismatch(SlurmConnectionError, AirflowFailException):
+class HostKeyMismatch(SlurmConnectionError, PcflowInputError):
     """The head node's host key is not the pinned one: not transient, so no retry (of the connection or
     the task) tries again; a person decides whether the node was rebuilt or the connection intercepted."""
 
@@ -151,7 +150,7 @@ def head_node_connection(conn: Connection, head_node: HeadNode) -> Connection:
             f"connection {head_node.conn_id!r} turns host key checking off (extra no_host_key_check) and pins no "
             "key: pcflow does not connect to a head node it cannot identify. The Airflow admin puts the head "
             "node's public host key (`<type> <base64>`) in the connection's `host_key` extra and removes "
-            "no_host_key_check. Not retried."
+            f"no_host_key_check. Not retried; {connection_admin(head_node.conn_id)}"
         )
     if key is not None:
         extra = {**extra, "host_key": key, "no_host_key_check": False}
@@ -223,7 +222,7 @@ def host_key_message(conn_id: str, host: str, served: str | None, expected: str 
         f"The SSH host key of {host} does not match the key pinned in connection {conn_id!r}: the server "
         f"sent {served or 'a key that could not be read again'}, the pinned key is {expected or 'unknown'}. "
         "If the head node was rebuilt, update the connection's `host_key` extra (or the cluster's recorded "
-        "key); otherwise someone may be intercepting the connection. Not retried."
+        f"key); otherwise someone may be intercepting the connection. Not retried; {connection_admin(conn_id)}"
     )
 
 

@@ -18,11 +18,18 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import AirflowFailException
 from pydantic import ValidationError
 
 from pcflow.compat import read_state
-from pcflow.errors import JobFailed, TriggerEventError
+from pcflow.errors import (
+    ConfigurationError,
+    JobFailed,
+    PcflowInputError,
+    TriggerEventError,
+    connection_admin,
+    refused,
+    task_author,
+)
 from pcflow.events import validate_event
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.head_node import HeadNode, head_node_argument
@@ -195,8 +202,8 @@ class SlurmJobOperator(BaseOperator):
                 payload_dir=self.payload_dir or None,
             )
         except ValidationError as exc:
-            raise AirflowFailException(
-                f"Invalid Slurm job for task {self.task_id}: {errors_without_values(exc)}"
+            raise ConfigurationError(
+                f"Invalid Slurm job for task {self.task_id}: {errors_without_values(exc)}; {task_author(self.task_id)}"
             ) from None
 
     def array_spec(self) -> ArraySpec | None:
@@ -210,14 +217,15 @@ class SlurmJobOperator(BaseOperator):
 
         root = self.shared_root or self.hook.shared_root
         if not root:
-            raise AirflowFailException(
+            problem = (
                 f"No shared directory for the run: set shared_root on task {self.task_id} or the `shared_root` "
-                f"extra of connection {self.ssh_conn_id!r} (a path every Slurm node sees, e.g. /fsx)."
+                f"extra of connection {self.ssh_conn_id!r} (a path every Slurm node sees, e.g. /fsx)"
             )
+            raise refused("shared_root", problem, connection_admin(self.ssh_conn_id))
         try:
             return RunDir.for_job(root, run_key_from_context(context), slug(self.task_id, 64) or "job")
         except ValueError as exc:
-            raise AirflowFailException(str(exc)) from exc
+            raise refused("shared_root", str(exc), connection_admin(self.ssh_conn_id)) from exc
 
     def job_name(self, context: Context) -> str:
         """The job's identity in Slurm: the run key plus the task, stable across retries."""
@@ -404,8 +412,8 @@ class SlurmJobOperator(BaseOperator):
         if event["status"] == "success":
             self.log.info("%s", event["message"])
             return self.result_from_event(run_dir, event)
-        if event.get("retryable") is False:
-            raise AirflowFailException(event["message"])
+        if event.get("retryable") is False:  # the trigger's own refusal (a host key mismatch): not retried
+            raise PcflowInputError(event["message"])
         if event.get("outcome") in {str(o) for o in Outcome if o.needs_cancel}:
             self.hook.cancel(self.job_id)
         raise JobFailed(self.failure_message(run_dir, event))
@@ -475,7 +483,7 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         from pcflow.slurm.spec import ArraySpec
 
         if not self.trials:
-            raise AirflowFailException(f"Task {self.task_id}: a job array needs at least one trial")
+            raise refused("trials", "a job array needs at least one trial", task_author(self.task_id))
         return ArraySpec(size=len(self.trials), max_parallel=self.max_parallel)
 
     def job_spec(self) -> JobSpec:
@@ -491,7 +499,8 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         try:
             return [JobSpec.model_validate({**spec.model_dump(), "hyperparameters": t}) for t in self.trials]
         except ValidationError as exc:
-            raise AirflowFailException(f"Invalid trial for task {self.task_id}: {errors_without_values(exc)}") from None
+            problem = f"Invalid trial for task {self.task_id}: {errors_without_values(exc)}"
+            raise refused("trials", problem, task_author(self.task_id)) from None
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
         from pcflow.slurm.render import render_hparams

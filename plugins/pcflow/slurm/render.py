@@ -8,6 +8,7 @@ from functools import cache
 
 import jinja2
 
+from pcflow.errors import ConfigurationError
 from pcflow.slurm.spec import NAME, SBATCH_VALUE, JobSpec, RunDir
 
 #: The batch templates' directory in the package (`<launcher>.sbatch.j2`, and `_base.sbatch.j2` they extend).
@@ -59,7 +60,9 @@ def sbatch_directives(spec: JobSpec, run_dir: RunDir, job_name: str) -> list[str
     lines += [f"--{key}={value}" if value else f"--{key}" for key, value in sorted(res.extra_sbatch.items())]
     for line in lines:
         if not SBATCH_VALUE.fullmatch(line.lstrip("-")):
-            raise ValueError(f"refusing to write the sbatch directive {line!r}: it has characters sbatch would misread")
+            raise ConfigurationError(
+                f"refusing to write the sbatch directive {line!r}: it has characters sbatch would misread"
+            )
     return lines
 
 
@@ -67,7 +70,7 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
     """The job's batch script from its launcher's template; every shell value quoted by the template's filters,
     every `#SBATCH` line re-checked. A job name that is not a plain name is refused."""
     if not NAME.fullmatch(job_name):
-        raise ValueError(f"job name must be letters, digits and _.- (got {job_name!r})")
+        raise ConfigurationError(f"job name must be letters, digits and _.- (got {job_name!r})")
     try:
         template = _environment().get_template(f"{spec.launcher}.sbatch.j2")
     except jinja2.TemplateNotFound as exc:

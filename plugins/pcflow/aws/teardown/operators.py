@@ -14,6 +14,7 @@ from pcflow.aws.teardown.engine import teardown
 from pcflow.aws.teardown.model import Selector
 from pcflow.aws.teardown.registry import DEFAULT_HANDLER_SETS
 from pcflow.aws.teardown.report import TeardownReport
+from pcflow.errors import refused, task_author
 
 
 class TeardownOperator(PcflowAwsOperator):
@@ -53,7 +54,8 @@ class TeardownOperator(PcflowAwsOperator):
     def selector(self, context: Any) -> Selector:
         """What this task deletes: the stack's resources, narrowed to the run and components if given."""
         if not self.stack and not self.every_stack:
-            raise ValueError(f"{self.task_id}: a teardown needs the stack it deletes (got {self.stack!r})")
+            problem = f"{self.task_id}: a teardown needs the stack it deletes (got {self.stack!r})"
+            raise refused("stack", problem, task_author(self.task_id))
         return Selector(
             stack=self.stack or None,
             run=self.run or None,

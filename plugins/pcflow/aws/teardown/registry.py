@@ -14,6 +14,7 @@ from pcflow.aws.teardown.handlers import (
     ResourceHandler,
     SnapshotHandler,
 )
+from pcflow.errors import ConfigurationError
 
 #: `service name -> boto3 client`; handler factories take one so they can reach any service.
 ClientSource = Callable[[str], Any]
@@ -49,7 +50,7 @@ def build_handlers(clients: ClientSource, handler_sets: Iterable[str]) -> list[R
             importlib.import_module(_REGISTERED_BY[name])
         if name not in _REGISTRY:
             known = sorted({*_REGISTRY, *_REGISTERED_BY})
-            raise ValueError(f"unknown teardown handler set {name!r}; choose from: {', '.join(known)}")
+            raise ConfigurationError(f"unknown teardown handler set {name!r}; choose from: {', '.join(known)}")
         handlers.extend(_REGISTRY[name](clients))
     return handlers
 
