@@ -100,6 +100,7 @@ def changed_after_hashing(monkeypatch, path: Path, data: bytes) -> None:
     monkeypatch.setattr(outputs, "hash_outputs", then_rewrite)
 
 
+@pytest.mark.security
 @pytest.mark.parametrize("multipart", [True, False], ids=["multipart", "one-put"])
 def test_a_file_that_changes_between_its_hash_and_its_copy_never_reaches_s3(  # noqa: PLR0917 - fixtures
     slurm, s3, bucket, run_dir, monkeypatch, multipart
@@ -115,6 +116,7 @@ def test_a_file_that_changes_between_its_hash_and_its_copy_never_reaches_s3(  # 
     assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")  # aborted, nothing left billing
 
 
+@pytest.mark.security
 def test_a_later_run_loads_an_artifact_only_with_the_hash_its_run_recorded(slurm, s3, bucket, run_dir, tmp_path):
     saved = save_outputs(slurm, s3, run_dir=str(run_dir), bucket=bucket, prefix="runs/k/model/", log=log)
     loaded = load_artifact(s3, saved["model"], saved["model_sha256"], tmp_path / "model.pt")

@@ -19,7 +19,7 @@ import pytest
 from pcflow.paths import include_dir
 from pcflow.slurm.environment import EnvironmentRefused, state_path, verify_environment
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.security]
 log = logging.getLogger(__name__)
 RECORD = include_dir() / "ami" / "tree-record.sh"
 REPO = include_dir().parent

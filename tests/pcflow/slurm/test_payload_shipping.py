@@ -113,6 +113,7 @@ def edit(path: Path, text: str) -> None:
     path.chmod(0o444)
 
 
+@pytest.mark.security
 @pytest.mark.parametrize(
     ("tamper", "finding"),
     [
