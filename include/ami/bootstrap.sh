@@ -9,6 +9,7 @@
 # they are part of the image's recipe hash, so new requirements bake a new image:
 #   PCFLOW_PAYLOAD_REQUIREMENTS  the payload's requirements.txt
 #   PCFLOW_PYTHON_MIN            the oldest Python they install on, 3.X (their `# requires-python: >=3.X`)
+#   PCFLOW_TREE_RECORD           include/ami/tree-record.sh, which writes the environment's integrity record
 # PCFLOW_ROOT (tests only, unset on a builder): a directory that stands for / in every system path.
 #
 # The interpreter: the newest python3.X >= PCFLOW_PYTHON_MIN on PATH that can make a venv, else a
@@ -22,6 +23,7 @@ root=${PCFLOW_ROOT:-}
 PCFLOW_HOME=$root/opt/pcflow
 : "${PCFLOW_PAYLOAD_REQUIREMENTS:?the bake passes the requirements of the payload environment}"
 : "${PCFLOW_PYTHON_MIN:?the bake passes the oldest Python the requirements install on}"
+: "${PCFLOW_TREE_RECORD:?the bake passes include/ami/tree-record.sh}"
 UV_VERSION=0.13.9 # the project's uv (Makefile); its wheels on PyPI, by architecture, and their sha256
 UV_WHEEL_x86_64=3d/aa/26d64642d808de4a652579ef950d7cd2d37f080a8babf9c67c6b75fc4c3f/uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
 UV_SHA256_x86_64=d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19
@@ -91,6 +93,12 @@ printf '%s\n' "$PCFLOW_PAYLOAD_REQUIREMENTS" >"$PCFLOW_HOME/payload-requirements
 "$PCFLOW_HOME/payload-venv/bin/python" -m pip install --no-cache-dir --upgrade pip
 "$PCFLOW_HOME/payload-venv/bin/python" -m pip install --no-cache-dir -r "$PCFLOW_HOME/payload-requirements.txt"
 "$PCFLOW_HOME/payload-venv/bin/python" -c 'import torch, torch.distributed as dist; assert dist.is_available()'
+# Its integrity record, which pcflow checks before a job runs in it (pcflow.slurm.environment): every module
+# compiled first, so no run writes a .pyc into it later (a file that does not compile stays uncompiled).
+"$PCFLOW_HOME/payload-venv/bin/python" -m compileall -q -j 0 "$PCFLOW_HOME/payload-venv" >/dev/null || true
+set +x # the script's text would fill the command's output
+bash -c "$PCFLOW_TREE_RECORD" tree-record.sh write "$PCFLOW_HOME/payload-venv"
+set -x
 
 # GPU telemetry for the metrics sampler, when the image has NVIDIA drivers.
 command -v nvidia-smi && nvidia-smi -L || true

@@ -5,9 +5,13 @@
 #
 # Uses pip (not uv) so that a wheel already on the machine (the local CPU build of torch) is what gets
 # installed. Idempotent: a stamp file in the venv records the hash of the requirements and the base
-# interpreter; when both match, the script exits at once without touching anything. A half-built
-# venv (no stamp) is rebuilt from scratch. PAYLOAD_PYTHON picks the base interpreter (default python3.11,
-# then python3).
+# interpreter; when both match and the venv has its integrity record, the script exits at once without
+# touching anything. A half-built venv (no stamp) is rebuilt from scratch. PAYLOAD_PYTHON picks the base
+# interpreter (default python3.11, then python3).
+#
+# The last step writes the venv's integrity record (<venv>/.pcflow-record/, include/ami/tree-record.sh,
+# as the image bake does on aws-gpu): pcflow checks the environment against it before a job runs in it
+# (pcflow.slurm.environment). A venv built before records existed gets one without a rebuild.
 set -euo pipefail
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -20,8 +24,17 @@ requirements=${2:-$here/simclr/requirements.txt}
 base=${PAYLOAD_PYTHON:-$(command -v python3.11 || command -v python3)}
 stamp="$venv/.pcflow-payload-stamp"
 
+record() { # every module compiled first (so no run writes a .pyc into it later), then the record
+  "$venv/bin/python" -m compileall -q -j 0 "$venv" >/dev/null || true # a file that does not compile stays so
+  bash "$here/../ami/tree-record.sh" write "$venv"
+}
+
 want="$(sha256sum < "$requirements" | cut -d' ' -f1) $(readlink -f "$base")"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
+  if [ ! -d "$venv/.pcflow-record" ]; then
+    echo "payload env $venv is up to date but has no integrity record (built before pcflow kept them): writing it"
+    record
+  fi
   echo "payload env $venv is up to date"
   exit 0
 fi
@@ -33,4 +46,5 @@ rm -rf "$venv"
 # Fail here, not in the first training job, if the environment cannot do what the payload needs.
 "$venv/bin/python" -c 'import boto3, numpy, PIL, torch, webdataset, torch.distributed as dist; assert dist.is_available()'
 printf '%s\n' "$want" > "$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
+record
 echo "payload env $venv ready (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'))"

@@ -8,8 +8,10 @@ update a production stack's assets:
 - `pcflow-dataset-<stack>` (alias `pcflow-dataset`): the dataset stage's event, each time a run commits
   new content to a partition. Extra: the partition, its S3 location, manifest, content hash and counts.
 - `pcflow-pretrained-encoder-<stack>` (alias `pcflow-pretrained-encoder`): the metrics stage's event for
-  each model it keeps. Extra: the model's S3 URI, the metrics summary, and `dataset`: the partition
-  and content hash it was trained on, which is what links the two.
+  each model it keeps. Extra: the model's S3 URI and its checkpoint's, with the sha256 of each
+  (`model.model_sha256`, `model.checkpoint_sha256`: what `pcflow.artifacts.load_artifact` checks a
+  later download against), the metrics summary, and `dataset`: the partition and content hash it was
+  trained on, which is what links the two.
 
 A load that finds the partition already holding the same bytes emits nothing: an event means new data,
 which is what a nightly scheduled on data waits for (`nightly_schedule`): a re-load does not start it,

@@ -188,6 +188,10 @@ def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
     exported = boto3.client("s3").list_objects_v2(Bucket=dataset["bucket"], Prefix=prefix).get("Contents", [])
     assert {f"{prefix}job.log", f"{prefix}metrics.jsonl"} <= {o["Key"] for o in exported}
     assert tagged_resources("pcflow:run", result.run_key) == []
+    # The job ran in an environment verified against the record its build wrote (`make payload-env` here,
+    # the bake on aws-gpu), and the model it left is recorded with its sha256.
+    assert out["check_environment"]["dir"].endswith("/.venv-payload") and len(out["check_environment"]["record"]) == 64
+    assert len(out["metrics"]["model"]["model_sha256"]) == 64
 
 
 def test_every_aws_call_of_the_rehearsal_is_allowed_by_the_shipped_policies(rehearsed):

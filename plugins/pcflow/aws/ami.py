@@ -189,6 +189,17 @@ def required_python(requirements: str, source: str | Path) -> str:
     return found[0]
 
 
+def environment_script_env(requirements: str, source: str | Path) -> dict[str, str]:
+    """What the bootstrap script reads to build the payload environment: its requirements, the oldest Python
+    they install on, and include/ami/tree-record.sh, which writes the environment's integrity record (the
+    one pcflow checks before a job runs in it: pcflow.slurm.environment). All part of the recipe."""
+    return {
+        "PCFLOW_PAYLOAD_REQUIREMENTS": requirements,
+        "PCFLOW_PYTHON_MIN": required_python(requirements, source),
+        "PCFLOW_TREE_RECORD": load_script("ami/tree-record.sh"),
+    }
+
+
 def load_script(path: str | Path) -> str:
     """A bootstrap script's content (only from `include/ami/`); its bytes are part of the recipe hash."""
     from pcflow.paths import ami_script
@@ -593,16 +604,15 @@ class BakeImageOperator(PcflowAwsOperator):
         )
 
     def script_env(self) -> dict[str, str]:
-        """The payload environment's requirements and the oldest Python they install on, for the bootstrap
-        script (it installs them, not the code)."""
+        """The payload environment's requirements, the oldest Python they install on and the record writer,
+        for the bootstrap script (it installs the environment, not the code)."""
         if not self.environment_file:
             return {}
         path = Path(self.environment_file)
         if not path.is_file():
             problem = f"the image's environment {path} does not exist: set it to requirements"
             raise refused("ami.environment", problem, profile_setting())
-        requirements = path.read_text()
-        return {"PCFLOW_PAYLOAD_REQUIREMENTS": requirements, "PCFLOW_PYTHON_MIN": required_python(requirements, path)}
+        return environment_script_env(path.read_text(), path)
 
     def execute(self, context: Any) -> dict[str, Any]:
         if not self.enabled:

@@ -26,6 +26,9 @@ from pcflow.naming import run_key_from_context, validate_stack_name
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.values import known_at_run_time
 
+#: What the summary and the model's asset event say of the saved outputs: where, and their sha256.
+MODEL_SUMMARY = ("prefix", "model", "model_sha256", "checkpoint", "checkpoint_sha256")
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
@@ -263,7 +266,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         self.log.info("Harvested %s (%s): report %s", ref.run_dir, document["outcome"], report_url)
         for item in document["missing"]:
             self.log.warning("Not harvested: %s (%s): %s", item["what"], item["path"], item["why"])
-        model = {k: document["model"][k] for k in ("prefix", "model", "checkpoint")}
+        model = {k: document["model"].get(k) for k in MODEL_SUMMARY}  # the hashes a later run loads them with
         return document, {**xcom_summary(document, report_url=report_url), "model": model}
 
     def save_model(self, s3: Any, document: dict[str, Any], key: str) -> dict[str, Any]:
@@ -402,8 +405,11 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
         self.link(context, dashboard)
         best = next((r for r in rows if r["value"] is not None), None)
         if best is not None:  # every trial's model is in S3 under its own prefix; the best one is named here
-            model = next(d["model"]["model"] for d in documents if d["job"]["trial"] == best["trial"])
-            best = {**{k: best[k] for k in ("trial", "value", "hyperparameters")}, "model": model}
+            model = next(d["model"] for d in documents if d["job"]["trial"] == best["trial"])
+            best = {
+                **{k: best[k] for k in ("trial", "value", "hyperparameters")},
+                **{"model": model["model"], "model_sha256": model.get("model_sha256")},
+            }
         result = {
             "run_key": key,
             "objective": objective.as_dict(),

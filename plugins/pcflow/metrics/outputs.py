@@ -9,9 +9,20 @@ need no S3 write access. The copy is one `tar -c` read over SSH as a stream (flo
 channel window in memory) and fed to S3's managed upload part by part (multipart above 8 MiB; at
 most MAX_BUFFERED_PARTS parts read ahead, CONCURRENT_PARTS in flight): a few parts in memory whatever
 the model's size (measured with 5 MiB parts, two of each: a peak of 20-23 MiB for a 30 or a 60 MiB
-model). A file already in S3 with the same size and modification time is not copied again (a retried
-harvest). A sweep keeps every trial's model, each beside its own report: a trial that is not the best
+model). A sweep keeps every trial's model, each beside its own report: a trial that is not the best
 by the objective may still be the one wanted, and the cluster's copy is gone with its teardown.
+
+Each file's sha256 is computed on the cluster before the copy (`sha256sum`, one command) and checked
+again on the bytes as they stream to S3: the upload stops before its last byte (a single PUT before it
+is sent, a multipart upload before it completes, and s3transfer then aborts it) when they differ, e.g.
+a job still writing the file. S3 checks what it receives as well: a single PUT carries the whole file's
+`ChecksumSHA256`, a multipart upload each part's (S3 has no whole-object SHA-256 for multipart uploads;
+its checksum of one is a checksum of the parts'). The moto server stores those checksums but verifies
+none (moto 5.2.5: a PUT with a wrong ChecksumSHA256 is accepted), so on the local stack pcflow's own
+check is the one that runs. The hashes are the run's record of what it wrote (the summary, the model's
+asset event, metrics.json and the report): a later run loads an artifact through
+`pcflow.artifacts.load_artifact`, which refuses bytes that do not have them. A file whose hash is
+already on the S3 object (`pcflow-sha256`, a retried harvest) is not copied again.
 
 The asset event that announces the model (its S3 URI, and the partition it was trained on): pcflow/lineage.py.
 """
@@ -20,8 +31,10 @@ from __future__ import annotations
 
 import posixpath
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+from pcflow.checksums import ODD_NAME, HashingReader, parse_checksum_list, s3_checksum
 
 if TYPE_CHECKING:
     from pcflow.slurm.hook import SlurmHook
@@ -33,7 +46,10 @@ LISTING_LIMIT = 1 << 20
 PART_BYTES = 8 << 20
 MAX_BUFFERED_PARTS = 4
 CONCURRENT_PARTS = 4
-SIZE_KEY, MTIME_KEY = "pcflow-source-size", "pcflow-source-mtime"
+#: The object's user metadata holding the file's sha256 (hex), as the cluster computed it before the copy.
+SHA256_KEY = "pcflow-sha256"
+#: `sha256sum` of the files in the run directory (names as list_outputs found them), NUL-free and bounded.
+HASH_SCRIPT = 'cd "$1" && shift && exec sha256sum -- "$@"'
 #: `find` of the model and the checkpoints (plain files, not hidden: temporary files start with a dot).
 LIST_SCRIPT = (
     'cd "$1" 2>/dev/null || exit 0; find model.pt checkpoints -maxdepth 1 -type f ! -name ".*" '
@@ -49,6 +65,7 @@ class RemoteFile:
     path: str  # relative to the run directory
     size: int
     mtime: str  # as find printed it: compared, never computed with
+    sha256: str = ""  # hex, computed on the cluster (hash_outputs)
 
 
 def list_outputs(hook: SlurmHook, run_dir: str) -> list[RemoteFile]:
@@ -60,22 +77,24 @@ def list_outputs(hook: SlurmHook, run_dir: str) -> list[RemoteFile]:
         size, _, path = rest.partition(" ")
         if not size.isdigit() or (path != MODEL_FILE and posixpath.dirname(path) != CHECKPOINTS):
             continue
+        if ODD_NAME.search(path):  # not a name the job's payload writes, nor one a checksum list can carry
+            continue
         (found if path == MODEL_FILE else checkpoints).append(RemoteFile(path, int(size), mtime))
     if checkpoints:
         found.append(max(checkpoints, key=lambda f: (float(f.mtime), f.path)))
     return found
 
 
-class _CountingReader:
-    """A non-seekable file object (S3's upload then reads it part by part) that counts what it gave."""
-
-    def __init__(self, source: Any):
-        self.source, self.count = source, 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.source.read(size)  # a tar member reads exactly `size` bytes until its end
-        self.count += len(data)
-        return data
+def hash_outputs(hook: SlurmHook, run_dir: str, files: list[RemoteFile]) -> list[RemoteFile]:
+    """The files with their sha256 as the cluster computes it now, before any byte is copied."""
+    if not files:
+        return []
+    result = hook.run(["sh", "-c", HASH_SCRIPT, "sh", run_dir, *(f.path for f in files)])
+    hashes = parse_checksum_list(result.stdout, max_entries=len(files))
+    missing = [f.path for f in files if f.path not in hashes]
+    if missing:
+        raise OSError(f"sha256sum in {run_dir} did not hash {', '.join(missing)}")
+    return [replace(f, sha256=hashes[f.path]) for f in files]
 
 
 def transfer_config() -> Any:
@@ -98,7 +117,27 @@ def _in_s3_already(s3: Any, bucket: str, key: str, file: RemoteFile) -> bool:
         if exc.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
             return False
         raise
-    return meta.get("Metadata", {}).get(SIZE_KEY) == str(file.size) and meta["Metadata"].get(MTIME_KEY) == file.mtime
+    return meta.get("Metadata", {}).get(SHA256_KEY) == file.sha256
+
+
+def upload_member(s3: Any, reader: HashingReader, *, bucket: str, key: str, config: Any) -> None:
+    """One file to S3, checked against its sha256 on the way (the reader) and by S3 (ChecksumSHA256)."""
+    metadata = {SHA256_KEY: reader.expected}
+    if reader.size < PART_BYTES:  # one PUT: S3 refuses it unless the whole body has this SHA-256
+        body = reader.read(reader.size)
+        reader.check()
+        s3.put_object(
+            Bucket=bucket,
+            Key=key,
+            Body=body,
+            Metadata=metadata,
+            ChecksumAlgorithm="SHA256",
+            ChecksumSHA256=s3_checksum(reader.expected),
+        )
+        return
+    extra = {"Metadata": metadata, "ChecksumAlgorithm": "SHA256"}  # each part's SHA-256, checked by S3
+    s3.upload_fileobj(reader, bucket, key, ExtraArgs=extra, Config=config)
+    reader.check()
 
 
 def stream_to_s3(hook: SlurmHook, s3: Any, *, run_dir: str, files: list[RemoteFile], bucket: str, prefix: str) -> int:
@@ -111,11 +150,9 @@ def stream_to_s3(hook: SlurmHook, s3: Any, *, run_dir: str, files: list[RemoteFi
                 file = wanted.pop(member.name, None)
                 if file is None or not member.isfile():
                     continue
-                reader = _CountingReader(tar.extractfile(member))
-                metadata = {SIZE_KEY: str(file.size), MTIME_KEY: file.mtime}
-                s3.upload_fileobj(reader, bucket, prefix + member.name, ExtraArgs={"Metadata": metadata}, Config=config)
-                if reader.count != member.size:
-                    raise OSError(f"{run_dir}/{member.name}: {reader.count} of {member.size} bytes reached S3")
+                what = f"{run_dir}/{member.name} (sha256 computed on the cluster before the copy)"
+                reader = HashingReader(tar.extractfile(member), size=member.size, sha256=file.sha256, what=what)
+                upload_member(s3, reader, bucket=bucket, key=prefix + member.name, config=config)
                 sent += reader.count
     if wanted:
         raise OSError(f"{', '.join(sorted(wanted))} disappeared from {run_dir} while being copied")
@@ -123,25 +160,29 @@ def stream_to_s3(hook: SlurmHook, s3: Any, *, run_dir: str, files: list[RemoteFi
 
 
 def save_outputs(hook: SlurmHook, s3: Any, *, run_dir: str, bucket: str, prefix: str, log: Any) -> dict[str, Any]:
-    """Copy the run's model and newest checkpoint to `s3://<bucket>/<prefix>`; returns their URIs."""
-    files = list_outputs(hook, run_dir)
+    """Copy the run's model and newest checkpoint to `s3://<bucket>/<prefix>`; returns their URIs and sha256."""
+    files = hash_outputs(hook, run_dir, list_outputs(hook, run_dir))
     todo = [f for f in files if not _in_s3_already(s3, bucket, prefix + f.path, f)]
     sent = stream_to_s3(hook, s3, run_dir=run_dir, files=todo, bucket=bucket, prefix=prefix) if todo else 0
     uris = {f.path: f"s3://{bucket}/{prefix}{f.path}" for f in files}
     log.info(
-        "outputs of %s: %d file(s) to s3://%s/%s (%d bytes), %d already there",
+        "outputs of %s: %d file(s) to s3://%s/%s (%d bytes, sha256 checked), %d already there: %s",
         run_dir,
         len(todo),
         bucket,
         prefix,
         sent,
         len(files) - len(todo),
+        ", ".join(f"{f.path} {f.sha256}" for f in files) or "none",
     )
-    checkpoint = next((uris[f.path] for f in files if f.path != MODEL_FILE), None)
+    model = next((f for f in files if f.path == MODEL_FILE), None)
+    checkpoint = next((f for f in files if f.path != MODEL_FILE), None)
     return {
         "prefix": f"s3://{bucket}/{prefix}",
         "model": uris.get(MODEL_FILE),
-        "checkpoint": checkpoint,
+        "model_sha256": model.sha256 if model else None,
+        "checkpoint": uris[checkpoint.path] if checkpoint else None,
+        "checkpoint_sha256": checkpoint.sha256 if checkpoint else None,
         "copied": [f.path for f in todo],
         "skipped": [f.path for f in files if f not in todo],
         "bytes": sent,

@@ -2,9 +2,10 @@
 as a task group inside someone else's DAG.
 
 validate -> approve_cost (skipped below the profile's cost threshold) -> (network, bucket -> dataset)
--> image -> cluster -> (stage_in, ship_payload) -> train -> metrics, with the cluster and (for run-scoped
-infrastructure) the network as setups whose teardowns run even when training fails. Each phase is a
-function below; nothing here does I/O when a DAG file is parsed: the functions only declare tasks.
+-> image -> cluster -> (stage_in, ship_payload, check_environment) -> train -> metrics, with the cluster
+and (for run-scoped infrastructure) the network as setups whose teardowns run even when training fails.
+Each phase is a function below; nothing here does I/O when a DAG file is parsed: the functions only
+declare tasks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pcflow.alerts import FailureAlert
 from pcflow.lineage import DATASET
 from pcflow.pipeline.settings import EXISTING_FILE_SYSTEM, RunEnv, run_value, task_value
 from pcflow.pipeline.tasks import (
+    check_environment,
     cluster_settings,
     dataset_source,
     ensure_dataset_bucket,
@@ -49,6 +51,7 @@ STAGE_TIMEOUTS = {
     "image": dt.timedelta(hours=3),  # builder, bootstrap, AMI snapshot
     "cluster": dt.timedelta(hours=2),  # ParallelCluster takes 15-40 minutes
     "stage_in": dt.timedelta(hours=6),
+    "check_environment": dt.timedelta(minutes=45),  # a first full check hashes a CUDA environment's GiBs
     "metrics": dt.timedelta(hours=1),
     "delete_cluster": dt.timedelta(hours=6),  # includes the FSx export of the checkpoints
     "teardown": dt.timedelta(hours=2),
@@ -202,6 +205,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     cluster = stages["cluster"].output
     data_dir = stage_in(run, cluster, stages["dataset"].output)
     payload = ship_payload(run, cluster)
+    environment = check_environment(run, cluster)
     inputs = training_inputs(run, cluster, data_dir, run_value("trials") if sweep else None)
     job = {
         "program": run_value("training.program"),
@@ -225,10 +229,10 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     else:
         hyperparameters = inputs["hyperparameters"]
         train = SlurmJobOperator(task_id="train", hyperparameters=hyperparameters, retries=0, pool=TRIAL_POOL, **job)
-    inputs >> train
+    [inputs, environment] >> train
     metrics = metrics_stage(train, stages, inputs["head_node"], sweep=sweep)
     return {
-        **{"stage_in": data_dir, "ship_payload": payload, "training_inputs": inputs},
+        **{"stage_in": data_dir, "ship_payload": payload, "check_environment": environment, "training_inputs": inputs},
         **{"train": train, "metrics": metrics},
     }
 

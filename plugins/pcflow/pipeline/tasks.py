@@ -110,6 +110,26 @@ def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]
 
 
 @task(multiple_outputs=True)
+def check_environment(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
+    """The environment `training.python` runs the payload in, verified against the record written when it
+    was built (pcflow.slurm.environment): a run whose environment does not match stops here, not retried."""
+    if not run["training"]["payload"]:  # `program` runs as given, interpreter included: no environment of ours
+        return {"dir": None, "record": None, "full_check": False, "check_s": 0.0}
+    import logging
+
+    from pcflow.slurm.environment import verify_environment
+    from pcflow.slurm.hook import SlurmHook
+
+    hook = SlurmHook(HeadNode.from_cluster(cluster))
+    try:
+        root = cluster.get("shared_root") or hook.shared_root
+        python = run["training"]["python"]
+        return verify_environment(hook, python, shared_root=root, log=logging.getLogger("airflow.task"))
+    finally:
+        hook.close()
+
+
+@task(multiple_outputs=True)
 def training_inputs(
     run: dict[str, Any], cluster: dict[str, Any], data_dir: str, trials: list[dict] | None = None
 ) -> dict[str, Any]:

@@ -9,10 +9,17 @@ rename of a fully extracted temporary directory, so a reader never sees half a p
 made read-only, so no job can change the code another run with the same hash will run. The copy is
 one `tar -x` fed over SSH, as the dataset's stage-in does; every member is a plain file or directory
 pcflow named itself, inside the payload's own directory.
+
+A directory that exists is not trusted for it: the archive knows every file's sha256, and one command
+(`pcflow.slurm.trees.compare_tree`) checks that the directory holds exactly those files with those
+hashes, nothing else, and nothing another user could change. One that does not match is moved aside,
+never deleted (`rejected-<digest>-<UTC time>` beside it, with what was wrong in `<that>.why`, for an
+admin to look at and remove), and the payload is staged again.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import io
 import posixpath
@@ -22,10 +29,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from pcflow.checksums import checksum_list, sha256_hex
 from pcflow.errors import ConfigurationError
 from pcflow.paths import include_dir, remote_within, within
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import ABS_PATH
+from pcflow.slurm.trees import TreeCheck, compare_tree
 
 PAYLOAD_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 #: A payload is code: data goes through the dataset stage. A larger one is refused rather than shipped.
@@ -33,6 +42,8 @@ MAX_PAYLOAD_BYTES = 64 << 20
 DIGEST_LEN = 20
 SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache"})
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
+#: Staged payloads that did not match their archive are moved to `<payloads>/rejected-<digest>-<time>-<id>`.
+REJECTED_PREFIX = "rejected-"
 
 
 class PayloadError(ConfigurationError):
@@ -48,6 +59,7 @@ class PayloadArchive:
     data: bytes  # an uncompressed tar: payloads are small and the SSH transport compresses nothing twice
     digest: str
     files: int
+    checksums: bytes  # every file's sha256, as `sha256sum` lists them (pcflow.checksums)
 
 
 def payloads_dir() -> Path:
@@ -86,7 +98,7 @@ def build_archive(name: str) -> PayloadArchive:
     """The payload's deterministic tar and its digest: the same files give the same bytes."""
     source = payload_source(name)
     buffer = io.BytesIO()
-    total, files = 0, 0
+    total, hashes = 0, {}
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in _members(source):
             info = tarfile.TarInfo(path.relative_to(source).as_posix())
@@ -104,9 +116,13 @@ def build_archive(name: str) -> PayloadArchive:
                 )
             info.size, info.mode = len(data), 0o755 if path.stat().st_mode & 0o111 else 0o644
             tar.addfile(info, io.BytesIO(data))
-            files += 1
+            hashes[info.name] = sha256_hex(data)
     data = buffer.getvalue()
-    return PayloadArchive(name, data, hashlib.sha256(data).hexdigest()[:DIGEST_LEN], files)
+    try:
+        checksums = checksum_list(hashes)
+    except ValueError as exc:
+        raise PayloadError(f"payload {name}: {exc}; rename the file") from None
+    return PayloadArchive(name, data, hashlib.sha256(data).hexdigest()[:DIGEST_LEN], len(hashes), checksums)
 
 
 def payload_root(shared_root: str) -> str:
@@ -121,12 +137,51 @@ def payload_root(shared_root: str) -> str:
 
 
 def ship(hook: SlurmHook, archive: PayloadArchive, *, shared_root: str, log) -> dict[str, object]:
-    """`<shared root>/pcflow/payloads/<digest>/` holding the archive's files; made only when missing."""
+    """`<shared root>/pcflow/payloads/<digest>/` holding exactly the archive's files: reused when the one
+    there matches (one check), else staged, a directory that does not match moved aside first."""
     root = payload_root(shared_root)
     final = remote_within(posixpath.join(root, archive.digest), root)
-    if hook.is_dir(final):
-        log.info("payload %s %s is on the cluster already: %s", archive.name, archive.digest, final)
+    found = compare_tree(hook, final, archive.checksums)
+    if found.ok:
+        log.info(
+            "payload %s %s is on the cluster already, every file as shipped: %s", archive.name, archive.digest, final
+        )
         return {"name": archive.name, "digest": archive.digest, "dir": final, "reused": True}
+    if not found.absent:
+        set_aside(hook, root, found, log)
+    stage(hook, archive, root, final)
+    log.info("payload %s shipped to %s (%d files, %d bytes)", archive.name, final, archive.files, len(archive.data))
+    return {"name": archive.name, "digest": archive.digest, "dir": final, "reused": False}
+
+
+def set_aside(hook: SlurmHook, root: str, found: TreeCheck, log) -> str:
+    """Move a staged payload that is not what was shipped out of the way, under a name an admin (or a
+    cleanup) finds: `rejected-<digest>-<UTC time>`, with the findings in `<that>.why`. Never deleted:
+    it is evidence of what changed it."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    aside = posixpath.join(
+        root, f"{REJECTED_PREFIX}{posixpath.basename(found.directory)}-{stamp}-{uuid.uuid4().hex[:6]}"
+    )
+    log.warning(
+        "payload directory %s is not what pcflow shipped: %s. Moving it aside to %s and staging the payload again",
+        found.directory,
+        found.summary(),
+        aside,
+    )
+    moved = hook.run(["mv", "-T", "--", found.directory, aside], check=False)
+    if moved.exit_code != 0:
+        if hook.is_dir(found.directory):  # not a concurrent run that moved it first: refuse to run on it
+            raise PayloadError(
+                f"payload directory {found.directory} does not match what was shipped ({found.summary()}) and could "
+                f"not be moved aside: {moved.stderr.strip()[:500]}. An admin must inspect and remove it."
+            )
+        return aside
+    hook.write_file(aside + ".why", "\n".join(found.findings) + "\n")
+    return aside
+
+
+def stage(hook: SlurmHook, archive: PayloadArchive, root: str, final: str) -> None:
+    """Extract into a temporary directory, make it read-only, rename it into place in one step."""
     tmp = posixpath.join(root, f".tmp-{archive.digest}-{uuid.uuid4().hex[:8]}")
     hook.makedirs(tmp)
     try:
@@ -134,9 +189,13 @@ def ship(hook: SlurmHook, archive: PayloadArchive, *, shared_root: str, log) -> 
             sink.write(archive.data)
         hook.run(["chmod", "-R", "a-w", "--", tmp])
         moved = hook.run(["mv", "-T", "--", tmp, final], check=False)
-        if moved.exit_code != 0 and not hook.is_dir(final):  # else: a concurrent run shipped the same digest
-            moved.check()
+        if moved.exit_code != 0:  # a concurrent run shipped the same digest: adopted only if it matches
+            theirs = compare_tree(hook, final, archive.checksums)
+            if theirs.absent:
+                moved.check()
+            if not theirs.ok:
+                raise PayloadError(
+                    f"payload directory {final} appeared while staging but does not match: {theirs.summary()}"
+                )
     finally:
         hook.run(["sh", "-c", 'test ! -e "$1" || { chmod -R u+w "$1"; rm -rf "$1"; }', "sh", tmp], check=False)
-    log.info("payload %s shipped to %s (%d files, %d bytes)", archive.name, final, archive.files, len(archive.data))
-    return {"name": archive.name, "digest": archive.digest, "dir": final, "reused": False}

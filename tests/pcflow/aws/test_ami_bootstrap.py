@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from pcflow.aws.ami import AmiSpec, BakeImageOperator, load_script, required_python
+from pcflow.aws.ami import AmiSpec, BakeImageOperator, environment_script_env, load_script, required_python
+from pcflow.checksums import parse_checksum_list
 from pcflow.paths import include_dir
 
 #: os-release of each base OS the profiles name, and its python3 (version, whether it can make a venv).
@@ -36,6 +37,8 @@ BASE_OSES = {
 }
 #: What the script runs besides the interpreters and curl (looked up on this machine's PATH).
 TOOLS = ("bash", "env", "uname", "mktemp", "rm", "mkdir", "chmod", "sha256sum")
+#: What include/ami/tree-record.sh, which writes the environment's record, runs besides.
+RECORD_TOOLS = ("id", "find", "sort", "xargs", "grep", "cp", "mv", "wc", "cut", "sed", "head", "dirname", "cat")
 REQUIREMENTS = "# requires-python: >=3.11\n# quoted as given: 'it''s' $(touch /tmp/pcflow-pwned) `id`\ntorch==2.13.0\n"
 
 
@@ -49,10 +52,7 @@ def rendered(requirements: str) -> str:
         instance_profile="pcflow-ami-builder",
         subnet_id="subnet-0123456789abcdef0",
         os="ubuntu2204",
-        script_env={
-            "PCFLOW_PAYLOAD_REQUIREMENTS": requirements,
-            "PCFLOW_PYTHON_MIN": required_python(requirements, "test"),
-        },
+        script_env=environment_script_env(requirements, "test"),
     )
     return "\n".join(spec.commands())
 
@@ -107,7 +107,7 @@ def builder(tmp_path):
     for leftover in ("etc/ssh/ssh_host_ed25519_key", "root/.bash_history", "home/ubuntu/.bash_history"):
         (root / leftover).write_text("leftover\n")
     bin_dir.mkdir()
-    for tool in TOOLS:
+    for tool in TOOLS + RECORD_TOOLS:
         os.symlink(shutil.which(tool), bin_dir / tool)
     stand_in_torch(wheels)
 
@@ -209,13 +209,22 @@ def test_a_good_python_on_path_makes_the_payload_environment(builder):
     assert not any((builder.root / "var/lib/cloud/instances").iterdir())
     for leftover in ("etc/ssh/ssh_host_ed25519_key", "root/.bash_history", "home/ubuntu/.bash_history"):
         assert not (builder.root / leftover).exists()
+    # The environment's integrity record: every file with its sha256 (modules compiled first), and its check passes.
+    recorded = parse_checksum_list((builder.venv / ".pcflow-record/files.sha256").read_text())
+    assert f"lib/python3.{sys.version_info.minor}/site-packages/torch/distributed/__init__.py" in recorded
+    assert any(path.endswith(".pyc") and "/torch/distributed/__pycache__/" in path for path in recorded)
+    assert "bin/python ->" in (builder.venv / ".pcflow-record/links").read_text()
+    argv = ["bash", str(include_dir() / "ami/tree-record.sh"), "check", str(builder.venv)]
+    check = subprocess.run(argv, capture_output=True, text=True, check=True)
+    assert check.stdout.splitlines()[0] == "full" and check.stdout.splitlines()[1].startswith("record "), check.stdout
 
 
 def test_the_command_is_one_posix_line_that_runs_the_script_with_bash():
     """Nothing before the script but `exec env NAME=... bash -c`: dash parses it, bash runs the script."""
     text = rendered(REQUIREMENTS)
     assert text.startswith("exec env 'PCFLOW_PAYLOAD_REQUIREMENTS=# requires-python: >=3.11\n")
-    assert " PCFLOW_PYTHON_MIN=3.11 bash -c '#!/bin/bash\n" in text
+    assert " PCFLOW_PYTHON_MIN=3.11 'PCFLOW_TREE_RECORD=#!/bin/bash\n# A directory tree" in text
+    assert " bash -c '#!/bin/bash\n# Runs once on the AMI builder" in text
     dry = subprocess.run([posix_sh(), "-n", "-c", text], capture_output=True, text=True, check=False)
     assert dry.returncode == 0, dry.stderr
     subprocess.run(["bash", "-n", "-c", load_script("ami/bootstrap.sh")], check=True)
@@ -252,7 +261,11 @@ def test_the_bake_passes_the_python_the_payload_needs(tmp_path):
         )
 
     env = operator(payload).script_env()
-    assert env == {"PCFLOW_PAYLOAD_REQUIREMENTS": payload.read_text(), "PCFLOW_PYTHON_MIN": "3.11"}
+    assert env == {
+        "PCFLOW_PAYLOAD_REQUIREMENTS": payload.read_text(),
+        "PCFLOW_PYTHON_MIN": "3.11",
+        "PCFLOW_TREE_RECORD": (include_dir() / "ami/tree-record.sh").read_text(),
+    }
     with pytest.raises(ValueError, match="must say once which Python"):
         operator(undeclared).script_env()
 

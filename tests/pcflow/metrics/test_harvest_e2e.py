@@ -4,6 +4,7 @@ harvest publishes to the moto server's S3 and CloudWatch, and the report renders
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import shutil
 import types
@@ -184,12 +185,14 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     assert len(json.dumps(summary)) < 4000
 
     # The model and the newest checkpoint are in S3; the event of this stack's own model Asset (through
-    # the alias) carries their URIs and the summary.
+    # the alias) carries their URIs, their sha256 (what a later run loads them with) and the summary.
     prefix = f"runs/{summary['run_key']}/"
     assert summary["model"] == {
         "prefix": f"s3://{bucket}/{prefix}model/",
         "model": f"s3://{bucket}/{prefix}model/model.pt",
+        "model_sha256": hashlib.sha256(b"the model\n").hexdigest(),
         "checkpoint": f"s3://{bucket}/{prefix}model/checkpoints/epoch-0006.pt",
+        "checkpoint_sha256": hashlib.sha256(b"checkpoint 6\n").hexdigest(),
     }
     assert s3.get_object(Bucket=bucket, Key=prefix + "model/model.pt")["Body"].read() == b"the model\n"
     (event,) = metrics_context["outlet_events"][model].asset_alias_events
@@ -199,11 +202,12 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     )
     extra = event.extra
     assert extra["run_key"] == summary["run_key"] and extra["objective"]["value"] == pytest.approx(0.65)
-    assert extra["report"] == summary["report"] and extra["model"]["model"] == summary["model"]["model"]
+    assert extra["report"] == summary["report"] and extra["model"] == summary["model"]
     assert extra["dataset"] == {"partition": "2026-11-29", "content_hash": "c0ffee"}  # what it was trained on
 
     # S3: metrics.json and report.html under runs/<run key>/.
     document = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "metrics.json")["Body"].read())
+    assert document["model"]["model_sha256"] == summary["model"]["model_sha256"]
     assert (
         document["sources"]["metrics_file"]["bad_lines"] == 1 and document["sources"]["metrics_file"]["truncated_tail"]
     )
@@ -251,6 +255,7 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
         "document.querySelectorAll('#cost-checkpoints tr').length",
     )
     assert estimate_label == "estimate" and model_link == summary["model"]["model"] and rows == 1 + 6
+    assert f'<span class="sha256" id="model-sha256">sha256 {summary["model"]["model_sha256"]}</span>' in html
     assert f"(prices: price-list {bill['price_list_as_of']}, table as of {bill['price_table_as_of']})" in html
     assert before.startswith("Before the run: Cost of this run: up to $100.00 (budget $200.00)")
     for name in ("loss", "probe_accuracy", "top1"):

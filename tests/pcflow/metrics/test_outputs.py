@@ -1,5 +1,7 @@
 """The run's model and newest checkpoint, streamed from the static cluster (real sshd) to the moto
-server's S3: multipart for large files, bounded in memory, copied once, nothing else of the run dir."""
+server's S3: multipart for large files, bounded in memory, copied once, nothing else of the run dir;
+each file's sha256 computed on the cluster, checked on the bytes uploaded, recorded; and a later run's
+load of an artifact refuses bytes without the recorded hash."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pcflow.artifacts import ArtifactRefused, load_artifact
+from pcflow.checksums import ChecksumMismatch, s3_checksum
 from pcflow.metrics import outputs
 from pcflow.metrics.outputs import list_outputs, save_outputs
 
@@ -60,13 +64,18 @@ def test_model_and_newest_checkpoint_reach_s3_once_multipart_and_bounded(slurm, 
 
     model = s3.get_object(Bucket=bucket, Key="runs/k/model/model.pt")
     assert model["ETag"].strip('"').endswith("-12")  # a multipart upload of 12 parts
-    assert hashlib.sha256(model["Body"].read()).digest() == hashlib.sha256((run_dir / "model.pt").read_bytes()).digest()
+    sha256 = hashlib.sha256((run_dir / "model.pt").read_bytes()).hexdigest()
+    assert hashlib.sha256(model["Body"].read()).hexdigest() == sha256 == saved["model_sha256"]
+    assert model["Metadata"] == {"pcflow-sha256": sha256}
+    checkpoint = s3.head_object(Bucket=bucket, Key="runs/k/model/checkpoints/epoch-0003.pt", ChecksumMode="ENABLED")
+    assert saved["checkpoint_sha256"] == hashlib.sha256(b"checkpoint 3").hexdigest()
+    assert checkpoint["ChecksumSHA256"] == s3_checksum(saved["checkpoint_sha256"])  # one PUT: the whole file's
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
     assert keys == ["runs/k/model/checkpoints/epoch-0003.pt", "runs/k/model/model.pt"]
 
     again = save_outputs(slurm, s3, run_dir=str(run_dir), bucket=bucket, prefix="runs/k/model/", log=log)
     assert again["copied"] == [] and again["skipped"] == ["model.pt", "checkpoints/epoch-0003.pt"]
-    (run_dir / "model.pt").write_bytes(b"retrained")  # another size: copied again
+    (run_dir / "model.pt").write_bytes(b"retrained")  # another hash: copied again
     assert save_outputs(slurm, s3, run_dir=str(run_dir), bucket=bucket, prefix="runs/k/model/", log=log)["copied"] == [
         "model.pt"
     ]
@@ -77,3 +86,53 @@ def test_a_run_without_outputs_saves_nothing_and_says_so(slurm, s3, bucket, loca
     saved = save_outputs(slurm, s3, run_dir=str(empty), bucket=bucket, prefix="runs/k/model/", log=log)
     assert (saved["model"], saved["checkpoint"], saved["copied"]) == (None, None, [])
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket)
+
+
+def changed_after_hashing(monkeypatch, path: Path, data: bytes) -> None:
+    """The file is rewritten (same size) right after the cluster hashed it: as a job still writing would."""
+    real = outputs.hash_outputs
+
+    def then_rewrite(*args, **kwargs):
+        hashed = real(*args, **kwargs)
+        path.write_bytes(data)
+        return hashed
+
+    monkeypatch.setattr(outputs, "hash_outputs", then_rewrite)
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("multipart", [True, False], ids=["multipart", "one-put"])
+def test_a_file_that_changes_between_its_hash_and_its_copy_never_reaches_s3(  # noqa: PLR0917 - fixtures
+    slurm, s3, bucket, run_dir, monkeypatch, multipart
+):
+    monkeypatch.setattr(outputs, "PART_BYTES", 5 * MIB)
+    if not multipart:
+        (run_dir / "model.pt").write_bytes(b"small model")
+    size = (run_dir / "model.pt").stat().st_size
+    changed_after_hashing(monkeypatch, run_dir / "model.pt", b"X" * size)
+    with pytest.raises(ChecksumMismatch, match=r"model\.pt .*the bytes changed after they were hashed"):
+        save_outputs(slurm, s3, run_dir=str(run_dir), bucket=bucket, prefix="runs/k/model/", log=log)
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="runs/k/model/model.pt")
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")  # aborted, nothing left billing
+
+
+@pytest.mark.security
+def test_a_later_run_loads_an_artifact_only_with_the_hash_its_run_recorded(slurm, s3, bucket, run_dir, tmp_path):
+    saved = save_outputs(slurm, s3, run_dir=str(run_dir), bucket=bucket, prefix="runs/k/model/", log=log)
+    loaded = load_artifact(s3, saved["model"], saved["model_sha256"], tmp_path / "model.pt")
+    assert loaded.read_bytes() == (run_dir / "model.pt").read_bytes()
+
+    # Someone with write access to the bucket replaces the model (same size, metadata copied along).
+    key = "runs/k/model/model.pt"
+    meta = s3.head_object(Bucket=bucket, Key=key)["Metadata"]
+    s3.put_object(Bucket=bucket, Key=key, Body=os.urandom(60 * MIB), Metadata=meta)
+    with pytest.raises(ArtifactRefused, match=r"sha256 .* were recorded: .*Someone changed the object after that run"):
+        load_artifact(s3, saved["model"], saved["model_sha256"], tmp_path / "again.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]  # nothing kept of the refused download
+
+    with pytest.raises(ArtifactRefused, match="over the 1048576-byte limit"):
+        load_artifact(s3, saved["model"], saved["model_sha256"], tmp_path / "big.pt", max_bytes=MIB)
+    with pytest.raises(ArtifactRefused, match="only with its hash"):
+        load_artifact(s3, saved["checkpoint"], None, tmp_path / "c.pt")
+    checkpoint = load_artifact(s3, saved["checkpoint"], saved["checkpoint_sha256"], tmp_path / "c.pt")
+    assert checkpoint.read_bytes() == b"checkpoint 3"
