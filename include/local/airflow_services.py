@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -202,10 +203,32 @@ class Postgres:
         return "stopped"
 
 
-def redis_argv(executable: str, root: Path, port: int) -> list[str]:
-    """A private redis-server on a loopback port, nothing persisted (compose's `redis` keeps no volume)."""
-    argv = [executable, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(root)]
-    return [*argv, "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no"]
+#: The redis image's entrypoint, here: it runs the command it is given with the options that keep this
+#: redis private (loopback, its own port, nothing persisted: compose's `redis` keeps no volume).
+REDIS_ENTRYPOINT = """#!/bin/sh
+exec "$@" --bind 127.0.0.1 --port "$PCFLOW_REDIS_PORT" --save '' --appendonly no --daemonize no
+"""
+
+
+def redis_process(service: Service, root: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """compose's `redis` command and environment, run in `root` (the container's /data) with a
+    `docker-entrypoint.sh` that keeps it on loopback: the password file is written as compose writes it."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        raise DeploymentError("redis-server is not installed (make system-deps installs it: redis-server)")
+    shims = root / "bin"
+    shims.mkdir(parents=True, exist_ok=True)
+    write_executable(shims / "docker-entrypoint.sh", REDIS_ENTRYPOINT)
+    path = os.pathsep.join([str(shims), str(Path(executable).parent), "/usr/bin", "/bin"])
+    env = {**service.environment, "PATH": path, "PCFLOW_REDIS_PORT": str(port)}
+    if service.argv[:2] != ["sh", "-c"] or len(service.argv) != 3:
+        raise DeploymentError(f"compose's redis command is not `sh -c SCRIPT` any more: {service.argv}")
+    return ["sh", "-c", f'cd "$0" && {service.argv[2]}', str(root)], env
+
+
+def write_executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
 
 
 def wait_for_port(port: int, processes: Processes, name: str, timeout: float = 30) -> None:
@@ -262,8 +285,15 @@ class Container:
 
         return URL.sub(swap, value)
 
+    def command(self, value: str) -> str:
+        """A `_CMD` option's command (Airflow splits it with shlex): each word's container path and URL."""
+        return shlex.join(self.url(self.path(word)) for word in shlex.split(value))
+
     def environment(self, base: dict[str, str]) -> dict[str, str]:
-        env = {k: self.url(self.path(v)) for k, v in self.service.environment.items()}
+        env = {
+            k: self.command(v) if k.endswith("_CMD") else self.url(self.path(v))
+            for k, v in self.service.environment.items()
+        }
         return {**base, **env, "AIRFLOW_HOME": str(self.home), "HOME": str(self.home), "HOSTNAME": self.name}
 
     def argv(self) -> list[str]:
@@ -382,11 +412,8 @@ class Deployment:
         pid = self.processes.pid("redis")
         if pid is not None:
             return f"already up (pid {pid})"
-        executable = shutil.which("redis-server")
-        if executable is None:
-            raise DeploymentError("redis-server is not installed (make system-deps installs it: redis-server)")
-        (self.root / "redis").mkdir(parents=True, exist_ok=True)
-        pid = self.processes.spawn("redis", redis_argv(executable, self.root / "redis", self.ports["redis"]), {})
+        argv, env = redis_process(self.project.services["redis"], self.root / "redis", self.ports["redis"])
+        pid = self.processes.spawn("redis", argv, env)
         wait_for_port(self.ports["redis"], self.processes, "redis")
         return f"started (pid {pid})"
 

@@ -91,11 +91,13 @@ class Service:
     @property
     def argv(self) -> list[str]:
         """The process the container runs: the official image's entrypoint runs `airflow <command>`
-        (a command starting with bash or python runs as it is) unless the service names its own."""
+        (a command starting with a shell or python runs as it is) unless the service names its own. A `$$`
+        of the resolved model is the `$` the process gets, as in `environment`."""
         entrypoint, command = self.spec.get("entrypoint") or [], self.spec.get("command") or []
+        entrypoint, command = ([a.replace("$$", "$") for a in part] for part in (entrypoint, command))
         if entrypoint:
             return [*entrypoint, *command]
-        return command if command[:1] in (["bash"], ["python"]) else ["airflow", *command]
+        return command if command[:1] in (["bash"], ["sh"], ["python"]) else ["airflow", *command]
 
     @property
     def mounts(self) -> dict[str, tuple[str, str]]:

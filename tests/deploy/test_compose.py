@@ -6,16 +6,21 @@ test_celery_deployment.py. (The IAM policy's checks: test_iam.py.)"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
 import yaml
-from airflow_services import Container
+from airflow_services import Container, free_port, redis_process
 
 from deploy.compose import AWKWARD_PASSWORD, ComposeRefused, Project, fill_env_file
 
@@ -256,6 +261,7 @@ SHARED_SECRETS = (
     "AIRFLOW__API_AUTH__JWT_SECRET",
     "AIRFLOW__API__SECRET_KEY",
     "POSTGRES_PASSWORD",
+    "REDIS_PASSWORD",
     "_AIRFLOW_WWW_USER_PASSWORD",
 )
 FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
@@ -354,6 +360,54 @@ def test_no_password_is_written_into_a_url(tmp_path):
             assert service.environment["PGPASSWORD"] == AWKWARD_PASSWORD, name
 
 
+def test_redis_asks_for_the_password_that_only_the_airflow_processes_turn_into_a_url(tmp_path):
+    """compose's own redis command, run as `make airflow` runs it, with a password of awkward characters:
+    a client without the password is refused, no command line holds it, and the URL an Airflow process
+    makes from its `_CMD` (Airflow runs it when it reads the broker URL) logs in. The broker URL is no
+    longer in any environment: the test above checks none holds a password."""
+    import redis
+
+    project = resolve(tmp_path)
+    port = free_port()
+    argv, env = redis_process(project.services["redis"], tmp_path / "redis", port)
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_listener(port, server)
+        conf = tmp_path / "redis" / "redis.conf"
+        assert conf.stat().st_mode & 0o777 == 0o600
+        refused = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, check=False)
+        assert "NOAUTH" in refused.stdout + refused.stderr, refused
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                with contextlib.suppress(OSError):
+                    assert AWKWARD_PASSWORD.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+        worker = Container(project.services["airflow-worker"], "airflow-worker-1", tmp_path, {("redis", 6379): port})
+        command = worker.environment({"PATH": f"{BIN}:/usr/bin:/bin"})
+        assert "AIRFLOW__CELERY__BROKER_URL" not in command
+        made = subprocess.run(
+            shlex.split(command["AIRFLOW__CELERY__BROKER_URL_CMD"]),
+            env=command,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert redis.Redis.from_url(made.stdout.strip()).ping()
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
+
+
+def wait_for_listener(port: int, server: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert server.poll() is None, server.stdout.read().decode()
+        time.sleep(0.1)
+    raise AssertionError(f"redis did not listen on {port}")
+
+
 @pytest.mark.parametrize("failing", [None, "db migrate", "users create", "pools import"])
 def test_airflow_init_fails_when_any_step_fails(tmp_path, failing):
     """airflow-init's command, as compose runs it (its entrypoint, command and environment, mounts on
@@ -396,3 +450,11 @@ def test_the_image_installs_the_tested_environment():
             [str(uv), "pip", "check", "--python", sys.executable], capture_output=True, text=True, check=False
         )
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_plain_http_api_server_is_published_on_loopback_only(tmp_path):
+    """It speaks plain HTTP: reachable from other hosts only once the admin says so (docs/deploy.md, "TLS")."""
+    ports = resolve(tmp_path).services["airflow-apiserver"].spec["ports"]
+    assert [(p["host_ip"], p["target"]) for p in ports] == [("127.0.0.1", 8080)], ports
+    published = {s: svc.spec.get("ports") for s, svc in resolve(tmp_path).services.items() if svc.spec.get("ports")}
+    assert published.keys() == {"airflow-apiserver"}, published
