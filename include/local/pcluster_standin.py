@@ -20,7 +20,11 @@ update-cluster follows pcluster's controller (DryrunOperationException's message
 UpdateClusterBadRequestException's "Update failure" with updateValidationErrors) with a simplified
 update policy: queue sizes and tags update in place, anything else is refused as UNSUPPORTED.
 `PCFLOW_STANDIN_FAIL=<failureCode>` at create time makes describe-cluster report CREATE_FAILED with that
-code, as pcluster does after a failed head-node wait condition. describe/update-compute-fleet keep the
+code, as pcluster does after a failed head-node wait condition. The nodes' custom action scripts
+(OnNodeConfigured, the head node's and each queue's) are downloaded from S3 as the nodes would, with the
+cluster's rights, and one that cannot be read fails the cluster as pcluster reports it
+(OnNodeConfiguredDownloadFailure); they are not run (they would change this host's accounts and firewall:
+tests/pcflow/cluster/test_node_setup.py runs pcflow's on fake roots). describe/update-compute-fleet keep the
 fleet's status where pcluster 3.2+ does, item COMPUTE_FLEET of the stack's DynamoDB table
 `parallelcluster-<name>` (moto's DynamoDB, deleted with the stack); the head node's clustermgtd, which
 moves a STOP_REQUESTED fleet to STOPPED (and START_REQUESTED to RUNNING), acts at the next look instead
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import fnmatch
 import json
 import os
 import ssl
@@ -43,6 +48,7 @@ from pathlib import Path
 
 import boto3
 import yaml
+from botocore.exceptions import ClientError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack as local_stack  # include/local/stack.py: this stack's head node and Slurm
@@ -57,6 +63,8 @@ BY_THE_CLUSTER = "cluster"
 VERSION = "3.16.1"
 REAL_PCLUSTER = local_stack.REPO / ".venv-pcluster" / "bin" / "pcluster"
 FAIL_TAG = "pcflow-standin:fail"
+#: pcluster's failureReason of each failureCode the stand-in reports (pcluster.models.cluster_resources).
+FAILURE_REASONS = {"OnNodeConfiguredDownloadFailure": "Failed to download OnNodeConfigured script."}
 NODE_TAG = "pcflow-standin:slurm-node"
 #: Settings the stand-in updates in place (pcluster: RESIZE_UPDATE_STRATEGY_ON_REMOVE / SUPPORTED).
 UPDATABLE = ("Scheduling.SlurmQueues.", "Tags")
@@ -370,8 +378,9 @@ def create(cfn, ec2, args, region: str) -> None:
     config = yaml.safe_load(Path(args.cluster_configuration).read_text())
     tags = [{"Key": t["Key"], "Value": t["Value"]} for t in config.get("Tags", [])]
     stack_tags = [*tags, {"Key": "parallelcluster:version", "Value": VERSION}]
-    if os.environ.get("PCFLOW_STANDIN_FAIL"):
-        stack_tags.append({"Key": FAIL_TAG, "Value": os.environ["PCFLOW_STANDIN_FAIL"]})
+    failure = os.environ.get("PCFLOW_STANDIN_FAIL") or scripts_failure(config, region)
+    if failure:
+        stack_tags.append({"Key": FAIL_TAG, "Value": failure})
     arn = cfn.create_stack(
         StackName=name,
         TemplateBody=template_for(config, name, tags),
@@ -383,6 +392,46 @@ def create(cfn, ec2, args, region: str) -> None:
             launch(ec2, config, name, tags, node)
     put_fleet(boto3.client("dynamodb", region_name=region), name, "RUNNING")  # what the head node writes once up
     out({"cluster": summary(name, region, "CREATE_IN_PROGRESS", arn), "validationMessages": []})
+
+
+def node_scripts(config: dict) -> list[tuple[str, list[dict]]]:
+    """The OnNodeConfigured scripts of the head node and of each queue, each with the S3Access of the
+    nodes that run it (their role's only S3 rights beside ParallelCluster's own bucket)."""
+    holders = [config.get("HeadNode") or {}, *((config.get("Scheduling") or {}).get("SlurmQueues") or [])]
+    found = []
+    for holder in holders:
+        action = (holder.get("CustomActions") or {}).get("OnNodeConfigured") or {}
+        access = (holder.get("Iam") or {}).get("S3Access") or []
+        found += [(step["Script"], access) for step in action.get("Sequence") or [action] if step.get("Script")]
+    return found
+
+
+def readable(bucket: str, key: str, access: list[dict]) -> bool:
+    """Whether an S3Access list lets a node role read the object (ParallelCluster grants
+    `arn:aws:s3:::<BucketName>/<KeyName or *>`, wildcards as IAM matches them)."""
+    return any(
+        entry.get("BucketName") == bucket and fnmatch.fnmatchcase(key, entry.get("KeyName") or "*") for entry in access
+    )
+
+
+def scripts_failure(config: dict, region: str) -> str | None:
+    """What the nodes' download of their scripts makes of the cluster: a failure code, or None when each
+    node could read each of its scripts with its role (S3Access), the call made as the cluster's."""
+    s3 = boto3.client("s3", region_name=region)
+    for uri, access in node_scripts(config):
+        if not uri.startswith("s3://"):
+            continue  # an https:// script: the nodes fetch it with no AWS call
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        if not readable(bucket, key, access):
+            print(f"pcluster stand-in: no S3Access of the nodes covers {uri}: AccessDenied", file=sys.stderr)
+            return "OnNodeConfiguredDownloadFailure"
+        try:
+            with acting_as(BY_THE_CLUSTER):
+                s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as error:
+            print(f"pcluster stand-in: a node could not download {uri}: {error}", file=sys.stderr)
+            return "OnNodeConfiguredDownloadFailure"
+    return None
 
 
 def summary(name: str, region: str, status: str, arn: str) -> dict:
@@ -422,7 +471,8 @@ def describe(cfn, ec2, args, region: str) -> None:
     if FAIL_TAG in tags:
         described["clusterStatus"] = described["cloudFormationStackStatus"] = "CREATE_FAILED"
         described["computeFleetStatus"] = "UNKNOWN"
-        failure = {"failureCode": tags[FAIL_TAG], "failureReason": "Failed to run cluster configuration."}
+        reason = FAILURE_REASONS.get(tags[FAIL_TAG], "Failed to run cluster configuration.")
+        failure = {"failureCode": tags[FAIL_TAG], "failureReason": reason}
         described["failures"] = [failure]
     heads = cluster_instances(ec2, name, "HeadNode")
     if heads:

@@ -48,6 +48,8 @@ KEY_PAIR = "pcflow"
 ALREADY_DONE = ("EntityAlreadyExists", "LimitExceeded", "InvalidKeyPair.Duplicate")
 #: The permissions boundary of the roles ParallelCluster creates (aws-gpu.yaml names it): the admin makes it once.
 CLUSTER_BOUNDARY = REPO / "include" / "iam" / "pcflow-cluster-boundary.json"
+#: The policy the cluster's nodes get beside ParallelCluster's own (aws-gpu.yaml's node_policy): the same.
+CLUSTER_NODE_POLICY = REPO / "include" / "iam" / "pcflow-cluster-node-policy.json"
 PCLUSTER_VERSION = "3.16.1"
 READY_TIMEOUT_S = 90
 STOP_TIMEOUT_S = 20
@@ -575,9 +577,10 @@ def moto_ready(lay: Layout) -> bool:
 def seed_emulated_account(lay: Layout) -> None:
     """What an administrator prepares once in a real account, made in the empty emulated one: the AMI
     builder's instance profile (on AWS it also carries AmazonSSMManagedInstanceCore, which the
-    emulator does not know), the permissions boundary of the cluster's roles (ParallelCluster's dry run
-    checks that it exists), the key pair aws-gpu.yaml names (the stack's client key, as an admin imports the
-    team's), and a stand-in for the ParallelCluster base image (moto has none)."""
+    emulator does not know), the permissions boundary of the cluster's roles and the policy its nodes get
+    (ParallelCluster's dry run checks that they exist), the key pair aws-gpu.yaml names (the stack's
+    client key, as an admin imports the team's), and a stand-in for the ParallelCluster base image (moto
+    has none)."""
     import boto3
     from botocore.exceptions import ClientError
 
@@ -593,6 +596,7 @@ def seed_emulated_account(lay: Layout) -> None:
         lambda: iam.create_instance_profile(InstanceProfileName=BUILDER_PROFILE),
         lambda: iam.add_role_to_instance_profile(InstanceProfileName=BUILDER_PROFILE, RoleName=BUILDER_PROFILE),
         lambda: iam.create_policy(PolicyName="pcflow-cluster-boundary", PolicyDocument=CLUSTER_BOUNDARY.read_text()),
+        lambda: iam.create_policy(PolicyName="pcflow-cluster-node", PolicyDocument=CLUSTER_NODE_POLICY.read_text()),
         lambda: ec2.import_key_pair(
             KeyName=KEY_PAIR, PublicKeyMaterial=lay.client_key.with_suffix(".pub").read_bytes()
         ),

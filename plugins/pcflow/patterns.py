@@ -13,6 +13,10 @@ INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 PARTITION = re.compile(r"^[A-Za-z0-9=_.-]{1,64}$")
 #: A profile's name (its file is `<name>.yaml` in a profile directory).
 PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
+#: The account a cluster's jobs run as (a profile's `cluster.job_user`): a POSIX user name, as useradd takes it.
+JOB_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+#: What the shipped profiles name it; the local stack and ParallelCluster's nodes create it.
+DEFAULT_JOB_USER = "pcflow-job"
 #: When the nightly runs (a profile's `nightly.schedule`): at `nightly.cron`, or when its stack's data is new.
 NIGHTLY_SCHEDULES = ("clock", "data")
 DEFAULT_CRON = "0 2 * * *"

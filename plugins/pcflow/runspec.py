@@ -18,7 +18,15 @@ from pcflow.errors import refusal
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
 from pcflow.paths import ami_script, include_dir, profile_names, within
-from pcflow.patterns import DEFAULT_CRON, INSTANCE_TYPE, NIGHTLY_SCHEDULES, PARTITION, validate_prefix
+from pcflow.patterns import (
+    DEFAULT_CRON,
+    DEFAULT_JOB_USER,
+    INSTANCE_TYPE,
+    JOB_USER,
+    NIGHTLY_SCHEDULES,
+    PARTITION,
+    validate_prefix,
+)
 from pcflow.profiles import RunSpecError, load_profile, with_parent  # noqa: F401 - where callers found them
 from pcflow.trust import ConfRefused, Rule, owner_of, parse_rules, refusals
 
@@ -94,8 +102,23 @@ class ClusterSettings(_Section):
 
     provider: Literal["static", "parallelcluster"]
     ssh_conn_id: str = Field("slurm_default", pattern=r"^[A-Za-z0-9_.-]{1,250}$")
+    job_user: str | None = Field(
+        DEFAULT_JOB_USER,
+        description="the unprivileged account jobs run as (the SSH user submits and cancels as it, through "
+        "sudo); null: as the SSH user itself, which a job can then change the files of (docs/security.md)",
+    )
     config: dict[str, Any] = Field(default_factory=dict, description="the provider's own settings")
     suppress_validators: list[str] = Field(default_factory=list)
+
+    @field_validator("job_user")
+    @classmethod
+    def _job_user(cls, value: str | None) -> str | None:
+        if value is not None and not (isinstance(value, str) and JOB_USER.fullmatch(value)):
+            raise ValueError(
+                f"{value!r} is not a user name: lower-case letters, digits, _ and -, at most 32, not starting "
+                "with a digit or -"
+            )
+        return value
 
 
 #: Where the job finds its run's staged data: a hyperparameter the train task sets (pipeline.tasks).

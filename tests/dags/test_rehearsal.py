@@ -172,6 +172,7 @@ def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
     head = yaml.safe_load(out["validate_cluster"]["config"])["HeadNode"]
     assert head["Ssh"]["AllowedIps"] == run["network"]["ssh_ingress_cidrs"][0] == "127.0.0.1/32"
     assert head["Networking"]["AdditionalSecurityGroups"] == [out["network"]["head_security_group_id"]]
+    check_node_setup(out, run)
     # The cluster's head node is the local one, its host key read from its console output and pinned.
     host_key = " ".join(local_stack.slurm_connection["extra"]["host_key"].split()[:2])
     assert out["cluster"]["head_node"] == {"address": "127.0.0.1", "host_key": host_key}
@@ -192,6 +193,32 @@ def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
     # the bake on aws-gpu), and the model it left is recorded with its sha256.
     assert out["check_environment"]["dir"].endswith("/.venv-payload") and len(out["check_environment"]["record"]) == 64
     assert len(out["metrics"]["model"]["model_sha256"]) == 64
+
+
+def check_node_setup(out: dict, run: dict) -> None:
+    """The jobs' account on every node (issue 24): the config the real dry run judged and the one the
+    cluster was made with both run the same node setup script on the head node and on each queue, and
+    that object is in the stack's bucket with the sha256 its key names. The real dry run looked it up
+    (UrlValidator's HeadObject: nothing said about it); the stand-in's nodes downloaded it with their
+    S3Access (the cluster became ready). Not run here: tests/pcflow/cluster/test_node_setup_script.py."""
+    config = yaml.safe_load(out["validate_cluster"]["config"])
+    made = yaml.safe_load(boto3.client("s3").get_object(**s3_location(out["cluster"]["config_s3_uri"]))["Body"].read())
+    actions = [n["CustomActions"]["OnNodeConfigured"] for c in (config, made) for n in node_groups(c)]
+    assert len(actions) == 4 and all(action == actions[0] for action in actions), actions
+    assert actions[0]["Args"] == [run["cluster"]["job_user"], str(run["cluster"]["config"]["job_uid"]), "ec2-user"]
+    script = boto3.client("s3").get_object(**s3_location(actions[0]["Script"]))["Body"].read()
+    assert s3_location(actions[0]["Script"])["Key"] == f"pcflow/node-setup/{hashlib.sha256(script).hexdigest()}.sh"
+    assert script.startswith(b"#!/bin/sh\n# pcflow's node setup")
+    assert not [m for m in out["validate_cluster"]["validation_messages"] if "node-setup" in m["message"]]
+
+
+def node_groups(config: dict) -> list[dict]:
+    return [config["HeadNode"], *config["Scheduling"]["SlurmQueues"]]
+
+
+def s3_location(uri: str) -> dict[str, str]:
+    bucket, key = uri.removeprefix("s3://").split("/", 1)
+    return {"Bucket": bucket, "Key": key}
 
 
 def test_every_aws_call_of_the_rehearsal_is_allowed_by_the_shipped_policies(rehearsed):

@@ -228,6 +228,8 @@ def test_pcluster_policy_has_no_service_wide_actions():
 
 SIMULATOR = iam_calls.SIMULATOR
 BOUNDARY_POLICY = REPO / "include" / "iam" / "pcflow-cluster-boundary.json"
+NODE_POLICY = REPO / "include" / "iam" / "pcflow-cluster-node-policy.json"
+NODE_POLICY_ARN = {"iam:PolicyARN": "arn:aws:iam::123456789012:policy/pcflow-cluster-node"}
 ACCOUNT = "123456789012"
 INSTANCE = f"arn:aws:ec2:us-east-1:{ACCOUNT}:instance/i-0123456789abcdef0"
 BOUNDARY = f"arn:aws:iam::{ACCOUNT}:policy/pcflow-cluster-boundary"
@@ -329,6 +331,30 @@ PCLUSTER_REQUESTS = [
     (PASS_TO_EC2_AND_LAMBDA, "iam:PassRole", CLUSTER_ROLE, {}, False),
     ("WhatTheClusterStackCreates", "ec2:RunInstances", INSTANCE, VIA_STACK, True),
     ("WhatTheClusterStackCreates", "ec2:RunInstances", INSTANCE, {}, False),  # directly, not via the stack
+    # The node policy (AdditionalIamPolicies) on a bounded cluster role; no other customer policy.
+    ("AttachThePcflowNodePolicy", "iam:AttachRolePolicy", CLUSTER_ROLE, {**BOUNDED, **NODE_POLICY_ARN}, True),
+    ("AttachThePcflowNodePolicy", "iam:AttachRolePolicy", CLUSTER_ROLE, NODE_POLICY_ARN, False),  # unbounded
+    (
+        "AttachThePcflowNodePolicy",
+        "iam:AttachRolePolicy",
+        CLUSTER_ROLE,
+        {**BOUNDED, "iam:PolicyARN": f"arn:aws:iam::{ACCOUNT}:policy/pcflow-cluster-node-admin"},
+        False,
+    ),
+]
+#: The same for include/iam/pcflow-cluster-node-policy.json (attached to the nodes' roles; the node setup
+#: script's `aws ec2 modify-instance-metadata-options`): a pcflow cluster's node may tighten IMDS, only.
+NODES = "NodesOnlyTightenTheirInstanceMetadataOptions"
+MODIFY_IMDS = "ec2:ModifyInstanceMetadataOptions"
+CLUSTER_NODE = {"aws:ResourceTag/parallelcluster:cluster-name": "pcflow-research-cluster", **OWN}
+TIGHTEN = {"ec2:MetadataHttpTokens": "required", "ec2:MetadataHttpPutResponseHopLimit": "1"}
+NODE_REQUESTS = [
+    (NODES, MODIFY_IMDS, INSTANCE, {**CLUSTER_NODE, **TIGHTEN}, True),
+    (NODES, MODIFY_IMDS, INSTANCE, {**CLUSTER_NODE, **TIGHTEN, "ec2:MetadataHttpPutResponseHopLimit": "2"}, False),
+    (NODES, MODIFY_IMDS, INSTANCE, {**CLUSTER_NODE, **TIGHTEN, "ec2:MetadataHttpTokens": "optional"}, False),
+    (NODES, MODIFY_IMDS, INSTANCE, {**CLUSTER_NODE, "ec2:MetadataHttpTokens": "required"}, False),  # no hop limit
+    (NODES, MODIFY_IMDS, INSTANCE, TIGHTEN, False),  # an instance of no cluster
+    (NODES, MODIFY_IMDS, INSTANCE, {**TIGHTEN, **OWN}, False),  # pcflow's, but no cluster node (a builder)
 ]
 
 
@@ -343,7 +369,8 @@ def conditioned_sids(policy: Path) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("policy", "requests"), [(AIRFLOW_POLICY, AIRFLOW_REQUESTS), (PCLUSTER_POLICY, PCLUSTER_REQUESTS)]
+    ("policy", "requests"),
+    [(AIRFLOW_POLICY, AIRFLOW_REQUESTS), (PCLUSTER_POLICY, PCLUSTER_REQUESTS), (NODE_POLICY, NODE_REQUESTS)],
 )
 def test_each_condition_allows_what_pcflow_does_and_refuses_the_rest(policy, requests):
     results = simulate(policy, requests)
@@ -379,6 +406,15 @@ def test_the_boundary_caps_what_a_cluster_role_can_do_whatever_is_attached():
         ("boundary", "ec2:CreateTags", INSTANCE, {"ec2:CreateAction": "RunInstances"}, True),
         ("boundary", "ec2:CreateTags", INSTANCE, {}, False),
         ("boundary", "ec2:DescribeInstances", "*", {}, True),
+        # IMDS: a cluster node may set its own hop limit to 1 (node-setup.sh), never loosen it.
+        ("boundary", "ec2:ModifyInstanceMetadataOptions", INSTANCE, {**CLUSTER_NODE, **TIGHTEN}, True),
+        (
+            "boundary",
+            "ec2:ModifyInstanceMetadataOptions",
+            INSTANCE,
+            {**CLUSTER_NODE, **TIGHTEN, "ec2:MetadataHttpPutResponseHopLimit": "3"},
+            False,
+        ),
         ("boundary", "ec2:DeleteVpc", VPC, {}, False),
         (
             "boundary",

@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from pcflow.cluster.node_setup import NodeSetup, node_setup_for
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.merge import deep_merge
 from pcflow.naming import TAG_RUN, TAG_STACK, digest
@@ -51,6 +52,8 @@ class RenderedConfig:
     document: dict[str, Any]
     config_hash: str
     shape_hash: str
+    #: The script the config's custom actions name, which the cluster stage keeps in the bucket (or None).
+    node_setup: NodeSetup | None = None
 
     @property
     def owner(self) -> tuple[str | None, str | None]:
@@ -70,13 +73,15 @@ def shape_hash(document: Mapping[str, Any]) -> str:
     return config_hash({**document, "Image": image})
 
 
-def refuse_replaced(spec: ClusterSpec, document: Mapping[str, Any]) -> None:
+def refuse_replaced(spec: ClusterSpec, document: Mapping[str, Any], node_setup: NodeSetup | None = None) -> None:
     """`extra_config` may add settings, not undo those pcflow renders from the admin's trust settings:
-    the permissions boundary, and who may SSH to the head node (AllowedIps, pcflow's head group)."""
+    the permissions boundary, who may SSH to the head node (AllowedIps, pcflow's head group), IMDSv2, and
+    the node setup on the head node and every queue (a queue without it would run jobs with IMDS open)."""
     boundary = (document.get("Iam") or {}).get("PermissionsBoundary")
     networking = (document.get("HeadNode") or {}).get("Networking") or {}
     allowed_ips = ((document.get("HeadNode") or {}).get("Ssh") or {}).get("AllowedIps")
     groups, extra = networking.get("SecurityGroups"), networking.get("AdditionalSecurityGroups")
+    imds = (document.get("Imds") or {}).get("ImdsSupport")
     checks = [
         (
             "Iam.PermissionsBoundary",
@@ -97,12 +102,27 @@ def refuse_replaced(spec: ClusterSpec, document: Mapping[str, Any]) -> None:
             set(spec.head_security_group_ids) <= set(extra or ()),
             f"the network's head security group {list(spec.head_security_group_ids)}",
         ),
+        ("Imds.ImdsSupport", imds, imds == "v2.0", "IMDSv2 only (v2.0)"),
+        *node_setup_checks(document, node_setup),
     ]
     for path, value, kept, what in checks:
         if not kept:
             raise ClusterSpecError(
                 f"extra_config: {path} {value!r} replaces {what}; only the deployment admin sets it, in the profile"
             )
+
+
+def node_setup_checks(document: Mapping[str, Any], node_setup: NodeSetup | None) -> list[tuple[str, Any, bool, str]]:
+    """The node setup's custom action, on the head node and on each queue, as rendered."""
+    if node_setup is None:
+        return []
+    wanted, what = node_setup.custom_action, f"pcflow's node setup {node_setup.uri} (the jobs' account)"
+    head = ((document.get("HeadNode") or {}).get("CustomActions") or {}).get("OnNodeConfigured")
+    checks = [("HeadNode.CustomActions.OnNodeConfigured", head, head == wanted, what)]
+    for index, queue in enumerate((document.get("Scheduling") or {}).get("SlurmQueues") or ()):
+        found = ((queue or {}).get("CustomActions") or {}).get("OnNodeConfigured")
+        checks.append((f"Scheduling.SlurmQueues[{index}].CustomActions.OnNodeConfigured", found, found == wanted, what))
+    return checks
 
 
 def dataset_keys(spec: ClusterSpec) -> str:
@@ -113,20 +133,35 @@ def dataset_keys(spec: ClusterSpec) -> str:
     return f"{spec.s3_prefix}/*" if spec.s3_prefix else "*"
 
 
+def node_iam(spec: ClusterSpec, node_setup: NodeSetup | None) -> dict[str, Any]:
+    """The head node's and each queue's `Iam`: read access to the dataset's prefix and the node setup's
+    script (nothing else of the bucket, nothing written), and the admin's node policy."""
+    iam: dict[str, Any] = {}
+    if spec.s3_bucket:
+        dataset = {"BucketName": spec.s3_bucket, "KeyName": dataset_keys(spec), "EnableWriteAccess": False}
+        iam["S3Access"] = [dataset, *([node_setup.s3_access] if node_setup else [])]
+    if node_setup and spec.node_policy:
+        iam["AdditionalIamPolicies"] = [{"Policy": spec.node_policy}]
+    return iam
+
+
 def render_config(
     spec: ClusterSpec,
     *,
     efa: bool = False,
     tags: Mapping[str, str] | None = None,
     template: str = DEFAULT_TEMPLATE,
+    node_script: bytes | None = None,
 ) -> RenderedConfig:
     """The ParallelCluster YAML for `spec`; the spec's own tags, then `tags` (e.g. `naming.standard_tags`)
     and the config-hash tag, go on the cluster's CloudFormation stack and everything in it. pcflow's tags
-    come last, so no spec tag replaces them (the spec refuses `pcflow:` keys anyway)."""
+    come last, so no spec tag replaces them (the spec refuses `pcflow:` keys anyway). `node_script`: the
+    node setup's bytes (default: pcflow's, node-setup.sh), whose hash names the object the config runs."""
     data_path = export_path = None
     if spec.fsx is not None and spec.s3_bucket:
         data_path = s3_uri(spec.s3_bucket, spec.s3_prefix)
         export_path = s3_uri(spec.s3_bucket, spec.fsx.export_prefix) if spec.fsx.export_prefix else data_path
+    node_setup = node_setup_for(spec, node_script)
     body = (
         _environment()
         .get_template(template)
@@ -135,16 +170,19 @@ def render_config(
             efa=efa,
             data_repository_path=data_path,
             export_path=export_path,
-            dataset_keys=dataset_keys(spec),
+            node_iam=node_iam(spec, node_setup),
+            node_setup=node_setup,
             tags={},
         )
     )
     document = yaml.safe_load(body)
     if spec.extra_config:
         document = deep_merge(document, spec.extra_config)
-        refuse_replaced(spec, document)
+        refuse_replaced(spec, document, node_setup)
     digest_value, shape = config_hash(document), shape_hash(document)
     all_tags = {**spec.tags, **dict(tags or {}), TAG_CONFIG_HASH: digest_value, TAG_SHAPE_HASH: shape}
     document["Tags"] = [{"Key": k, "Value": v} for k, v in all_tags.items()]
     text = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
-    return RenderedConfig(text=text, document=document, config_hash=digest_value, shape_hash=shape)
+    return RenderedConfig(
+        text=text, document=document, config_hash=digest_value, shape_hash=shape, node_setup=node_setup
+    )

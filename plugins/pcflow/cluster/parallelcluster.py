@@ -19,6 +19,7 @@ from typing import Any
 
 from pcflow.cluster.config import TAG_CONFIG_HASH, TAG_SHAPE_HASH, RenderedConfig, render_config
 from pcflow.cluster.info import ClusterInfo, Partition
+from pcflow.cluster.node_setup import ensure_uploaded
 from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError
 from pcflow.cluster.spec import ClusterSpec, check_instance_type
 from pcflow.errors import PcflowError, PcflowInputError, ResourceConflict, ServiceFailed
@@ -181,6 +182,7 @@ class ParallelClusterProvider:
         or refuse, now rather than after the bake and the data load. A config that differs only by its
         image passes here: the dry run's image is the one the bake starts from, so the image is compared
         by the ensure step, after the bake (a kept stack's bake reuses the image its cluster runs)."""
+        self.keep_node_setup(rendered)  # the dry run looks the script up (UrlValidator)
         described = self.hook.describe_cluster(spec.name)
         messages: list[dict[str, Any]] = []
         existing = None
@@ -219,6 +221,7 @@ class ParallelClusterProvider:
         """Describe first; create when absent; refuse a cluster of another stack or run; adopt a matching
         one, refuse (or update) a different one."""
         name = spec.name
+        self.keep_node_setup(rendered)  # the nodes read it while they boot
         described = self.hook.describe_cluster(name)
         if described is None:
             answer = self.hook.create_cluster(
@@ -245,6 +248,12 @@ class ParallelClusterProvider:
             log.info("cluster %s adopted; its pcflow:expires is postponed (a tags-only update)", name)
             return EnsureStep("refreshed", name, name, "stack_update_complete", rendered.config_hash)
         return EnsureStep("adopted", name, name, None, rendered.config_hash)
+
+    def keep_node_setup(self, rendered: RenderedConfig) -> None:
+        """The node setup script the config names, in the stack's bucket under the hash of its bytes
+        (checked, and put when missing or different): nodes run what this config names, nothing else."""
+        if rendered.node_setup is not None and ensure_uploaded(self.clients("s3"), rendered.node_setup):
+            log.info("node setup script kept at %s", rendered.node_setup.uri)
 
     @staticmethod
     def expiry_outdated(described: Mapping[str, Any], rendered: RenderedConfig) -> bool:

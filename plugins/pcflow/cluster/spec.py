@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pcflow.aws.clients import error_code, validate_region
 from pcflow.aws.ssh_ingress import refuse_anywhere
+from pcflow.cluster.node_setup import DEFAULT_JOB_UID
 from pcflow.errors import ConfigurationError
 from pcflow.naming import AWS_TAG_VALUE_RE, TAG_PREFIX
+from pcflow.patterns import JOB_USER
 
 #: ParallelCluster's own rule (`pcluster create-cluster` answers "does not match '^[a-zA-Z][a-zA-Z0-9-]+$'").
 CLUSTER_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]+$")
@@ -152,6 +154,14 @@ class ClusterSpec(BaseModel):
     #: pcluster CLI policy in include/iam/ allows role creation only with it).
     permissions_boundary: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:iam::\d{12}:policy/[\w+=,.@/-]+$")
     shared_root: str | None = None  # where jobs keep their files; default: the FSx mount, else /home
+    #: The account jobs run as (the profile's `cluster.job_user`, which the pipeline passes): every node
+    #: makes it and refuses it the instance metadata service (node_setup.py). None: no node setup.
+    job_user: str | None = None
+    #: Its uid and gid on every node (the shared file systems see numbers): the admin's, in cluster.config.
+    job_uid: int = Field(DEFAULT_JOB_UID, ge=1000, le=60000)
+    #: The admin's managed policy that lets a node set its own IMDS hop limit to 1 and nothing else
+    #: (include/iam/pcflow-cluster-node-policy.json), attached to the head and compute roles.
+    node_policy: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:iam::\d{12}:policy/[\w+=,.@/-]+$")
 
     @field_validator("name")
     @classmethod
@@ -190,6 +200,13 @@ class ClusterSpec(BaseModel):
             raise ValueError(f"{value!r} is neither an IPv4 CIDR nor a prefix list id (pl-...), all AllowedIps takes")
         return value
 
+    @field_validator("job_user")
+    @classmethod
+    def _job_user(cls, value: str | None) -> str | None:
+        if value is not None and not JOB_USER.fullmatch(value):
+            raise ValueError(f"{value!r} is not a user name (lower-case letters, digits, _ and -, at most 32)")
+        return value
+
     @field_validator("s3_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
@@ -226,6 +243,22 @@ class ClusterSpec(BaseModel):
         for sid in self.compute_subnet_ids:
             if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", sid):
                 raise ValueError(f"compute_subnet_ids: {sid!r} is not a subnet id")
+        return self
+
+    @model_validator(mode="after")
+    def _node_setup(self) -> ClusterSpec:
+        """A job account needs what its node setup needs: a bucket the script is kept in (and the nodes
+        read it from), and the policy that lets each node lower its own IMDS hop limit."""
+        if self.job_user is None:
+            return self
+        if not self.s3_bucket:
+            raise ValueError(f"job_user {self.job_user!r} needs s3_bucket: the nodes read their setup script there")
+        if not self.node_policy:
+            raise ValueError(
+                f"job_user {self.job_user!r} needs node_policy (cluster.config): the ARN of the admin's "
+                "pcflow-cluster-node policy (include/iam/pcflow-cluster-node-policy.json), without which no "
+                "node can set its IMDS hop limit and every node's setup fails"
+            )
         return self
 
     @model_validator(mode="after")

@@ -4,6 +4,8 @@ the rehearsal profile suppresses (include/profiles/aws-gpu-rehearsal.yaml says w
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import yaml
 from taskcontext import make_context
@@ -17,6 +19,7 @@ from pcflow.runspec import load_profile
 
 pytestmark = pytest.mark.stack
 BOUNDARY = "arn:aws:iam::123456789012:policy/pcflow-cluster-boundary"
+NODE_POLICY = "arn:aws:iam::123456789012:policy/pcflow-cluster-node"  # the stack seeds it too
 MOTO_SUPPRESSED_VALIDATORS = tuple(load_profile("aws-gpu-rehearsal")["cluster"]["suppress_validators"])
 
 
@@ -90,3 +93,30 @@ def test_validate_operator_keeps_the_rendered_config_in_s3_and_xcom(pcluster_cli
     tags = {t["Key"]: t["Value"] for t in yaml.safe_load(stored)["Tags"]}
     assert tags["pcflow:stack"] == site.stack and tags["pcflow:component"] == "cluster" and "pcflow:run" in tags
     clients("s3").delete_object(Bucket=bucket, Key=key)
+
+
+def test_the_node_setup_passes_the_real_dry_run_which_looks_its_script_up(pcluster_cli, site):
+    """A job account: the config's custom actions (head node and queue), the node policy and the nodes'
+    S3Access pass ParallelCluster's schema and validators. The cluster stage kept the script in the bucket
+    first, under the key the config names: the dry run's UrlValidator (a HeadObject) found it, where the
+    same config before the upload is warned about."""
+    from pcflow.cluster.config import render_config
+    from pcflow.cluster.spec import ClusterSpec
+
+    spec = site.spec(job_user="pcflow-job", node_policy=NODE_POLICY, permissions_boundary=BOUNDARY)
+    cli = provider(pcluster_cli)
+    rendered = render_config(ClusterSpec.parse(spec))
+    setup = rendered.node_setup
+    before = cli.hook.create_cluster(
+        spec["name"], rendered.text, dryrun=True, suppress_validators=cli.suppress_validators
+    )
+    assert [m for m in before.get("validationMessages", []) if setup.key in m["message"]], before
+    result = validate_cluster(cli, spec, stack=site.stack)
+    assert not [m for m in result["validation_messages"] if m["level"] == "ERROR"], result["validation_messages"]
+    assert not [m for m in result["validation_messages"] if setup.key in m["message"]], result["validation_messages"]
+    stored = clients("s3").get_object(Bucket=site.bucket, Key=setup.key)["Body"].read()
+    assert stored == setup.script and hashlib.sha256(stored).hexdigest() in setup.key
+    config = yaml.safe_load(result["config"])
+    for node in (config["HeadNode"], *config["Scheduling"]["SlurmQueues"]):
+        assert node["CustomActions"]["OnNodeConfigured"]["Script"] == setup.uri
+        assert node["Iam"]["AdditionalIamPolicies"] == [{"Policy": NODE_POLICY}]

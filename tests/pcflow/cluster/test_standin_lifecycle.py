@@ -376,3 +376,28 @@ def test_standin_kept_cluster_is_adopted_and_its_expiry_moved_on_once_per_run(st
         assert reaped(expires() + dt.timedelta(seconds=1)) == [spec["name"]]
     finally:
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_nodes_download_their_setup_script_with_their_own_s3_access(standin_cli, site):
+    """A job account: the cluster stage keeps the node setup script in the bucket, and the stand-in's nodes
+    (as ParallelCluster's do) download it with the rights their config gives them, the cluster's call.
+    A config whose head node may not read it (an admin's extra_config replacing its S3Access) fails as
+    ParallelCluster reports it, and is diagnosed."""
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    accounts = {"job_user": "pcflow-job", "node_policy": "arn:aws:iam::123456789012:policy/pcflow-cluster-node"}
+    spec = site.spec(**accounts)
+    try:
+        info = ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+        assert info["status"] == "CREATE_COMPLETE"
+        keys = clients("s3").list_objects_v2(Bucket=site.bucket, Prefix="pcflow/node-setup/").get("Contents", [])
+        assert len(keys) == 1
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+        dataset_only = [{"BucketName": site.bucket, "KeyName": "datasets/digits/*", "EnableWriteAccess": False}]
+        narrowed = site.spec(**accounts, extra_config={"HeadNode": {"Iam": {"S3Access": dataset_only}}})
+        with pytest.raises(ClusterCreateFailed) as failed:
+            ensure_cluster(provider, narrowed, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+        assert "failure OnNodeConfiguredDownloadFailure: Failed to download OnNodeConfigured script." in str(
+            failed.value
+        )
+    finally:
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
