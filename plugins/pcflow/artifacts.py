@@ -30,6 +30,7 @@ class ArtifactRefused(ChecksumMismatch, ConfigurationError):
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
+    """Bucket and key of an artifact's URI; anything but `s3://bucket/key` is refused before a request."""
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     if not uri.startswith("s3://") or not bucket or not key:
         raise ArtifactRefused(f"{uri!r} is not an s3://bucket/key URI of an artifact")

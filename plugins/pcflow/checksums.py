@@ -31,6 +31,7 @@ class ChecksumMismatch(PcflowError):
 
 
 def sha256_hex(data: bytes) -> str:
+    """The hash every record in pcflow uses (sha256sum's spelling), so lists compare as text."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -40,6 +41,7 @@ def s3_checksum(hex_digest: str) -> str:
 
 
 def checked_name(path: str) -> str:
+    """A path a checksum list may name: relative, inside its tree, and one line (sha256sum escapes \\, CR, LF)."""
     if not path or path.startswith("/") or ODD_NAME.search(path) or ".." in path.split("/"):
         raise ValueError(f"{path!r} cannot be named in a checksum list (a relative path without \\, CR or LF)")
     return path
@@ -78,6 +80,7 @@ class HashingReader:
         self.count, self.digest = 0, hashlib.sha256()
 
     def read(self, size: int = -1) -> bytes:
+        """The next bytes, hashed as they pass; past the recorded size or at a wrong last byte, refused."""
         data = self.source.read(size)
         self.count += len(data)
         self.digest.update(data)

@@ -41,10 +41,12 @@ MAX_SCRIPT_BYTES = 64 * 1024
 
 @cache
 def script_bytes() -> bytes:
+    """The node setup script as the wheel ships it (package data), the bytes the nodes will run."""
     return resources.files("pcflow.cluster").joinpath(SCRIPT).read_bytes()
 
 
 def script_key(script: bytes) -> str:
+    """Its key by content: a changed script gets a new key, so a new config hash, never an edited object."""
     return f"{KEY_PREFIX}/{hashlib.sha256(script).hexdigest()}.sh"
 
 

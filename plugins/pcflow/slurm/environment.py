@@ -82,6 +82,7 @@ def verify_environment(hook: SlurmHook, python: str, *, shared_root: str, log: A
 
 
 def refusal(python: str, checked: TreeCheck) -> str:
+    """Why the environment is refused and how the admin rebuilds it, from the check's findings."""
     env = checked.directory
     if checked.absent:
         what = "it does not exist on the cluster"

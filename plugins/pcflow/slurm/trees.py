@@ -38,6 +38,7 @@ EPOCH = re.compile(r"\d{1,12}(\.\d{1,9})?")
 
 @cache
 def tree_record_script() -> str:
+    """The record/check script from include/: it travels with every check, so no copy on the cluster is trusted."""
     from pcflow.paths import ami_script
 
     return ami_script("ami/tree-record.sh").read_text()
@@ -72,6 +73,7 @@ class TreeCheck:
 
 
 def parse_check(directory: str, stdout: str) -> TreeCheck:
+    """The check's output as findings; a line the script never writes fails the check rather than being ignored."""
     findings, meta = [], {}
     for line in stdout.splitlines():
         kind, _, rest = line.partition(" ")
