@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from compose_model import Project, Service
-from stack import alive, start_time
+from stack import alive, start_time, write_if_changed
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -217,18 +217,12 @@ def redis_process(service: Service, root: Path, port: int) -> tuple[list[str], d
     if executable is None:
         raise DeploymentError("redis-server is not installed (make system-deps installs it: redis-server)")
     shims = root / "bin"
-    shims.mkdir(parents=True, exist_ok=True)
-    write_executable(shims / "docker-entrypoint.sh", REDIS_ENTRYPOINT)
+    write_if_changed(shims / "docker-entrypoint.sh", REDIS_ENTRYPOINT, mode=0o755)
     path = os.pathsep.join([str(shims), str(Path(executable).parent), "/usr/bin", "/bin"])
     env = {**service.environment, "PATH": path, "PCFLOW_REDIS_PORT": str(port)}
     if service.argv[:2] != ["sh", "-c"] or len(service.argv) != 3:
         raise DeploymentError(f"compose's redis command is not `sh -c SCRIPT` any more: {service.argv}")
     return ["sh", "-c", f'cd "$0" && {service.argv[2]}', str(root)], env
-
-
-def write_executable(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(0o755)
 
 
 def wait_for_port(port: int, processes: Processes, name: str, timeout: float = 30) -> None:

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from cluster_specs import BASE
 
 from pcflow.cluster.config import TAG_CONFIG_HASH, render_config
 from pcflow.cluster.info import ClusterInfo
 from pcflow.cluster.parallelcluster import default_cluster_name, host_key_from_console
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.cluster.static import ClusterUnhealthy, check_health, gpus_in_gres, parse_sinfo
-
-BASE = {
-    "name": "pcflow-unit",
-    "region": "us-east-1",
-    "key_name": "k",
-    "head_subnet_id": "subnet-0123abcd",
-    "ssh_allowed_ips": "203.0.113.0/24",
-}
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import re
 import boto3
 import pytest
 import yaml
+from cluster_specs import NODE_POLICY, WITH_NODE_SETUP
 from moto import mock_aws
 
 from pcflow.cluster.config import render_config
@@ -23,18 +24,7 @@ from pcflow.runspec import resolve_run_spec
 
 pytestmark = pytest.mark.security
 
-NODE_POLICY = "arn:aws:iam::123456789012:policy/pcflow-cluster-node"
-BASE = {
-    "name": "pcflow-unit",
-    "region": "us-east-1",
-    "key_name": "k",
-    "head_subnet_id": "subnet-0123abcd",
-    "ssh_allowed_ips": "203.0.113.0/24",
-    "s3_bucket": "my-pcflow-datasets",
-    "s3_prefix": "datasets/imagenet",
-    "job_user": "pcflow-job",
-    "node_policy": NODE_POLICY,
-}
+BASE = {**WITH_NODE_SETUP, "s3_prefix": "datasets/imagenet"}
 SCRIPT_KEY = f"{KEY_PREFIX}/{hashlib.sha256(script_bytes()).hexdigest()}.sh"
 SCRIPT_URI = f"s3://my-pcflow-datasets/{SCRIPT_KEY}"
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import iam_calls  # include/local: the IAM policy evaluator tests/deploy/test_iam.py uses
 import pytest
+from cluster_specs import WITH_NODE_SETUP
 
 from pcflow.cluster.config import render_config
 from pcflow.cluster.spec import ClusterSpec
@@ -40,22 +41,10 @@ POLICIES = iam_calls.POLICIES
 
 def rendered(os_name: str, **overrides) -> tuple[bytes, list[str]]:
     """The script's bytes and the arguments the rendered config hands it, as ParallelCluster would."""
-    spec = ClusterSpec.parse(
-        {
-            "name": "pcflow-unit",
-            "region": "us-east-1",
-            "key_name": "k",
-            "head_subnet_id": "subnet-0123abcd",
-            "ssh_allowed_ips": "203.0.113.0/24",
-            "s3_bucket": "my-pcflow-datasets",
-            "os": os_name,
-            "job_user": "pcflow-job",
-            "node_policy": "arn:aws:iam::123456789012:policy/pcflow-cluster-node",
-            **overrides,
-        }
-    )
-    setup = render_config(spec).node_setup
-    action = render_config(spec).document["Scheduling"]["SlurmQueues"][0]["CustomActions"]["OnNodeConfigured"]
+    spec = ClusterSpec.parse({**WITH_NODE_SETUP, "os": os_name, **overrides})
+    config = render_config(spec)
+    setup = config.node_setup
+    action = config.document["Scheduling"]["SlurmQueues"][0]["CustomActions"]["OnNodeConfigured"]
     assert action["Script"] == setup.uri
     return setup.script, action["Args"]
 
