@@ -56,9 +56,10 @@ $(IAM_SIMULATOR)/node_modules/.installed: $(IAM_SIMULATOR)/package.json $(IAM_SI
 lock: | $(VENV)/bin/uv  ## re-resolve constraints.txt from PyPI after changing a requirements file
 	$(VENV)/bin/uv pip compile requirements-dev.txt --python-version 3.11 --no-header --no-annotate -o constraints.txt
 
-lint: venv  ## ruff, including Airflow 3's import rules (AIR)
+lint: venv  ## ruff, including Airflow 3's import rules (AIR), and the layers of pcflow's imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff check --preview --select AIR dags plugins
+	$(VENV)/bin/lint-imports --no-cache
 
 stack-up: setup  ## start the local stack (moto, Slurm, sshd); a no-op when it is up
 	$(STACK) up

@@ -4,6 +4,9 @@ functions too (a cycle that only a deferred import hides is still two modules th
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from dagrun import REPO
@@ -72,3 +75,29 @@ def test_the_early_stopping_rule_is_pure():
 
 def test_a_cycle_is_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def lint_imports(plugins: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter's contracts of pyproject.toml (the layers) over the `pcflow` package under `plugins`,
+    as `make lint` runs them; no cache, so a copied tree is judged afresh."""
+    argv = [str(Path(sys.executable).with_name("lint-imports")), "--config", str(REPO / "pyproject.toml"), "--no-cache"]
+    env = {"PYTHONPATH": str(plugins), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(argv, cwd=plugins, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_pcflow_keeps_its_layers():
+    result = lint_imports(PLUGINS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 kept, 0 broken" in result.stdout
+
+
+def test_the_layers_contract_catches_an_upward_import_and_an_unplaced_module(tmp_path):
+    """What the check is for: the foundation importing the pipeline, and a new module in no layer."""
+    shutil.copytree(PLUGINS / "pcflow", tmp_path / "pcflow", ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "pcflow" / "errors.py").open("a") as errors:
+        errors.write("\nfrom pcflow import pipeline  # noqa: E402\n")
+    (tmp_path / "pcflow" / "unplaced.py").write_text('"""A module no layer names."""\n')
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "pcflow.errors is not allowed to import pcflow.pipeline" in result.stdout
+    assert "- pcflow.unplaced" in result.stdout
