@@ -563,6 +563,20 @@ class SlurmHook(BaseHook):
             return
         self._make_group_dirs("3770", *paths)
 
+    def make_job_logs(self, *paths: str) -> None:
+        """Job logs the SSH user owns before the job starts (0660, the job directory's group): Slurm opens
+        one as the job account to append to, and the sticky directory keeps the job from replacing it
+        with a link to a file only the SSH user may read, which pcflow would stream into the task log.
+        One left by an earlier attempt is kept (log offsets count on it); anything else there is removed
+        first, and a name that reappears meanwhile fails this (noclobber), before anything is submitted."""
+        if not self.job_user:
+            return  # the job is the SSH user: nothing it can link to that it could not read itself
+        script = (
+            'for f; do if [ -L "$f" ] || { [ -e "$f" ] && [ ! -O "$f" ]; }; then rm -f -- "$f"; fi; '
+            '[ -e "$f" ] || (set -C; umask 007; : > "$f"); done'
+        )
+        self.run(["sh", "-c", script, "sh", *paths])
+
     def _make_group_dirs(self, mode: str, *paths: str) -> None:
         """Made private first (0700), then given to the job account's group with `mode`: never open wider
         than that, not even for a moment."""

@@ -393,6 +393,7 @@ class SlurmJobOperator(BaseOperator):
         self.hook.write_file(run_dir.sampler, sampler_source(), mode=JOB_READS)  # the wrapper runs python3 <file>
         self.hook.write_file(run_dir.root + "/spec.json", spec_record(spec), mode=JOB_READS)
         self.hook.write_file(run_dir.script, script, mode=JOB_READS)  # sbatch reads it, as the job user
+        self.hook.make_job_logs(*self.log_paths(run_dir))
         log_offset = self.hook.file_size(run_dir.log) or 0
         job_id = self.hook.submit(run_dir.script, submitted_marker=run_dir.submitted, env=spec.env)
         store = context.get("task_state_store")
@@ -400,6 +401,10 @@ class SlurmJobOperator(BaseOperator):
             store.set(STATE_KEY, {"job_id": job_id, "log_offset": log_offset})
         self.log.info("Submitted Slurm job %s (%s) in %s", job_id, self.job_name(context), run_dir.root)
         return job_id, log_offset
+
+    def log_paths(self, run_dir: RunDir) -> list[str]:
+        """Where Slurm writes the job's log (an array: each element's, `ArrayJobOperator`)."""
+        return [run_dir.log]
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
         """Write the job's hyperparameters (data the job reads, never shell text) before sbatch is called."""
@@ -507,6 +512,9 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         except ValidationError as exc:
             problem = f"Invalid trial for task {self.task_id}: {errors_without_values(exc)}"
             raise refused("trials", problem, task_author(self.task_id)) from None
+
+    def log_paths(self, run_dir: RunDir) -> list[str]:
+        return [run_dir.element(index).log for index in range(len(self.trials))]
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
         from pcflow.slurm.render import render_hparams

@@ -47,6 +47,7 @@ attempt script-remove rm -f "$PCFLOW_RUN_DIR/job.sbatch"
 attempt submitted-replace mv -f "$PCFLOW_RUN_DIR/spec.json" "$PCFLOW_RUN_DIR/submitted"
 attempt run-dir-add touch "$(dirname "$PCFLOW_RUN_DIR")/planted"
 attempt metrics-own sh -c 'echo "{\"step\": 1, \"loss\": 0.5}" >> "$PCFLOW_METRICS_FILE"'
+attempt log-replace ln -sf "$STACK_SSH/ssh_host_ed25519_key" "$PCFLOW_RUN_DIR/job.log"
 attempt link-plant ln -s "$STACK_SSH/ssh_host_ed25519_key" "$PCFLOW_RUN_DIR/early_stop.json"
 echo "home: $HOME"
 """
@@ -108,7 +109,7 @@ def test_a_hostile_job_runs_as_the_job_account_and_reaches_nothing_it_must_not(
     assert said["whoami"] == DEFAULT_JOB_USER
     refused = [
         "ssh-user-home", "ssh-user-stack-state", "payload-edit", "payload-add", "payload-remove", "environment-add",
-        "hparams-edit", "hparams-replace", "script-remove", "submitted-replace", "run-dir-add",
+        "hparams-edit", "hparams-replace", "script-remove", "submitted-replace", "run-dir-add", "log-replace",
     ]  # fmt: skip
     assert {what: said[what] for what in refused} == dict.fromkeys(refused, "refused"), log
     assert said["metrics-own"] == "DONE" and said["link-plant"] == "DONE"
@@ -118,6 +119,7 @@ def test_a_hostile_job_runs_as_the_job_account_and_reaches_nothing_it_must_not(
     # What the job wrote is the job account's, in the run's group; what pcflow wrote stays pcflow's.
     assert (run_dir / "metrics.jsonl").stat().st_uid == job_account.pw_uid
     assert (run_dir / "hparams.json").stat().st_uid == os.getuid()
+    assert (run_dir / "job.log").stat().st_uid == os.getuid() and not (run_dir / "job.log").is_symlink()
     assert (run_dir / "hparams.json").stat().st_gid == job_account.pw_gid
     assert oct(run_dir.stat().st_mode & 0o7777) == "0o3770" and oct(run_dir.parent.stat().st_mode & 0o7777) == "0o2750"
 
