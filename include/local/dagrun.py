@@ -312,11 +312,11 @@ def remove_stack(stack: str) -> list[str]:
     last user (another stack's bucket stays). Returns what is still tagged with the stack."""
     import pcflow.cluster.teardown  # noqa: F401 - registers the "pcluster" handlers
     from pcflow.aws.buckets import bucket_users, release_bucket
-    from pcflow.aws.clients import aws_client
+    from pcflow.aws.clients import DEFAULT_AWS_CONN_ID, aws_client
     from pcflow.aws.teardown import Selector, teardown
 
     def clients(service: str) -> Any:
-        return aws_client(service, aws_conn_id="aws_default")
+        return aws_client(service, aws_conn_id=DEFAULT_AWS_CONN_ID)
 
     teardown(clients, Selector(stack=stack), handler_sets=("pcluster", "ec2", "fsx", "images"), pass_delay=0)
     s3 = clients("s3")

@@ -31,6 +31,8 @@ from typing import Any
 
 from airflow.sdk import BaseNotifier
 
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
+
 log = logging.getLogger(__name__)
 
 #: The longest reason a message carries (the task's log has the rest).
@@ -279,7 +281,7 @@ class FailureAlert(BaseNotifier):
     is every pcflow stack's (the janitor, which has no profile of its own: the deployment's default
     profile names its topic)."""
 
-    def __init__(self, *, every_stack: bool = False, aws_conn_id: str | None = "aws_default"):
+    def __init__(self, *, every_stack: bool = False, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID):
         super().__init__()
         self.every_stack = every_stack
         self.aws_conn_id = aws_conn_id

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.errors import ConfigurationError, PcflowInputError, refusal, refused
 
 
@@ -102,7 +103,7 @@ def check_static_cluster(run: dict[str, Any]) -> None:
         raise refused_setting(run, "cluster.config", str(exc)) from None
 
 
-def check_dataset_source(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+def check_dataset_source(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """The source exists and holds data (the walk the dataset stage does, stopped at the first file):
     a run whose data cannot load fails here, before any network, image or cluster exists."""
     source = run["dataset"]["source"]
@@ -126,7 +127,7 @@ def check_dataset_source(run: dict[str, Any], aws_conn_id: str = "aws_default") 
         raise refused_setting(run, "dataset.source", f"{source!r} holds no files to load")
 
 
-def check_cost(run: dict[str, Any], aws_conn_id: str = "aws_default") -> dict[str, Any]:
+def check_cost(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> dict[str, Any]:
     """The run's price per hour and maximum (`pcflow.budget`), logged in one line; refused when its
     budget cannot cap it. Returns the `cost` section the later stages read (approval, the train task's cap)."""
     import logging

@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from pcflow.aws.clients import client_from_hook, retry_botocore_config
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID, client_from_hook, retry_botocore_config
 
 #: What the provider's `aws_template_fields` adds to every AWS operator's template fields.
 AWS_TEMPLATE_FIELDS = ("aws_conn_id", "region_name", "verify")
@@ -49,7 +49,7 @@ class PcflowAwsOperator(BaseOperator):
     def __init__(
         self,
         *,
-        aws_conn_id: str | None = "aws_default",
+        aws_conn_id: str | None = DEFAULT_AWS_CONN_ID,
         region_name: str | None = None,
         verify: bool | str | None = None,
         botocore_config: dict | None = None,

@@ -20,6 +20,10 @@ from pcflow.errors import ConfigurationError, ServiceFailed
 if TYPE_CHECKING:
     from botocore.config import Config
 
+#: The Airflow AWS connection pcflow uses when none is named: the Amazon provider's own default,
+#: `AwsBaseHook.default_conn_name` (tests/pcflow/aws/test_clients.py holds the two equal). Spelled here,
+#: not read from the provider, because loading its hook loads boto3 and a DAG file parses without it.
+DEFAULT_AWS_CONN_ID = "aws_default"
 RETRY_MODES = ("standard", "adaptive")
 DEFAULT_RETRIES: dict[str, Any] = {"mode": "standard", "max_attempts": 10}
 
@@ -71,7 +75,7 @@ def client_from_hook(hook: Any, service: str | None = None) -> Any:
 def aws_client(
     service: str,
     *,
-    aws_conn_id: str | None = "aws_default",
+    aws_conn_id: str | None = DEFAULT_AWS_CONN_ID,
     region_name: str | None = None,
     verify: bool | str | None = None,
     botocore_config: Config | Mapping[str, Any] | None = None,

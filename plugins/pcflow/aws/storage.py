@@ -17,8 +17,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow.sdk import conf
 
@@ -35,9 +34,6 @@ from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.errors import ConfigurationError, ResourceConflict, ServiceFailed
 from pcflow.events import validate_event
 from pcflow.naming import aws_tags, digest
-
-if TYPE_CHECKING:
-    from pcflow.aws.waits import FsxHook
 
 BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 PUBLIC_ACCESS_BLOCKED = {
@@ -359,6 +355,41 @@ def wait_for_data_repository_task(fsx: Any, waiter: Any, task_id: str, *, delay:
     return data_repository_task_result(fsx, task_id)
 
 
+def await_data_repository_task(
+    operator: PcflowAwsOperator,
+    task_id: str,
+    *,
+    deferrable: bool,
+    delay: int,
+    max_attempts: int,
+    resume_kwargs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Wait for a started import/export the way every FSx caller does (the export operator, the dataset
+    load): deferred to the triggerer, the operator resuming in `execute_complete` with `resume_kwargs`;
+    else in the worker, returning the task's result or raising FSx's own reason (DataRepositoryTaskFailed).
+
+    Both waits use the operator's one connection: its retrying `client("fsx")` in the worker and its
+    `trigger_aws_kwargs` in the triggerer (region resolved in the worker, retry mode forced), so the
+    triggerer asks the same region with the same retries as the worker would.
+    """
+    from pcflow.aws.waits import FsxDataRepositoryTaskTrigger, custom_waiter
+
+    if deferrable:
+        operator.defer(
+            trigger=FsxDataRepositoryTaskTrigger(
+                task_id=task_id,
+                waiter_delay=delay,
+                waiter_max_attempts=max_attempts,
+                **operator.trigger_aws_kwargs,
+            ),
+            method_name="execute_complete",
+            kwargs=dict(resume_kwargs) if resume_kwargs is not None else None,
+        )
+    fsx = operator.client("fsx")
+    waiter = custom_waiter(fsx, "fsx", "DataRepositoryTaskComplete")
+    return wait_for_data_repository_task(fsx, waiter, task_id, delay=delay, max_attempts=max_attempts)
+
+
 class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
     """Import from / export to the file system's S3 repository; deferrable wait. Returns the task's status.
 
@@ -394,12 +425,6 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
         self.waiter_delay = waiter_delay
         self.waiter_max_attempts = waiter_max_attempts
 
-    @cached_property
-    def fsx_hook(self) -> FsxHook:
-        from pcflow.aws.waits import FsxHook
-
-        return FsxHook(**self._hook_parameters)
-
     @property
     def fsx(self) -> Any:
         return self.client("fsx")
@@ -416,24 +441,8 @@ class FsxDataRepositoryTaskOperator(PcflowAwsOperator):
             report_path=self.report_path,
         )
         self.log.info("FSx %s task %s on %s", self.repository_task_type, task_id, self.file_system_id)
-        if self.deferrable:
-            from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
-
-            self.defer(
-                trigger=FsxDataRepositoryTaskTrigger(
-                    task_id=task_id,
-                    waiter_delay=self.waiter_delay,
-                    waiter_max_attempts=self.waiter_max_attempts,
-                    **self.trigger_aws_kwargs,
-                ),
-                method_name="execute_complete",
-            )
-        return wait_for_data_repository_task(
-            self.fsx,
-            self.fsx_hook.get_waiter("DataRepositoryTaskComplete", client=self.fsx),
-            task_id,
-            delay=self.waiter_delay,
-            max_attempts=self.waiter_max_attempts,
+        return await_data_repository_task(
+            self, task_id, deferrable=self.deferrable, delay=self.waiter_delay, max_attempts=self.waiter_max_attempts
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from pcflow.aws.calllog import CALLER_ENV
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.errors import ServiceFailed
 from pcflow.paths import checkout_root
 
@@ -100,7 +101,7 @@ class ParallelClusterHook(BaseHook):
     """Run `pcluster` commands with the credentials and endpoint of an Airflow AWS connection."""
 
     conn_name_attr = "aws_conn_id"
-    default_conn_name = "aws_default"
+    default_conn_name = DEFAULT_AWS_CONN_ID
     conn_type = "aws"
     hook_name = "AWS ParallelCluster CLI"
 

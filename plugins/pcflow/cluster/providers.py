@@ -8,6 +8,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.cluster.parallelcluster import ParallelClusterProvider
 from pcflow.cluster.pcluster import ParallelClusterHook
 from pcflow.cluster.spec import ClusterSpec
@@ -20,7 +21,7 @@ def make_provider(
     name: str,
     *,
     cluster: Mapping[str, Any] | None = None,
-    aws_conn_id: str | None = "aws_default",
+    aws_conn_id: str | None = DEFAULT_AWS_CONN_ID,
     region_name: str | None = None,
     verify: bool | str | None = None,
     botocore_config: Mapping[str, Any] | None = None,

@@ -25,8 +25,6 @@ from pcflow.naming import Component, run_key_from_context, standard_tags, valida
 if TYPE_CHECKING:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    from pcflow.aws.waits import FsxHook
-
 MODES = ("sync", "shard")
 #: Large parts move through s3transfer's own pool (10 connections) next to the per-file workers.
 TRANSFER_CONNECTIONS = 10
@@ -96,12 +94,6 @@ class DatasetLoadOperator(PcflowAwsOperator):
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
         return S3Hook(**self._hook_parameters)
-
-    @cached_property
-    def fsx_hook(self) -> FsxHook:
-        from pcflow.aws.waits import FsxHook
-
-        return FsxHook(**self._hook_parameters)
 
     def _check_arguments(self) -> None:
         """Bad input fails here, after templating and before any request."""
@@ -178,13 +170,12 @@ class DatasetLoadOperator(PcflowAwsOperator):
             return []
         from pcflow.dataset.fsx import linked_repository_paths
 
-        return linked_repository_paths(self.fsx_hook.conn, self.fsx_file_system_id)
+        return linked_repository_paths(self.client("fsx"), self.fsx_file_system_id)
 
     def _import_into_fsx(self, result: dict[str, Any], tags: dict[str, str], linked: list[str]) -> dict[str, Any]:
-        from pcflow.aws.storage import wait_for_data_repository_task
+        from pcflow.aws.storage import await_data_repository_task
         from pcflow.dataset.fsx import covers, start_import
 
-        fsx = self.fsx_hook.conn
         if not any(covers(path, result["uri"]) for path in linked):
             self.log.info(
                 "FSx %s is not linked to %s (linked: %s): the link made at cluster creation imports it",
@@ -194,7 +185,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
             )
             return result
         task_id = start_import(
-            fsx,
+            self.client("fsx"),
             file_system_id=self.fsx_file_system_id,
             s3_uri=result["uri"],
             content_hash=result["content_hash"],
@@ -202,26 +193,14 @@ class DatasetLoadOperator(PcflowAwsOperator):
         )
         result["fsx_import_task_id"] = task_id
         self.log.info("FSx import task %s started for %s", task_id, result["uri"])
-        if self.deferrable:
-            from pcflow.aws.waits import FsxDataRepositoryTaskTrigger
-
-            self.defer(
-                trigger=FsxDataRepositoryTaskTrigger(
-                    task_id=task_id,
-                    waiter_delay=self.waiter_delay,
-                    waiter_max_attempts=self.waiter_max_attempts,
-                    **self.aws_connection,
-                ),
-                method_name="execute_complete",
-                kwargs={"result": result},
-            )
-        with self._import_failure_explained(result):
-            wait_for_data_repository_task(
-                fsx,
-                self.fsx_hook.get_waiter("DataRepositoryTaskComplete", client=fsx),
+        with self._import_failure_explained(result):  # a deferral passes through: it is no failure
+            await_data_repository_task(
+                self,
                 task_id,
+                deferrable=self.deferrable,
                 delay=self.waiter_delay,
                 max_attempts=self.waiter_max_attempts,
+                resume_kwargs={"result": result},
             )
         return result
 
@@ -231,7 +210,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
 
         task_id = validate_event(event, task=self.task_id, required=("task_id",))["task_id"]
         with self._import_failure_explained(result):
-            data_repository_task_result(self.fsx_hook.conn, task_id)
+            data_repository_task_result(self.client("fsx"), task_id)
         self.log.info("FSx import task %s succeeded", task_id)
         return self._announce(context, result)
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
+
 log = logging.getLogger(__name__)
 
 #: Where the Price List API answers: one of its three endpoint regions (the AWS Price List API guide).
@@ -37,7 +39,7 @@ PRODUCT = {"operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "N
 CLIENT_CONFIG = {"connect_timeout": 5, "read_timeout": 20, "retries": {"mode": "standard", "total_max_attempts": 3}}
 
 
-def pricing_client(aws_conn_id: str | None = "aws_default", verify: bool | str | None = None) -> Any:
+def pricing_client(aws_conn_id: str | None = DEFAULT_AWS_CONN_ID, verify: bool | str | None = None) -> Any:
     """A Price List API client on the connection (its endpoint and credentials), at the API's endpoint region."""
     from pcflow.aws.clients import aws_client
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.sdk import task
 
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.pipeline.settings import settings_for_cluster
 from pcflow.slurm.head_node import HeadNode
 
@@ -20,7 +21,7 @@ def ensure_dataset_bucket(run: dict[str, Any]) -> dict[str, Any]:
     from pcflow.aws.clients import aws_client
     from pcflow.aws.storage import ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS, ensure_shared_bucket
 
-    s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
+    s3 = aws_client("s3", aws_conn_id=DEFAULT_AWS_CONN_ID, region_name=run["region"])
     rules = [ABORT_INCOMPLETE_UPLOADS, EXPIRE_REPLACED_VERSIONS]
     return ensure_shared_bucket(
         s3, run["dataset"]["bucket"], region=run["region"], stack=run["stack"], versioning=True, lifecycle_rules=rules
@@ -42,7 +43,7 @@ def dataset_source(run: dict[str, Any]) -> str:
     return str(materialize_digits(cache))
 
 
-def planned_image_id(run: dict[str, Any], aws_conn_id: str = "aws_default") -> str | None:
+def planned_image_id(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> str | None:
     """The image a dry run checks the config against before anything is baked: the bake's base image
     (the baked image derives from it: same OS, same ParallelCluster version, so the same validators)."""
     ami = run["ami"]
@@ -83,7 +84,7 @@ def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, An
     data_dir = data_dir_on_cluster(run, cluster, dataset)
     if cluster["provider"] == "static":
         hook = SlurmHook(HeadNode.from_cluster(cluster))
-        s3 = aws_client("s3", aws_conn_id="aws_default", region_name=run["region"])
+        s3 = aws_client("s3", aws_conn_id=DEFAULT_AWS_CONN_ID, region_name=run["region"])
         log = logging.getLogger("airflow.task")
         copy_partition(s3, hook, bucket=dataset["bucket"], root=dataset["root"], dest=data_dir, log=log)
         hook.close()

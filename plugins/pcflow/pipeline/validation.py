@@ -11,6 +11,7 @@ from typing import Any
 
 from airflow.sdk import task
 
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.checks import setting_owner
 from pcflow.errors import refused
 from pcflow.pipeline.form import FORM_FIELDS, OTHER_FIELDS
@@ -24,7 +25,7 @@ from pcflow.pipeline.settings import (
 )
 
 
-def check_against_aws(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+def check_against_aws(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """What only AWS can answer, asked before anything is created: does the instance type exist here?"""
     from botocore.exceptions import ClientError
 
@@ -55,7 +56,7 @@ def planned_cluster(run: dict[str, Any]) -> Any:
     return ClusterSpec.parse(settings_for_cluster(run, planned, run["ami"]["base_image_id"]))
 
 
-def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """ParallelCluster settings checked before the network exists: name, counts, schema of pcflow's
     fields, and a GPU queue on a GPU instance type (EC2 DescribeInstanceTypes)."""
     if run["cluster"]["provider"] != "parallelcluster":
@@ -71,7 +72,7 @@ def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = "aws_default"
         raise refused("cluster.config", str(exc), setting_owner(run, "cluster.config"), ClusterSpecError) from None
 
 
-def account_preflight(run: dict[str, Any], aws_conn_id: str = "aws_default") -> None:
+def account_preflight(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """What a first real run trips on (key pair, instance types in the zone, vCPU quota, the builder's
     instance profile, the pcluster CLI and Node.js), asked before anything is created: pcflow/preflight.py."""
     import functools

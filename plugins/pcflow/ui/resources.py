@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.aws.janitor import JANITOR_HANDLER_SETS, RunState, janitor_view, kept_report, no_airflow
 from pcflow.aws.kept_buckets import kept_buckets
 
@@ -64,7 +65,7 @@ def resource_summary(lines: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return counts
 
 
-def connection_clients(aws_conn_id: str = "aws_default") -> tuple[Callable[[str], Any], str | None]:
+def connection_clients(aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> tuple[Callable[[str], Any], str | None]:
     """Retrying clients of the deployment's AWS connection (as the janitor's operator makes them), and its region."""
     from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
 
