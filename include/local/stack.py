@@ -473,7 +473,31 @@ def prepare(lay: Layout) -> None:
     ensure_mariadb(lay)
     ensure_slurm(lay)
     ensure_env_file(lay)
+    ensure_job_account()
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation directory
+
+
+#: The account the local profile's jobs run as (its `cluster.job_user`), as ParallelCluster's nodes make it
+#: (plugins/pcflow/cluster/node-setup.sh): no home, no login shell, a locked password, in no other group.
+JOB_ACCOUNT = ("pcflow-job", 2950)
+
+
+def ensure_job_account() -> None:
+    """The job account on this host, made when missing (with its uid where that is free). The SSH user
+    submits as it through sudo (root here: sudo's default rule lets it), so jobs never run as the user
+    that owns the stack's files."""
+    name, uid = JOB_ACCOUNT
+    if run(["getent", "passwd", name], check=False).returncode == 0:
+        return
+
+    def free(database: str) -> list[str]:
+        return [] if run(["getent", database, str(uid)], check=False).returncode == 0 else [str(uid)]
+
+    if run(["getent", "group", name], check=False).returncode != 0:
+        run(["groupadd", "--system", *(["--gid", *free("group")] if free("group") else []), name])
+    ids = ["--uid", *free("passwd")] if free("passwd") else []
+    argv = ["useradd", "--system", *ids, "--gid", name, "--no-create-home", "--home-dir", "/nonexistent"]
+    run([*argv, "--shell", "/usr/sbin/nologin", "--comment", "pcflow jobs", name])
 
 
 def with_fsx_mount(lay: Layout, argv: list[str]) -> list[str]:

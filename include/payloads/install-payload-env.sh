@@ -7,7 +7,7 @@
 # installed. Idempotent: a stamp file in the venv records the hash of the requirements and the base
 # interpreter; when both match and the venv has its integrity record, the script exits at once without
 # touching anything. A half-built venv (no stamp) is rebuilt from scratch. PAYLOAD_PYTHON picks the base
-# interpreter (default python3.11, then python3).
+# interpreter (default the system's python3.11, then python3.11 or python3 on PATH): one every account can run.
 #
 # The last step writes the venv's integrity record (<venv>/.pcflow-record/, include/ami/tree-record.sh,
 # as the image bake does on aws-gpu): pcflow checks the environment against it before a job runs in it
@@ -21,7 +21,30 @@ fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 venv=$1
 requirements=${2:-$here/simclr/requirements.txt}
-base=${PAYLOAD_PYTHON:-$(command -v python3.11 || command -v python3)}
+# Jobs run as their own account (a profile's cluster.job_user), so the interpreter the venv links to must be
+# one every account can run: the system's first (a pyenv or uv Python under /root is not).
+system_python() {
+  for candidate in /usr/bin/python3.11 /usr/local/bin/python3.11; do
+    [ -x "$candidate" ] && { echo "$candidate"; return; }
+  done
+  command -v python3.11 || command -v python3
+}
+base=${PAYLOAD_PYTHON:-$(system_python)}
+# Every directory on the way to it searchable, and the file executable, by others.
+reachable_by_all() {
+  local path
+  path=$(readlink -f "$1")
+  [ -n "$(find "$path" -maxdepth 0 -perm -o+x)" ] || return 1
+  while [ "$path" != / ]; do
+    path=$(dirname "$path")
+    [ -n "$(find "$path" -maxdepth 0 -perm -o+x)" ] || return 1
+  done
+}
+if ! reachable_by_all "$base"; then
+  echo "payload env: $base ($(readlink -f "$base")) cannot be run by other accounts, and jobs run as their own" >&2
+  echo "(a profile's cluster.job_user): set PAYLOAD_PYTHON to a system python3.11 (e.g. /usr/bin/python3.11)" >&2
+  exit 1
+fi
 stamp="$venv/.pcflow-payload-stamp"
 
 record() { # every module compiled first (so no run writes a .pyc into it later), then the record

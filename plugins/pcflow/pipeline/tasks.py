@@ -139,7 +139,8 @@ def training_inputs(
 
     hyperparameters = {**run["training"]["hyperparameters"], DATA_DIR: data_dir}
     return {
-        "head_node": HeadNode.from_cluster(cluster).as_dict(),
+        # Its jobs run as the profile's job account (cluster.job_user), which every node of the cluster has.
+        "head_node": HeadNode.from_cluster(cluster).running_jobs_as(run["cluster"].get("job_user")).as_dict(),
         "shared_root": cluster.get("shared_root"),
         "hyperparameters": hyperparameters,
         "trials": [{**hyperparameters, **trial} for trial in (trials or [])],

@@ -1,4 +1,5 @@
-"""`HeadNode`: how to reach a Slurm head node, as one value (connection id, address, pinned host key).
+"""`HeadNode`: how to reach a Slurm head node, as one value (connection id, address, pinned host key,
+and the account the run's jobs run as there).
 
 A cluster pcflow created itself has an address and a host key known only at run time: both travel
 with the connection id in this one value, from the cluster task's XCom to every task and trigger that
@@ -17,18 +18,22 @@ import binascii
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from pcflow.patterns import JOB_USER
 from pcflow.slurm import DEFAULT_SSH_CONN_ID
 
-FIELDS = ("conn_id", "address", "host_key")
+FIELDS = ("conn_id", "address", "host_key", "job_user")
 
 
 class HeadNode(NamedTuple):
     """The SSH connection to use, and what this run knows better than the connection: the head node's
-    address and its host key (`<type> <base64>`); None leaves the connection's own."""
+    address and its host key (`<type> <base64>`); None leaves the connection's own. `job_user`: the
+    account the SSH user submits and cancels the run's jobs as (the profile's `cluster.job_user`,
+    through `sudo`), so a job cannot write the SSH user's files; None runs them as the SSH user."""
 
     conn_id: str = DEFAULT_SSH_CONN_ID
     address: str | None = None
     host_key: str | None = None
+    job_user: str | None = None
 
     @classmethod
     def of(cls, value: HeadNode | Mapping[str, Any] | str | None) -> HeadNode:
@@ -54,11 +59,18 @@ class HeadNode(NamedTuple):
         head = cluster.get("head_node") or {}
         return cls(cluster["ssh_conn_id"], head.get("address"), head.get("host_key")).normalized()
 
+    def running_jobs_as(self, job_user: str | None) -> HeadNode:
+        """This head node, its jobs run as `job_user` (the run's `cluster.job_user`)."""
+        return self._replace(job_user=job_user).normalized()
+
     def normalized(self) -> HeadNode:
         """Empty strings (a rendered None) read as "the connection's own"; the key as `<type> <base64>`
-        (a known_hosts or console line's comment dropped), refused when it is not one."""
+        (a known_hosts or console line's comment dropped), refused when it is not one; a job user that is
+        not a user name is refused (it reaches sudo's command line)."""
         key = host_key_text(self.host_key) if self.host_key else None
-        return HeadNode(self.conn_id or DEFAULT_SSH_CONN_ID, self.address or None, key)
+        if self.job_user and not JOB_USER.fullmatch(self.job_user):
+            raise ValueError(f"head_node.job_user {self.job_user!r} is not a user name")
+        return HeadNode(self.conn_id or DEFAULT_SSH_CONN_ID, self.address or None, key, self.job_user or None)
 
     def as_dict(self) -> dict[str, str | None]:
         """For XCom and trigger kwargs (JSON)."""

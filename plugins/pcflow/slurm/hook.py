@@ -57,6 +57,9 @@ SMALL_FILE_BYTES = 64 * 1024
 #: What a command's error stream (and a command fed input: `tar -x`, sbatch) keeps: its message, not a flood.
 MAX_ERROR_BYTES = 64 * 1024
 READ_PIECE_BYTES = 1024 * 1024
+#: Exports the NUL-separated `NAME=value` pairs on standard input, then runs its arguments (bash for
+#: `read -d ''`; names were checked as shell identifiers, values hold no NUL).
+EXPORT_INPUT_PAIRS = 'while IFS= read -r -d \'\' kv; do export "$kv"; done; exec "$@"'
 SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "sacctmgr"})
 
 
@@ -97,11 +100,25 @@ class CommandResult:
         return self
 
 
+#: How the SSH user runs a Slurm command as the run's job account: never a password prompt (-n: a head node
+#: without the sudoers rule fails at once, saying so), its environment kept (-E: a site's SLURM_CONF), the
+#: account's own HOME (-H: not the SSH user's, which a job must not write).
+SUDO_AS = ("sudo", "-n", "-E", "-H", "-u")
+
+
+def as_job_user(argv: Sequence[str], job_user: str | None) -> list[str]:
+    """`argv` run as `job_user` through sudo (the job's own account owns its jobs: only it, or an admin,
+    may cancel or requeue them); unchanged without one."""
+    return [*SUDO_AS, job_user, "--", *argv] if job_user else list(argv)
+
+
 def with_slurm_bin(argv: Sequence[str], slurm_bin: str | None) -> list[str]:
-    """Slurm's commands from `slurm_bin` when they are not on a non-login shell's PATH."""
+    """Slurm's commands from `slurm_bin` when they are not on a non-login shell's PATH (nor on sudo's
+    secure_path: the command after `as_job_user`'s prefix is the one rewritten)."""
     argv = list(argv)
-    if slurm_bin and argv and argv[0] in SLURM_COMMANDS:
-        argv[0] = posixpath.join(slurm_bin, argv[0])
+    at = argv.index("--") + 1 if argv[:1] == ["sudo"] and "--" in argv else 0
+    if slurm_bin and len(argv) > at and argv[at] in SLURM_COMMANDS:
+        argv[at] = posixpath.join(slurm_bin, argv[at])
     return argv
 
 
@@ -275,6 +292,11 @@ class SlurmHook(BaseHook):
     def login(self) -> str:
         """The user pcflow's jobs run as on the cluster: the connection's SSH login."""
         return self.ssh_hook.username
+
+    @property
+    def job_user(self) -> str | None:
+        """The account the run's jobs run as (`HeadNode.job_user`); None: the SSH user itself."""
+        return self.head_node.job_user
 
     @property
     def shared_root(self) -> str | None:
@@ -522,6 +544,31 @@ class SlurmHook(BaseHook):
         script = 'mkdir -p -m 700 -- "$@" && chmod 700 -- "$@"'  # values travel as positional parameters
         self.run(["sh", "-c", script, "sh", *paths])
 
+    def make_run_dirs(self, run: str, *jobs: str) -> None:
+        """A run's directory and its jobs' directories (`make_job_dirs`). Without a job user, private to the
+        SSH user (0700); with one, the run's directory is in its group, 2750: its jobs enter, never write."""
+        if not self.job_user:
+            self.make_private_dirs(run, *jobs)
+            return
+        self._make_group_dirs("2750", run)
+        self.make_job_dirs(*jobs)
+
+    def make_job_dirs(self, *paths: str) -> None:
+        """Directories a job writes in. Without a job user, private to the SSH user (0700). With one, in its
+        group, 3770: setgid (what the SSH user writes there, the job reads) and sticky (the job writes its
+        own files but cannot remove or replace the SSH user's: its script, hyperparameters, `submitted`,
+        pcflow's decisions). Also when they existed already; fails on a directory another user owns."""
+        if not self.job_user:
+            self.make_private_dirs(*paths)
+            return
+        self._make_group_dirs("3770", *paths)
+
+    def _make_group_dirs(self, mode: str, *paths: str) -> None:
+        """Made private first (0700), then given to the job account's group with `mode`: never open wider
+        than that, not even for a moment."""
+        script = 'g=$1; m=$2; shift 2; mkdir -p -m 700 -- "$@" && chgrp -- "$g" "$@" && chmod "$m" -- "$@"'
+        self.run(["sh", "-c", script, "sh", str(self.job_user), mode, *paths])
+
     def write_file(self, path: str, data: bytes | str, *, mode: int = 0o600) -> None:
         """Write through a temporary name and rename, so a reader never sees half a file; the mode is
         set before any byte is written (private by default)."""
@@ -529,7 +576,7 @@ class SlurmHook(BaseHook):
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         try:
             with self._sftp_request(f"the write of {path}") as sftp:
-                with sftp.open(tmp, "wb") as fh:
+                with sftp.open(tmp, "wbx") as fh:  # a new file: never one a job planted under this name
                     fh.chmod(mode)
                     fh.write(payload)
                 sftp.posix_rename(tmp, path)
@@ -603,17 +650,22 @@ class SlurmHook(BaseHook):
         included), sent on the command's standard input as NUL-separated `NAME=value` pairs: never in
         the batch script, which the shared file system may export to S3, nor in a command line."""
         sbatch = self._slurm_argv(["sbatch", "--parsable", *args, script_path])
-        # Positional parameters carry every value: the shell text itself is constant.
-        record = 'printf %s "$id" > "$M.tmp"; mv -f "$M.tmp" "$M"; ' if submitted_marker else ""
-        script = f'set -e; out=$("$@"); id=${{out%%;*}}; {record}echo "$id"'
-        marker = [f"M={submitted_marker}"] if submitted_marker else []
+        if env:  # exported by the shell that runs sbatch: after sudo, whose filter would drop PYTHONPATH & co.
+            sbatch = ["bash", "-c", EXPORT_INPUT_PAIRS, "bash", *sbatch]
+        # Positional parameters carry every value: the shell text itself is constant. As the job user, PATH
+        # travels as a value (sudo's secure_path lacks the site's Slurm directory, which the job's srun needs).
+        as_user = f'set -- {" ".join(SUDO_AS)} "$J" -- env PATH="$PATH" "$@"; ' if self.job_user else ""
+        # (through mktemp: a fixed temporary name in a directory the job writes could be its link)
+        record = 't=$(mktemp "$M.XXXXXX"); printf %s "$id" > "$t"; mv -f "$t" "$M"; ' if submitted_marker else ""
+        script = f'set -e; {as_user}out=$("$@"); id=${{out%%;*}}; {record}echo "$id"'
+        values = [f"M={submitted_marker}"] if submitted_marker else []
+        values += [f"J={self.job_user}"] if self.job_user else []
+        argv = ["env", *values, "sh", "-c", script, "sh", *sbatch]
         if env:
-            # (bash for `read -d ''`; names were checked as shell identifiers, values hold no NUL)
-            script = "while IFS= read -r -d '' kv; do export \"$kv\"; done; " + script
             pairs = b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items())
-            out = self.run_with_input(["env", *marker, "bash", "-c", script, "bash", *sbatch], pairs).stdout
+            out = self.run_with_input(argv, pairs).stdout
         else:
-            out = self.run(["env", *marker, "sh", "-c", script, "sh", *sbatch]).stdout
+            out = self.run(argv).stdout
         job_id = out.strip().split(";")[0].strip()
         if not job_id.isdigit():
             raise SlurmError(f"sbatch did not return a job id (got {out.strip()!r})")
@@ -636,9 +688,9 @@ class SlurmHook(BaseHook):
         """`scancel`, never failing: a job already gone is what the caller wanted. `signal` sends it instead of
         ending the job."""
         argv = ["scancel", *(["--signal", signal] if signal else []), job_id]
-        self.run(argv, check=False)
+        self.run(as_job_user(argv, self.job_user), check=False)
 
     def requeue(self, job_id: str) -> None:
         """`scontrol requeue`: Slurm runs the job again under the same id (the operator's waits treat that as
         progress, not failure)."""
-        self.run(["scontrol", "requeue", job_id])
+        self.run(as_job_user(["scontrol", "requeue", job_id], self.job_user))

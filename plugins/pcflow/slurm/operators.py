@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 # parse without them.
 
 STATE_KEY = "slurm_job"
+#: What the SSH user writes into a job's directory: the job (in the directory's group, hook.make_job_dirs) reads it,
+#: nobody else does; the directory keeps anyone else out whatever the mode.
+JOB_READS = 0o640
 
 
 class SlurmJobOperator(BaseOperator):
@@ -249,14 +252,16 @@ class SlurmJobOperator(BaseOperator):
         return None, 0
 
     def own_jobs(self, jobs: list[JobInfo]) -> list[JobInfo]:
-        """The jobs the connection's user submitted. A run's job name is predictable, and on a shared
-        cluster any user can submit under it: such a job is never adopted (its outcome is not ours)."""
-        user = self.hook.login
+        """The jobs the run's job user (or, without one, the connection's user) submitted. A run's job name is
+        predictable, and on a shared cluster any user can submit under it: such a job is never adopted (its
+        outcome is not ours)."""
+        user = self.hook.job_user or self.hook.login
         for job in jobs:
             if job.user != user:
                 self.log.warning(
-                    "Not adopting Slurm job %s named %s: it was submitted by user %r, not by %r (the user of "
-                    "connection %r). This run submits its own job; ask who owns that one why it uses this name.",
+                    "Not adopting Slurm job %s named %s: it was submitted by user %r, not by %r (this run's job "
+                    "user, or the user of connection %r). This run submits its own job; ask who owns that one why "
+                    "it uses this name.",
                     job.job_id,
                     job.name,
                     job.user or "unknown",
@@ -381,12 +386,13 @@ class SlurmJobOperator(BaseOperator):
 
         run_key = run_key_from_context(context)
         script = render_batch_script(spec, run_dir, job_name=self.job_name(context), run_key=run_key)
-        # Private to the SSH user (the job's inputs); the environment (tokens, keys) goes with sbatch, not in a file.
-        self.hook.make_private_dirs(run_dir.parent, run_dir.root)
+        # The SSH user's and the job user's only (hook.make_run_dirs): the job reads its inputs, cannot change
+        # them; the environment (tokens, keys) goes with sbatch, not in a file.
+        self.hook.make_run_dirs(run_dir.parent, run_dir.root)
         self.write_inputs(spec, run_dir)
-        self.hook.write_file(run_dir.sampler, sampler_source())  # started by the batch wrapper (python3 <file>)
-        self.hook.write_file(run_dir.root + "/spec.json", spec_record(spec))
-        self.hook.write_file(run_dir.script, script, mode=0o700)
+        self.hook.write_file(run_dir.sampler, sampler_source(), mode=JOB_READS)  # the wrapper runs python3 <file>
+        self.hook.write_file(run_dir.root + "/spec.json", spec_record(spec), mode=JOB_READS)
+        self.hook.write_file(run_dir.script, script, mode=JOB_READS)  # sbatch reads it, as the job user
         log_offset = self.hook.file_size(run_dir.log) or 0
         job_id = self.hook.submit(run_dir.script, submitted_marker=run_dir.submitted, env=spec.env)
         store = context.get("task_state_store")
@@ -399,7 +405,7 @@ class SlurmJobOperator(BaseOperator):
         """Write the job's hyperparameters (data the job reads, never shell text) before sbatch is called."""
         from pcflow.slurm.render import render_hparams
 
-        self.hook.write_file(run_dir.hparams, render_hparams(spec))
+        self.hook.write_file(run_dir.hparams, render_hparams(spec), mode=JOB_READS)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """The wait's end: the result XCom on success; a host-key mismatch fails without retry; any other
@@ -506,9 +512,9 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         from pcflow.slurm.render import render_hparams
 
         trial_specs = self.trial_specs(spec)
-        self.hook.make_private_dirs(*(run_dir.element(i).root for i in range(len(trial_specs))))
+        self.hook.make_job_dirs(*(run_dir.element(i).root for i in range(len(trial_specs))))
         for index, trial_spec in enumerate(trial_specs):
-            self.hook.write_file(run_dir.element(index).hparams, render_hparams(trial_spec))
+            self.hook.write_file(run_dir.element(index).hparams, render_hparams(trial_spec), mode=JOB_READS)
 
     def job_status(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
         """The array as one job: active while any element is, completed when enough elements are."""

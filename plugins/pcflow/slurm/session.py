@@ -486,9 +486,10 @@ _SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, 
 
 
 def session_key(waiter: Waiter) -> tuple[str, str, str]:
-    """Same connection, address and host key: the same head node, reached the same way."""
-    conn_id, address, host_key = waiter.head_node.normalized()
-    return conn_id, address or "", host_key or ""
+    """Same connection, address and host key: the same head node, reached the same way (whatever account
+    each run's jobs run as: a command as one goes through sudo on the shared connection)."""
+    head = waiter.head_node.normalized()
+    return head.conn_id, head.address or "", head.host_key or ""
 
 
 @contextlib.asynccontextmanager

@@ -23,6 +23,7 @@ import functools
 import json
 import posixpath
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import (
     SMALL_FILE_BYTES,
     HostKeyMismatch,
+    as_job_user,
     connect_async,
     json_object,
     quote_command,
@@ -205,6 +207,16 @@ class HeadNodeTrigger(BaseTrigger):
             return None
         return await self.read_json(sftp, path)
 
+    @staticmethod
+    async def write_decision(sftp: asyncssh.SFTPClient, path: str, data: bytes) -> None:
+        """Write one of pcflow's decisions into a job's directory through a new file and a rename: the job
+        may write there too, and a name it planted (a link to one of the SSH user's files) is replaced,
+        never followed (the directory is sticky: the job cannot replace the file pcflow wrote)."""
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        async with sftp.open(tmp, "xb", asyncssh.SFTPAttrs(permissions=0o640)) as fh:
+            await fh.write(data)
+        await sftp.posix_rename(tmp, path)
+
     async def stop_early_if_due(self, seat: Seat, job_id: str, trial_dir: str) -> None:
         """Apply the run's early-stopping rule to a running trial (the wait already looks at it, so no
         other task has to: nothing waits for a job that was never submitted)."""
@@ -229,9 +241,8 @@ class HeadNodeTrigger(BaseTrigger):
         """Record the decision, then scancel: the batch wrapper reads the record on SIGTERM and marks the
         trial stopped early instead of failed."""
         record = stop_record(job_id=job_id, trial_dir=trial_dir, rule=self.early_stopping or {}, decision=decision)
-        async with seat.sftp.open(posixpath.join(trial_dir, EARLY_STOP_FILE), "wb") as fh:
-            await fh.write(record)
-        await seat.run(["scancel", job_id])
+        await self.write_decision(seat.sftp, posixpath.join(trial_dir, EARLY_STOP_FILE), record)
+        await seat.run(as_job_user(["scancel", job_id], self.head_node.job_user))
 
     async def meter_cost(self, seat: Seat, infos: list[JobInfo] | None) -> None:
         """Log the cost so far at its cadence (`infos`: Slurm's fresh answer, if this view has one); at the
@@ -256,9 +267,8 @@ class HeadNodeTrigger(BaseTrigger):
         from pcflow.budget import BUDGET_FILE, usd
 
         # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
-        async with seat.sftp.open(posixpath.join(self.run_dir, BUDGET_FILE), "wb") as fh:
-            await fh.write(json.dumps(record).encode())
-        await seat.run(["scancel", self.job_id])
+        await self.write_decision(seat.sftp, posixpath.join(self.run_dir, BUDGET_FILE), json.dumps(record).encode())
+        await seat.run(as_job_user(["scancel", self.job_id], self.head_node.job_user))
         self.budget_spent = True
         self.log.warning(
             "The run's cost so far, %s, reached its budget of %s: cancelled Slurm job %s",
@@ -343,7 +353,7 @@ class HeadNodeTrigger(BaseTrigger):
         """A user killed the deferred task: cancel the job so it stops using (and billing) nodes."""
         conn = await self.connect()
         try:
-            await self.run_command(conn, ["scancel", self.job_id])
+            await self.run_command(conn, as_job_user(["scancel", self.job_id], self.head_node.job_user))
             self.log.info("Cancelled Slurm job %s because the task was killed", self.job_id)
         finally:
             await self.close(conn)

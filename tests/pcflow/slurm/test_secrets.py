@@ -1,6 +1,7 @@
 """training.env values are secrets: never in XCom, task logs, Airflow's rendered fields or any file on the
-cluster (they reach the job through sbatch's environment); the job's inputs are private to the SSH user
-(0600/0700)."""
+cluster (they reach the job through sbatch's environment, through sudo to the job account, whose
+environment filter would drop PYTHONPATH and the like); the job's inputs are the SSH user's, readable by
+the job account's group only (0640 in a 3770 job directory of a 2750 run directory)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from stacktools import REPO, LocalStack
 from taskcontext import first_event, make_context
 
 from pcflow import runspec
+from pcflow.patterns import DEFAULT_JOB_USER
 from pcflow.pipeline import resolve_for_run, run_env
+from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.operators import SlurmJobOperator
 
 pytestmark = pytest.mark.security
@@ -41,11 +44,13 @@ def test_env_values_stay_out_of_xcom_logs_and_readable_files(local_stack: LocalS
     program = [
         "bash",
         "-c",
-        f'[ "$(printf %s "$API_TOKEN" | wc -c)" = {len(SECRET)} ] && python3 -c "$0" && echo token arrived',
+        f'[ "$(printf %s "$API_TOKEN" | wc -c)" = {len(SECRET)} ] && [ "$PYTHONPATH" = /opt/pcflow-test ] && '
+        'python3 -c "$0" && echo token arrived',
         same,
     ]
-    env = {"API_TOKEN": SECRET, "TRICKY": tricky}
-    op = SlurmJobOperator(task_id="secret-env", program=program, env=env, **FAST)
+    env = {"API_TOKEN": SECRET, "TRICKY": tricky, "PYTHONPATH": "/opt/pcflow-test"}
+    head_node = HeadNode(job_user=DEFAULT_JOB_USER)
+    op = SlurmJobOperator(task_id="secret-env", program=program, env=env, head_node=head_node, **FAST)
     context = make_context("secret-env")
     op.render_template_fields(context)
     assert SECRET not in json.dumps(_serialize_rendered_fields(op))  # what Airflow stores and shows
@@ -65,14 +70,13 @@ def test_env_values_stay_out_of_xcom_logs_and_readable_files(local_stack: LocalS
 
     run_dir = Path(result["run_dir"])
     written = modes(run_dir.parent)
-    assert written[run_dir.parent.name] == 0o700 and written[f"{run_dir.parent.name}/secret-env"] == 0o700
-    ours = {f: written[f"{run_dir.parent.name}/secret-env/{f}"] for f in ("hparams.json", "spec.json", "sampler.py")}
-    assert ours == {"hparams.json": 0o600, "spec.json": 0o600, "sampler.py": 0o600}
-    assert written[f"{run_dir.parent.name}/secret-env/job.sbatch"] == 0o700
+    assert written[run_dir.parent.name] == 0o2750 and written[f"{run_dir.parent.name}/secret-env"] == 0o3770
+    inputs = ("hparams.json", "spec.json", "sampler.py", "job.sbatch")
+    assert {f: written[f"{run_dir.parent.name}/secret-env/{f}"] for f in inputs} == dict.fromkeys(inputs, 0o640)
     # No file holds it: the batch script went to the shared file system, which FSx exports to S3 (issue 24).
     holders = [p.name for p in run_dir.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert holders == []  # spec.json lists the names only; the value came with sbatch's environment
-    assert json.loads((run_dir / "spec.json").read_text())["env"] == ["API_TOKEN", "TRICKY"]
+    assert json.loads((run_dir / "spec.json").read_text())["env"] == ["API_TOKEN", "PYTHONPATH", "TRICKY"]
 
 
 def test_invalid_env_is_refused_without_printing_values():
