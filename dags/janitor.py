@@ -8,6 +8,7 @@ fails is reported to the `alerts.sns_topic_arn` of the deployment's default prof
 
 from airflow.sdk import DAG, Param
 
+import pcflow.cluster.teardown  # noqa: F401 - registers "pcluster", one of JANITOR_HANDLER_SETS
 from pcflow.alerts import with_failure_alerts
 from pcflow.aws.janitor import JANITOR_HANDLER_SETS, JanitorOperator
 from pcflow.cluster.idle import StopIdleFleetsOperator

@@ -174,6 +174,7 @@ def failure_reason(error: BaseException | str | None) -> str:
 def list_left_running(clients: Callable[[str], Any], stack: str | None, region: str | None) -> LeftRunning:
     """The stack's (every stack's) tagged resources with their cost per day; unbounded in time: see
     `left_running`."""
+    import pcflow.cluster.teardown  # noqa: F401 - registers "pcluster", one of LISTED_SETS
     from pcflow.aws.janitor import kept_report
     from pcflow.aws.kept_buckets import kept_buckets
     from pcflow.aws.teardown import Selector, build_handlers

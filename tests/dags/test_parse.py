@@ -40,9 +40,12 @@ def test_parsing_the_dag_files_loads_no_heavy_package():
     assert loaded == {f: [] for f in files}
 
 
-def test_a_worker_that_parsed_only_the_janitor_finds_the_cluster_teardown_handlers():
+@pytest.mark.parametrize("dag_file", ["dags/janitor.py", "dags/pretrain.py"])
+def test_a_worker_that_parsed_only_its_dag_file_finds_the_cluster_teardown_handlers(dag_file):
+    """The janitor's reap and the pipeline's teardown ask for `pcluster`, which the cluster stage registers
+    when the DAG file imports it (pcflow.aws knows the set only by name)."""
     code = (
-        "import runpy, sys; sys.path.insert(0, 'plugins'); runpy.run_path('dags/janitor.py');"
+        f"import runpy, sys; sys.path.insert(0, 'plugins'); runpy.run_path({dag_file!r});"
         "from pcflow.aws.teardown import build_handlers;"
         "print(sorted({type(h).__name__ for h in build_handlers(lambda service: None, ['pcluster', 'ec2'])}))"
     )

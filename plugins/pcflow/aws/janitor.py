@@ -37,6 +37,8 @@ from pcflow.naming import TAG_DAG_ID, TAG_EXPIRES, TAG_RUN_ID, parse_expires
 log = logging.getLogger(__name__)
 
 #: What the `janitor` DAG reaps: ParallelCluster stacks, network and instances, file systems, images.
+#: `pcluster` is the cluster stage's set: whoever runs the janitor imports pcflow.cluster.teardown, which
+#: registers it (dags/janitor.py, pcflow.ui.resources); this module, below the stage, only names it.
 JANITOR_HANDLER_SETS = ("pcluster", "ec2", "fsx", "images")
 #: DAG run states in which a run may still use what it made (Airflow's DagRunState values).
 UNFINISHED = frozenset({"queued", "running"})

@@ -3,7 +3,9 @@ tags (pcluster copies the config's Tags onto its stack) and ParallelCluster's ve
 
 Deleting the stack does what `pcluster delete-cluster` does: compute nodes launched by Slurm at runtime
 (not by CloudFormation) are terminated first, then the stack is deleted. Registered as handler set
-"pcluster"; importing this module registers it.
+"pcluster"; importing this module registers it, so whoever asks for "pcluster" imports this module
+(pcflow.aws, below, knows the set only by name: the pipeline, the `janitor` DAG, the UI and the alerts
+import it).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 from airflow.sdk import Asset, AssetAlias, TaskGroup
 
 from pcflow.alerts import FailureAlert
+from pcflow.cluster.teardown import HANDLER_SET as PCLUSTER_HANDLERS
 from pcflow.lineage import DATASET
 from pcflow.pipeline.settings import EXISTING_FILE_SYSTEM, RunEnv, run_value, task_value
 from pcflow.pipeline.tasks import (
@@ -288,7 +289,7 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
         task_id="teardown",
         stack=run_value("stack"),
         run=run_value("run_key"),
-        handler_sets=("pcluster", "ec2", "fsx"),
+        handler_sets=(PCLUSTER_HANDLERS, "ec2", "fsx"),
         dry_run=run_value("keep_resources"),
         **alert,
     )

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pcflow.cluster.teardown  # noqa: F401 - registers "pcluster", one of JANITOR_HANDLER_SETS
 from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.aws.janitor import JANITOR_HANDLER_SETS, RunState, janitor_view, kept_report, no_airflow
 from pcflow.aws.kept_buckets import kept_buckets

@@ -18,11 +18,12 @@ from pcflow.aws.storage import DataRepositoryTaskFailed
 from pcflow.aws.teardown import Selector, TeardownIncomplete, TeardownOperator, teardown
 from pcflow.cluster.operators import DeleteClusterOperator
 from pcflow.cluster.providers import ensure_cluster
+from pcflow.cluster.teardown import HANDLER_SET as PCLUSTER_HANDLERS
 from pcflow.naming import run_key
 
 pytestmark = [pytest.mark.security, pytest.mark.stack]
 WAIT = {"waiter_delay": 1, "waiter_max_attempts": 10}
-HANDLERS = ("pcluster", "ec2", "fsx")  # what the pipeline's run-scoped teardown task runs
+HANDLERS = (PCLUSTER_HANDLERS, "ec2", "fsx")  # what the pipeline's run-scoped teardown task runs
 
 
 def live_file_systems(fsx, run: str) -> list[str]:

@@ -21,8 +21,9 @@ class TeardownOperator(PcflowAwsOperator):
     """Convergent teardown of a stack's (or one run's) tagged resources; fails with a report if any are left.
 
     Wire it as an Airflow teardown task so it runs when training fails. `handler_sets` names registered
-    handler sets (`ec2`, `fsx`, `images`, or one another stage registered); AMIs are kept unless the
-    teardown policy adds `images`. Returns `TeardownReport.to_xcom()`.
+    handler sets (`ec2`, `fsx`, `images`, or one another stage registered: the DAG that asks for it
+    imports the module that registers it); AMIs are kept unless the teardown policy adds `images`.
+    Returns `TeardownReport.to_xcom()`.
     """
 
     template_fields: Sequence[str] = aws_template_fields("stack", "run", "components", "dry_run")

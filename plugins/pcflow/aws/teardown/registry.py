@@ -1,9 +1,13 @@
 """Handler sets by name: `ec2`, `fsx` and `images` here, others registered by the stage that owns the
-kind (the cluster stage's `pcluster`), so a stage adds its kind to the same loop without touching it."""
+kind (the cluster stage's `pcluster`), so a stage adds its kind to the same loop without touching it.
+
+A stage's set is registered when its module is imported (`pcflow.cluster.teardown` registers `pcluster`),
+and this module never imports a stage, by name or otherwise: whoever asks for a stage's set imports the
+module that registers it (the pipeline, the `janitor` DAG, the UI, the alerts), so the layers contract sees
+that import and a worker that parsed only its own DAG file still finds the set."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,9 +25,6 @@ ClientSource = Callable[[str], Any]
 HandlerFactory = Callable[[ClientSource], Iterable[ResourceHandler]]
 
 _REGISTRY: dict[str, HandlerFactory] = {}
-#: Handler sets registered by another module, imported when first asked for: a worker parses only its
-#: DAG's file, which need not import that module (the `janitor` DAG does not import the cluster stage).
-_REGISTERED_BY = {"pcluster": "pcflow.cluster.teardown"}
 
 #: What a stage's teardown deletes unless its policy says more: AMIs are kept (reused by recipe hash).
 DEFAULT_HANDLER_SETS = ("ec2", "fsx")
@@ -37,20 +38,20 @@ def register_handlers(name: str, factory: HandlerFactory, *, replace: bool = Fal
 
 
 def registered_handler_sets() -> list[str]:
-    """The names of the handler sets registered so far (a lazily registered one appears once it is asked for)."""
+    """The names of the handler sets registered so far: a stage's set appears once its module is imported."""
     return sorted(_REGISTRY)
 
 
 def build_handlers(clients: ClientSource, handler_sets: Iterable[str]) -> list[ResourceHandler]:
-    """The handlers of the named sets, importing the module that registers a lazy one; an unknown name is
-    refused with the known ones."""
+    """The handlers of the named sets; an unknown name is refused with the known ones, and a reminder that a
+    stage's set is known only once its module is imported (a teardown must not skip a kind silently)."""
     handlers: list[ResourceHandler] = []
     for name in handler_sets:
-        if name not in _REGISTRY and name in _REGISTERED_BY:
-            importlib.import_module(_REGISTERED_BY[name])
         if name not in _REGISTRY:
-            known = sorted({*_REGISTRY, *_REGISTERED_BY})
-            raise ConfigurationError(f"unknown teardown handler set {name!r}; choose from: {', '.join(known)}")
+            raise ConfigurationError(
+                f"unknown teardown handler set {name!r}; choose from: {', '.join(sorted(_REGISTRY))} "
+                "(a stage's own set is registered when the module that defines it is imported)"
+            )
         handlers.extend(_REGISTRY[name](clients))
     return handlers
 
