@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pcflow.datasource import DIGITS
+from pcflow.datasource import FORMS as SOURCE_FORMS
 from pcflow.errors import refusal
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
@@ -43,7 +45,7 @@ class DatasetSettings(_Section):
     """Where the run's data comes from and where in S3 its partition goes; the prefix is checked by the dataset
     stage's own rule."""
 
-    source: str = Field("builtin:digits", description="local directory, s3://bucket/prefix, or builtin:digits")
+    source: str = Field(DIGITS, description=SOURCE_FORMS)
     bucket: str
     prefix: str = "datasets/digits"
     mode: Literal["sync", "shard"] = "sync"

@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import task
 
 from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
+from pcflow.datasource import parse_source
 from pcflow.pipeline.settings import settings_for_cluster
 from pcflow.slurm.head_node import HeadNode
 
@@ -30,16 +31,18 @@ def ensure_dataset_bucket(run: dict[str, Any]) -> dict[str, Any]:
 
 @task
 def dataset_source(run: dict[str, Any]) -> str:
-    """Where the loader reads from: `builtin:digits` becomes the digits as PNG class folders."""
-    source = run["dataset"]["source"]
-    if source != "builtin:digits":
-        return source
+    """Where the loader reads from: a built-in dataset (pcflow.datasource) becomes its files on this
+    worker (the digits as PNG class folders, cached), anything else is read where it is."""
+    source = parse_source(run["dataset"]["source"])
+    if source.kind != "builtin":
+        return source.text
     import os
     from pathlib import Path
 
     from pcflow.dataset.digits import materialize_digits
 
-    cache = Path(os.environ.get("PCFLOW_CACHE_DIR", Path.home() / ".cache" / "pcflow")) / "digits"
+    name = source.builtin_name()
+    cache = Path(os.environ.get("PCFLOW_CACHE_DIR", Path.home() / ".cache" / "pcflow")) / name
     return str(materialize_digits(cache))
 
 
