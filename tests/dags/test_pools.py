@@ -26,8 +26,9 @@ def test_cluster_and_train_tasks_take_a_pool_slot_and_teardowns_none(dags):
         assert pools["train"] == "pcflow_trials", dag_id
         teardowns = [t.task_id for t in dags[dag_id].tasks if t.is_teardown]
         assert all(pools[t] == "default_pool" for t in teardowns), dag_id
-        # The nightly keeps its network and cluster for the next night: it has no teardown at all.
-        assert bool(teardowns) == (dag_id != "pretrain_nightly"), dag_id
+        # The nightly keeps its network and cluster for the next night: it gives back only its job account.
+        kept = {"release_job_account"}
+        assert set(teardowns) == (kept if dag_id == "pretrain_nightly" else kept | {"delete_cluster", "teardown"})
 
 
 def test_every_pool_the_dags_use_exists_and_counts_deferred_tasks(dags):

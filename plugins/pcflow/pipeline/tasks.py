@@ -4,6 +4,7 @@ the cluster's settings, the data and code on the cluster, what the train task ne
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from airflow.sdk import task
@@ -133,10 +134,15 @@ def check_environment(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str,
         hook.close()
 
 
-@task
+#: A run whose cluster has no free job account waits for one, up to an hour (NoJobAccount is retried).
+ACCOUNT_WAIT = {"retries": 60, "retry_delay": dt.timedelta(minutes=1)}
+
+
+@task(**ACCOUNT_WAIT)
 def lease_job_account(run: dict[str, Any], cluster: dict[str, Any]) -> str | None:
     """The account this run's jobs run as, leased from the cluster's pool for as long as the run runs
-    (pcflow.slurm.accounts); None when the profile runs jobs as the SSH user (no `cluster.job_user`)."""
+    (pcflow.slurm.accounts); None when the profile runs jobs as the SSH user (no `cluster.job_user`). With
+    every account held by other running runs, it waits for one (ACCOUNT_WAIT)."""
     settings = run["cluster"]
     if not settings.get("job_user"):
         return None
@@ -156,7 +162,7 @@ def lease_job_account(run: dict[str, Any], cluster: dict[str, Any]) -> str | Non
         hook.close()
 
 
-@task
+@task(multiple_outputs=False)
 def release_job_account(cluster: dict[str, Any] | None, account: str | None) -> dict[str, Any]:
     """The run's account back to the pool, its directory closed to it first (the next run leasing that
     account cannot read what this one left); kept while a job of it still runs, saying so."""

@@ -403,7 +403,7 @@ class SlurmJobOperator(BaseOperator):
         return job_id, log_offset
 
     def log_paths(self, run_dir: RunDir) -> list[str]:
-        """Where Slurm writes the job's log (an array: each element's, `ArrayJobOperator`)."""
+        """Where Slurm writes the job's log (an array: each element's, `SlurmArrayJobOperator`)."""
         return [run_dir.log]
 
     def write_inputs(self, spec: JobSpec, run_dir: RunDir) -> None:
