@@ -477,18 +477,30 @@ def prepare(lay: Layout) -> None:
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation directory
 
 
-#: The account the local profile's jobs run as (its `cluster.job_user`), as ParallelCluster's nodes make it
-#: (plugins/pcflow/cluster/node-setup.sh): no home, no login shell, a locked password, in no other group.
-JOB_ACCOUNT = ("pcflow-job", 2950)
+#: The accounts the local profile's jobs run as (its `cluster.job_user` and `cluster.job_accounts`: one leased
+#: to each run while it runs), named as pcflow.patterns.job_account_names names them, with uids from 2950 where
+#: free, as ParallelCluster's nodes make them (plugins/pcflow/cluster/node-setup.sh): no home, no login shell,
+#: a locked password, each in a group of its own.
+JOB_ACCOUNTS = ("pcflow-job", 2950, 8)
+
+
+def job_account_names() -> list[tuple[str, int]]:
+    """(name, uid) of each account of the pool: `pcflow-job`, then `pcflow-job-1` ..."""
+    base, uid, count = JOB_ACCOUNTS
+    return [(base if index == 0 else f"{base}-{index}", uid + index) for index in range(count)]
 
 
 def ensure_job_account() -> None:
-    """The job account on this host, made when missing (with its uid where that is free). The SSH user
-    submits as it through sudo (root here: sudo's default rule lets it), so jobs never run as the user
+    """The job accounts on this host, each made when missing (with its uid where that is free). The SSH user
+    submits as them through sudo (root here: sudo's default rule lets it), so jobs never run as the user
     that owns the stack's files."""
-    name, uid = JOB_ACCOUNT
-    if run(["getent", "passwd", name], check=False).returncode == 0:
-        return
+    for name, uid in job_account_names():
+        if run(["getent", "passwd", name], check=False).returncode != 0:
+            make_account(name, uid)
+
+
+def make_account(name: str, uid: int) -> None:
+    """A system account `name` in a group of its own, with `uid` (and gid) unless another holds it."""
 
     def free(database: str) -> list[str]:
         return [] if run(["getent", database, str(uid)], check=False).returncode == 0 else [str(uid)]

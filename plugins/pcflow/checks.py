@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
+from pcflow.datasource import SourceRefused, parse_source
 from pcflow.errors import ConfigurationError, PcflowInputError, refusal, refused
 
 
@@ -106,16 +107,19 @@ def check_static_cluster(run: dict[str, Any]) -> None:
 def check_dataset_source(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """The source exists and holds data (the walk the dataset stage does, stopped at the first file):
     a run whose data cannot load fails here, before any network, image or cluster exists."""
-    source = run["dataset"]["source"]
-    if source.startswith("builtin:"):
-        if source != "builtin:digits":
-            raise refused_setting(run, "dataset.source", f"no built-in dataset {source!r} (there is builtin:digits)")
-        return
+    text = run["dataset"]["source"]
+    try:
+        source = parse_source(text)
+        if source.kind == "builtin":
+            source.builtin_name()
+            return
+    except SourceRefused as exc:
+        raise refused_setting(run, "dataset.source", str(exc)) from None
     from pcflow.dataset.errors import SourceError
     from pcflow.dataset.sources import open_source
 
     client = None
-    if source.startswith("s3://"):
+    if source.kind == "s3":
         from pcflow.aws.clients import aws_client
 
         client = aws_client("s3", aws_conn_id=aws_conn_id, region_name=run["region"])
@@ -124,7 +128,7 @@ def check_dataset_source(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CON
     except SourceError as exc:
         raise refused_setting(run, "dataset.source", str(exc)) from None
     if empty:
-        raise refused_setting(run, "dataset.source", f"{source!r} holds no files to load")
+        raise refused_setting(run, "dataset.source", f"{text!r} holds no files to load")
 
 
 def check_cost(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> dict[str, Any]:

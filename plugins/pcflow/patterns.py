@@ -17,6 +17,18 @@ PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 JOB_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 #: What the shipped profiles name it; the local stack and ParallelCluster's nodes create it.
 DEFAULT_JOB_USER = "pcflow-job"
+#: The most job accounts a cluster keeps for its runs (a profile's `cluster.job_accounts`).
+MAX_JOB_ACCOUNTS = 64
+
+
+def job_account_names(job_user: str, count: int) -> list[str]:
+    """The accounts a cluster keeps for its runs' jobs: `job_user` itself, then `<job_user>-1` ...
+    `<job_user>-<count - 1>` (on ParallelCluster's nodes with uids `job_uid + index`). Each run leases one
+    for as long as it runs (pcflow.slurm.accounts), so two runs sharing a cluster cannot reach each
+    other's files; a pool of one is the stack's single account."""
+    return [job_user] + [f"{job_user}-{index}" for index in range(1, count)]
+
+
 #: When the nightly runs (a profile's `nightly.schedule`): at `nightly.cron`, or when its stack's data is new.
 NIGHTLY_SCHEDULES = ("clock", "data")
 DEFAULT_CRON = "0 2 * * *"

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pcflow.datasource import DIGITS
+from pcflow.datasource import FORMS as SOURCE_FORMS
 from pcflow.errors import refusal
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
@@ -23,8 +25,10 @@ from pcflow.patterns import (
     DEFAULT_JOB_USER,
     INSTANCE_TYPE,
     JOB_USER,
+    MAX_JOB_ACCOUNTS,
     NIGHTLY_SCHEDULES,
     PARTITION,
+    job_account_names,
     validate_prefix,
 )
 from pcflow.profiles import RunSpecError, load_profile, with_parent  # noqa: F401 - where callers found them
@@ -41,7 +45,7 @@ class DatasetSettings(_Section):
     """Where the run's data comes from and where in S3 its partition goes; the prefix is checked by the dataset
     stage's own rule."""
 
-    source: str = Field("builtin:digits", description="local directory, s3://bucket/prefix, or builtin:digits")
+    source: str = Field(DIGITS, description=SOURCE_FORMS)
     bucket: str
     prefix: str = "datasets/digits"
     mode: Literal["sync", "shard"] = "sync"
@@ -107,6 +111,13 @@ class ClusterSettings(_Section):
         description="the unprivileged account jobs run as (the SSH user submits and cancels as it, through "
         "sudo); null: as the SSH user itself, which a job can then change the files of (docs/security.md)",
     )
+    job_accounts: int = Field(
+        1,
+        ge=1,
+        le=MAX_JOB_ACCOUNTS,
+        description="how many job accounts the cluster keeps (job_user, job_user-1, ...): each run leases one "
+        "while it runs, so runs sharing the cluster cannot reach each other's files",
+    )
     config: dict[str, Any] = Field(default_factory=dict, description="the provider's own settings")
     suppress_validators: list[str] = Field(default_factory=list)
 
@@ -119,6 +130,14 @@ class ClusterSettings(_Section):
                 "with a digit or -"
             )
         return value
+
+    @model_validator(mode="after")
+    def _account_names(self) -> ClusterSettings:
+        if self.job_user is not None:
+            longest = job_account_names(self.job_user, self.job_accounts)[-1]
+            if not JOB_USER.fullmatch(longest):
+                raise ValueError(f"job_accounts: the account {longest!r} would not be a user name (at most 32)")
+        return self
 
 
 #: Where the job finds its run's staged data: a hyperparameter the train task sets (pipeline.tasks).

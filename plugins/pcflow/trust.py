@@ -9,7 +9,7 @@ refuses it, naming the field and who may change it.
       training.hyperparameters: {}              # any value the settings' own schema accepts
       training.nodes: {min: 1, max: 4}          # numbers within bounds
       instance_type: {one_of: [g5.12xlarge]}    # one of a list
-      dataset.source: {under: [builtin:digits, /data/raw, s3://raw-data/imagenet]}  # dataset roots
+      dataset.source: {under: [/data/raw, s3://raw-data/imagenet]}  # dataset roots (pcflow.datasource)
 
 A path covers everything below it (`training.hyperparameters` covers `training.hyperparameters.lr`);
 bounds apply to the value at the path itself. A conf never removes a setting: null at any path is
@@ -20,20 +20,18 @@ to null, is the profile's.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pcflow.datasource import SourceRefused, resolve_source
 from pcflow.errors import ConfigurationError, profile_admin, refusal, trigger_user
 
 DOTTED_PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*$")
-BUILTIN = "builtin:"
 #: Never overridable, whatever a profile lists: who may SSH to the head node (aws/ssh_ingress.py).
 ADMIN_ALONE = ("network.ssh_ingress_cidrs", "network.allow_ssh_from_anywhere")
-S3 = "s3://"
 
 
 class ConfRefused(ConfigurationError):
@@ -48,7 +46,7 @@ class Rule(BaseModel):
     min: float | None = None
     max: float | None = None
     one_of: list[Any] | None = None
-    under: list[str] | None = None  # dataset sources: builtin:<name>, local roots, s3://bucket/prefix roots
+    under: list[str] | None = None  # dataset roots: built-ins, local and S3 roots (pcflow.datasource)
 
     def refuses(self, value: Any) -> str | None:
         """Why `value` is outside this rule's bounds, or None."""
@@ -60,7 +58,7 @@ class Rule(BaseModel):
         if self.one_of is not None and not any(_same(value, allowed) for allowed in self.one_of):
             return f"{value!r} is not one the profile allows ({', '.join(map(str, self.one_of))})"
         if self.under is not None:
-            return source_refused(value, self.under)
+            return _source_refused(value, self.under)
         return None
 
 
@@ -147,33 +145,10 @@ def refusals(
     return lines
 
 
-def source_refused(source: Any, roots: list[str]) -> str | None:
-    """Why a dataset source is not under one of the profile's roots, or None."""
-    if not isinstance(source, str) or not source:
-        return f"{source!r} is not a dataset source"
-    if source.startswith(BUILTIN):
-        return None if source in roots else f"{source!r} is not a built-in dataset the profile allows"
-    if source.startswith(S3):
-        fits = any(_s3_under(source, root) for root in roots if root.startswith(S3))
-    else:
-        fits = os.path.isabs(source) and any(_local_under(source, root) for root in roots if os.path.isabs(root))
-    if fits:
-        return None
-    return f"{source!r} is not under a dataset root the profile allows ({', '.join(roots) or 'none'})"
-
-
-def _s3_under(source: str, root: str) -> bool:
-    parts, top = source[len(S3) :].rstrip("/").split("/"), root[len(S3) :].rstrip("/").split("/")
-    if any(part in ("", ".", "..") for part in parts):
-        return False
-    return parts[: len(top)] == top
-
-
-def _local_under(source: str, root: str) -> bool:
-    from pcflow.paths import within
-
+def _source_refused(source: Any, roots: list[str]) -> str | None:
+    """Why a dataset source is not under one of the profile's roots, or None (pcflow.datasource decides)."""
     try:
-        within(source, root)
-    except ValueError:
-        return False
-    return True
+        resolve_source(source, roots)
+    except SourceRefused as exc:
+        return str(exc)
+    return None

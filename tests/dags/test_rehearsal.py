@@ -205,7 +205,9 @@ def check_node_setup(out: dict, run: dict) -> None:
     made = yaml.safe_load(boto3.client("s3").get_object(**s3_location(out["cluster"]["config_s3_uri"]))["Body"].read())
     actions = [n["CustomActions"]["OnNodeConfigured"] for c in (config, made) for n in node_groups(c)]
     assert len(actions) == 4 and all(action == actions[0] for action in actions), actions
-    assert actions[0]["Args"] == [run["cluster"]["job_user"], str(run["cluster"]["config"]["job_uid"]), "ec2-user"]
+    job = run["cluster"]
+    pool = [str(job["job_accounts"])] if job["job_accounts"] > 1 else []
+    assert actions[0]["Args"] == [job["job_user"], str(job["config"]["job_uid"]), "ec2-user", *pool]
     script = boto3.client("s3").get_object(**s3_location(actions[0]["Script"]))["Body"].read()
     assert s3_location(actions[0]["Script"])["Key"] == f"pcflow/node-setup/{hashlib.sha256(script).hexdigest()}.sh"
     assert script.startswith(b"#!/bin/sh\n# pcflow's node setup")

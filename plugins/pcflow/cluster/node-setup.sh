@@ -7,11 +7,13 @@
 #   $2 JOB_UID       its uid and gid, the same on every node (cluster.config.job_uid): the shared file
 #                    systems (FSx, /home) see numbers, not names
 #   $3 CONTROL_USER  the SSH user pcflow submits with (ParallelCluster's default user of the OS): made a
-#                    member of the job account's group, so that it reads what jobs write
+#                    member of each job account's group, so that it reads what jobs write
+#   $4 COUNT         how many accounts (cluster.job_accounts, default 1): JOB_USER, JOB_USER-1 ... with
+#                    uids JOB_UID, JOB_UID+1 ...; each running run leases one (pcflow.slurm.accounts)
 # What it does, each step checked first, so a second run changes nothing:
-#   1. the group and account: the given gid/uid, no home, no login shell, a locked password, in no
+#   1. the groups and accounts: the given gids/uids, no home, no login shell, a locked password, in no
 #      group that grants sudo;
-#   2. the instance metadata service refused to that uid (iptables owner match, else an nftables table),
+#   2. the instance metadata service refused to those uids (iptables owner match, else an nftables table),
 #      as AWS documents for limiting IMDS to some users: a job gets no credentials of the node's role;
 #   3. this instance's IMDS options set to tokens required, hop limit 1 (ParallelCluster's launch
 #      templates leave the hop limit to EC2's default, which a v2.0 image raises to 2): a container
@@ -26,9 +28,10 @@ fail() {
   exit 1
 }
 
-job_user=${1:-}
-job_uid=${2:-}
+base_user=${1:-}
+base_uid=${2:-}
 control_user=${3:-}
+count=${4:-1}
 root=${PCFLOW_ROOT:-}
 imds=169.254.169.254
 imds6=fd00:ec2::254
@@ -43,10 +46,20 @@ name_ok() { # a POSIX user name as useradd takes it (pcflow.patterns.JOB_USER)
   case $1 in '' | [0-9-]* | *[!a-z0-9_-]*) return 1 ;; esac
   [ "${#1}" -le 32 ]
 }
-name_ok "$job_user" || fail "JOB_USER '$job_user' is not a user name"
-case $job_uid in '' | 0* | *[!0-9]*) fail "JOB_UID '$job_uid' is not a uid" ;; esac
-[ "$job_uid" -ge 1000 ] && [ "$job_uid" -le 60000 ] || fail "JOB_UID $job_uid is outside 1000-60000"
+name_ok "$base_user" || fail "JOB_USER '$base_user' is not a user name"
+case $base_uid in '' | 0* | *[!0-9]*) fail "JOB_UID '$base_uid' is not a uid" ;; esac
+[ "$base_uid" -ge 1000 ] && [ "$base_uid" -le 60000 ] || fail "JOB_UID $base_uid is outside 1000-60000"
 name_ok "$control_user" || fail "CONTROL_USER '$control_user' is not a user name"
+case $count in '' | 0* | *[!0-9]*) fail "COUNT '$count' is not a number of accounts" ;; esac
+[ "$count" -le 64 ] || fail "COUNT $count is more than 64 accounts"
+last_uid=$((base_uid + count - 1))
+[ "$last_uid" -le 60000 ] || fail "JOB_UID $base_uid + COUNT $count reaches past uid 60000"
+
+account() { # account INDEX: sets job_user and job_uid to the INDEXth account of the pool
+  job_uid=$((base_uid + $1))
+  if [ "$1" -eq 0 ]; then job_user=$base_user; else job_user=$base_user-$1; fi
+  name_ok "$job_user" || fail "account $1 of JOB_USER '$base_user', $job_user, is not a user name"
+}
 
 entry() { # entry FILE FIELD VALUE: the first line of $root/etc/FILE whose field FIELD is VALUE
   awk -F: -v field="$2" -v value="$3" '$field == value { print; exit }' "$root/etc/$1"
@@ -62,7 +75,7 @@ accounts() { # useradd, groupadd, usermod on this node's files (those under $roo
   if [ -n "$root" ]; then "$command" --prefix "$root" "$@"; else "$command" "$@"; fi
 }
 
-ensure_account() { # everything checked first: a node that cannot match its peers changes nothing
+check_account() { # every account checked first: a node that cannot match its peers changes nothing
   group=$(entry group 1 "$job_user")
   user=$(entry passwd 1 "$job_user")
   if [ -z "$group" ]; then
@@ -77,6 +90,11 @@ ensure_account() { # everything checked first: a node that cannot match its peer
   elif [ "$(field 3 "$user")" != "$job_uid" ] || [ "$(field 4 "$user")" != "$job_uid" ]; then
     fail "$job_user has uid:gid $(field 3 "$user"):$(field 4 "$user"), not $job_uid:$job_uid: every node must give it the same"
   fi
+}
+
+ensure_account() { # made where missing (check_account passed for every account of the pool)
+  group=$(entry group 1 "$job_user")
+  user=$(entry passwd 1 "$job_user")
   [ -n "$group" ] || accounts groupadd --gid "$job_uid" "$job_user"
   if [ -z "$user" ]; then
     accounts useradd --uid "$job_uid" --gid "$job_uid" --no-create-home --home-dir /nonexistent \
@@ -102,13 +120,15 @@ ensure_control_user_in_group() {
   esac
 }
 
-block_imds() { # the metadata service refused to the job uid, IPv4 and (where the node has it) IPv6
+block_imds() { # the metadata service refused to the job uids, IPv4 and (where the node has it) IPv6
+  uids=$base_uid
+  [ "$count" -eq 1 ] || uids=$base_uid-$last_uid
   if command -v iptables >/dev/null 2>&1; then
-    rule="OUTPUT --destination $imds --match owner --uid-owner $job_uid --jump REJECT"
+    rule="OUTPUT --destination $imds --match owner --uid-owner $uids --jump REJECT"
     # shellcheck disable=SC2086 # $rule is pcflow's own words, split on purpose; the uid is digits
     iptables --wait --check $rule 2>/dev/null || iptables --wait --insert $rule
     if command -v ip6tables >/dev/null 2>&1; then
-      rule="OUTPUT --destination $imds6 --match owner --uid-owner $job_uid --jump REJECT"
+      rule="OUTPUT --destination $imds6 --match owner --uid-owner $uids --jump REJECT"
       # shellcheck disable=SC2086
       ip6tables --wait --check $rule 2>/dev/null || ip6tables --wait --insert $rule
     fi
@@ -120,13 +140,13 @@ flush table inet pcflow_imds
 table inet pcflow_imds {
   chain output {
     type filter hook output priority filter; policy accept;
-    meta skuid $job_uid ip daddr $imds reject
-    meta skuid $job_uid ip6 daddr $imds6 reject
+    meta skuid $uids ip daddr $imds reject
+    meta skuid $uids ip6 daddr $imds6 reject
   }
 }
 EOF
   else
-    fail "neither iptables nor nft is installed: the metadata service cannot be refused to $job_user"
+    fail "neither iptables nor nft is installed: the metadata service cannot be refused to $base_user"
   fi
 }
 
@@ -148,6 +168,8 @@ limit_metadata_hops() {
 }
 
 keep_for_boot() {
+  pool=
+  [ "$count" -eq 1 ] || pool=" $count"
   mkdir -p "$root/opt/pcflow" "$root/etc/systemd/system/multi-user.target.wants"
   [ "$0" = "$root$kept" ] || cp "$0" "$root$kept"
   chmod 0755 "$root$kept"
@@ -159,7 +181,7 @@ After=network-online.target
 
 [Service]
 Type=oneshot
-ExecStart=/bin/sh $kept $job_user $job_uid $control_user
+ExecStart=/bin/sh $kept $base_user $base_uid $control_user$pool
 
 [Install]
 WantedBy=multi-user.target
@@ -167,10 +189,21 @@ EOF
   ln -sf "../$unit" "$root/etc/systemd/system/multi-user.target.wants/$unit"
 }
 
-ensure_account
-refuse_sudo_groups
-ensure_control_user_in_group
+index=0
+while [ "$index" -lt "$count" ]; do # every account checked before any is made
+  account "$index"
+  check_account
+  index=$((index + 1))
+done
+index=0
+while [ "$index" -lt "$count" ]; do
+  account "$index"
+  ensure_account
+  refuse_sudo_groups
+  ensure_control_user_in_group
+  index=$((index + 1))
+done
 block_imds
 limit_metadata_hops
 keep_for_boot
-echo "pcflow node setup: jobs run as $job_user ($job_uid), the metadata service refused to it, hop limit 1"
+echo "pcflow node setup: jobs run as $base_user ($base_uid) and its $((count - 1)) others, the metadata service refused to them, hop limit 1"

@@ -59,6 +59,7 @@ class NodeSetup:
     job_user: str
     job_uid: int
     control_user: str
+    job_accounts: int = 1
 
     @property
     def key(self) -> str:
@@ -70,8 +71,10 @@ class NodeSetup:
 
     @property
     def custom_action(self) -> dict[str, Any]:
-        """ParallelCluster's `CustomActions.OnNodeConfigured` (head node and every queue)."""
-        return {"Script": self.uri, "Args": [self.job_user, str(self.job_uid), self.control_user]}
+        """ParallelCluster's `CustomActions.OnNodeConfigured` (head node and every queue); the pool's size only
+        when there is more than the one account."""
+        count = [str(self.job_accounts)] if self.job_accounts > 1 else []
+        return {"Script": self.uri, "Args": [self.job_user, str(self.job_uid), self.control_user, *count]}
 
     @property
     def s3_access(self) -> dict[str, Any]:
@@ -89,6 +92,7 @@ def node_setup_for(spec: Any, script: bytes | None = None) -> NodeSetup | None:
         job_user=spec.job_user,
         job_uid=spec.job_uid,
         control_user=DEFAULT_USERS[spec.os],
+        job_accounts=spec.job_accounts,
     )
 
 

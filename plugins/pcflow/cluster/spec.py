@@ -18,7 +18,7 @@ from pcflow.aws.ssh_ingress import refuse_anywhere
 from pcflow.cluster.node_setup import DEFAULT_JOB_UID
 from pcflow.errors import ConfigurationError
 from pcflow.naming import AWS_TAG_VALUE_RE, TAG_PREFIX
-from pcflow.patterns import JOB_USER
+from pcflow.patterns import JOB_USER, MAX_JOB_ACCOUNTS
 
 #: ParallelCluster's own rule (`pcluster create-cluster` answers "does not match '^[a-zA-Z][a-zA-Z0-9-]+$'").
 CLUSTER_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]+$")
@@ -159,6 +159,9 @@ class ClusterSpec(BaseModel):
     job_user: str | None = None
     #: Its uid and gid on every node (the shared file systems see numbers): the admin's, in cluster.config.
     job_uid: int = Field(DEFAULT_JOB_UID, ge=1000, le=60000)
+    #: How many accounts the nodes make (the profile's `cluster.job_accounts`): `job_user`, `<job_user>-1`, ...
+    #: with uids `job_uid`, `job_uid + 1`, ...; each running run leases one (pcflow.slurm.accounts).
+    job_accounts: int = Field(1, ge=1, le=MAX_JOB_ACCOUNTS)
     #: The admin's managed policy that lets a node set its own IMDS hop limit to 1 and nothing else
     #: (include/iam/pcflow-cluster-node-policy.json), attached to the head and compute roles.
     node_policy: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:iam::\d{12}:policy/[\w+=,.@/-]+$")
@@ -251,6 +254,8 @@ class ClusterSpec(BaseModel):
         read it from), and the policy that lets each node lower its own IMDS hop limit."""
         if self.job_user is None:
             return self
+        if self.job_uid + self.job_accounts - 1 > 60000:
+            raise ValueError(f"job_uid {self.job_uid} + job_accounts {self.job_accounts} reaches past uid 60000")
         if not self.s3_bucket:
             raise ValueError(f"job_user {self.job_user!r} needs s3_bucket: the nodes read their setup script there")
         if not self.node_policy:

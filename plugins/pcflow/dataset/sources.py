@@ -17,7 +17,9 @@ from typing import IO, Any, Protocol
 
 from botocore.exceptions import ClientError
 
+from pcflow import datasource
 from pcflow.dataset.errors import SourceChangedError, SourceError
+from pcflow.datasource import DatasetSource, SourceRefused, parse_source
 from pcflow.paths import within
 
 #: Names never loaded: editor and OS droppings, and pcflow's own bookkeeping when the source is a partition.
@@ -201,20 +203,24 @@ class S3PrefixSource:
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """`s3://bucket/a/b` -> (`bucket`, `a/b/`): prefixes always end with a slash, so `a/b` never matches `a/bc`."""
-    if not uri.startswith("s3://") or len(uri) <= 5:
-        raise SourceError(f"not an S3 URI: {uri!r} (expected s3://bucket/prefix)")
-    bucket, _, prefix = uri[5:].partition("/")
-    prefix = prefix.strip("/")
-    return bucket, f"{prefix}/" if prefix else ""
+    """`s3://bucket/a/b` -> (`bucket`, `a/b/`) (pcflow.datasource), refused as a `SourceError`: a malformed
+    URI fails a load like any other bad source."""
+    try:
+        return datasource.split_s3_uri(uri)
+    except SourceRefused as exc:
+        raise SourceError(str(exc)) from None
 
 
-def open_source(uri: str | os.PathLike[str], s3_client: Any) -> Source:
-    """The source a user names: `s3://...` is an S3 prefix, anything else a local directory."""
-    text = os.fspath(uri)
-    if not text:
-        raise SourceError("no dataset source given: pass a local directory or an s3:// prefix")
-    return S3PrefixSource(s3_client, text) if text.startswith("s3://") else LocalDirectorySource(text)
+def open_source(uri: str | os.PathLike[str] | DatasetSource, s3_client: Any) -> Source:
+    """The source a user names (pcflow.datasource): an S3 prefix, or a local directory; a built-in is a
+    directory only once the pipeline's `dataset_source` task has made it one."""
+    try:
+        source = uri if isinstance(uri, DatasetSource) else parse_source(uri)
+    except SourceRefused as exc:
+        raise SourceError(str(exc)) from None
+    if source.kind == "s3":
+        return S3PrefixSource(s3_client, source.text)
+    return LocalDirectorySource(source.text)
 
 
 def iter_chunks(stream: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:

@@ -25,6 +25,8 @@ from pcflow.pipeline.tasks import (
     cluster_settings,
     dataset_source,
     ensure_dataset_bucket,
+    lease_job_account,
+    release_job_account,
     ship_payload,
     stage_in,
     training_inputs,
@@ -216,7 +218,8 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     data_dir = stage_in(run, cluster, stages["dataset"].output)
     payload = ship_payload(run, cluster)
     environment = check_environment(run, cluster)
-    inputs = training_inputs(run, cluster, data_dir, run_value("trials") if sweep else None)
+    account = lease_job_account(run, cluster)
+    inputs = training_inputs(run, cluster, data_dir, run_value("trials") if sweep else None, account)
     job = {
         "program": run_value("training.program"),
         "launcher": run_value("training.launcher"),
@@ -241,9 +244,12 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         train = SlurmJobOperator(task_id="train", hyperparameters=hyperparameters, retries=0, pool=TRIAL_POOL, **job)
     [inputs, environment] >> train
     metrics = metrics_stage(train, stages, inputs["head_node"], sweep=sweep)
+    # The account back to the pool once the run is done with the cluster, whatever became of training.
+    release = release_job_account(cluster, account)
+    metrics >> release.as_teardown(setups=account)
     return {
         **{"stage_in": data_dir, "ship_payload": payload, "check_environment": environment, "training_inputs": inputs},
-        **{"train": train, "metrics": metrics},
+        **{"lease_job_account": account, "train": train, "metrics": metrics, "release_job_account": release},
     }
 
 
@@ -292,7 +298,7 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
         **cluster_args(),
         **alert,
     )
-    stages["metrics"] >> delete_cluster.as_teardown(setups=stages["cluster"])
+    [stages["metrics"], stages["release_job_account"]] >> delete_cluster.as_teardown(setups=stages["cluster"])
     remains = TeardownOperator(
         task_id="teardown",
         run=run_value("run_key"),

@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from pcflow.datasource import DIGITS
 from pcflow.paths import default_profile, offered_profiles
 from pcflow.patterns import INSTANCE_TYPE, PARTITION
 
@@ -85,7 +86,7 @@ def data_fields(partition: str | None) -> dict[str, Param]:
             **optional("string", maxLength=1024),
             title="Dataset source",
             description="A directory under one of the profile's dataset roots, `s3://bucket/prefix`, or "
-            "`builtin:digits`; empty: the profile's.",
+            f"`{DIGITS}`; empty: the profile's.",
             section="Data",
         ),
         "partition": Param(

@@ -171,8 +171,8 @@ def early_stopping_rule(metrics: Any) -> dict[str, Any] | None:
 
 #: What the network section decides for the cluster: never set in `cluster.config`.
 FROM_NETWORK = ("ssh_allowed_ips", "allow_ssh_from_anywhere", "head_security_group_ids")
-#: What the cluster section itself says (`cluster.job_user`): not again in `cluster.config`.
-FROM_CLUSTER_SECTION = ("job_user",)
+#: What the cluster section itself says (`cluster.job_user`, `cluster.job_accounts`): not again in `cluster.config`.
+FROM_CLUSTER_SECTION = ("job_user", "job_accounts")
 
 
 def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id: str | None) -> dict[str, Any]:
@@ -191,8 +191,8 @@ def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id:
             f"{', '.join(owned)}: set from the network section (network.ssh_ingress_cidrs, "
             "network.allow_ssh_from_anywhere), not in cluster.config"
         )
-    if set(FROM_CLUSTER_SECTION) & set(settings):
-        raise ClusterSpecError("job_user: set as cluster.job_user (the account jobs run as), not in cluster.config")
+    for name in sorted(set(FROM_CLUSTER_SECTION) & set(settings)):
+        raise ClusterSpecError(f"{name}: set as cluster.{name} (the accounts jobs run as), not in cluster.config")
     try:
         allowed_ips = head_node_allowed_ips(run["network"].get("ssh_ingress_cidrs") or ())
     except ValueError as exc:
@@ -215,5 +215,6 @@ def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id:
         "s3_bucket": run["dataset"]["bucket"],
         "s3_prefix": run["dataset"]["prefix"],
         "job_user": run["cluster"].get("job_user"),  # every node makes it (cluster/node_setup.py)
+        "job_accounts": run["cluster"].get("job_accounts", 1),  # and the rest of the pool
         **settings,
     }

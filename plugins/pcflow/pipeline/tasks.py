@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import task
 
 from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
+from pcflow.datasource import parse_source
 from pcflow.pipeline.settings import settings_for_cluster
 from pcflow.slurm.head_node import HeadNode
 
@@ -30,16 +31,18 @@ def ensure_dataset_bucket(run: dict[str, Any]) -> dict[str, Any]:
 
 @task
 def dataset_source(run: dict[str, Any]) -> str:
-    """Where the loader reads from: `builtin:digits` becomes the digits as PNG class folders."""
-    source = run["dataset"]["source"]
-    if source != "builtin:digits":
-        return source
+    """Where the loader reads from: a built-in dataset (pcflow.datasource) becomes its files on this
+    worker (the digits as PNG class folders, cached), anything else is read where it is."""
+    source = parse_source(run["dataset"]["source"])
+    if source.kind != "builtin":
+        return source.text
     import os
     from pathlib import Path
 
     from pcflow.dataset.digits import materialize_digits
 
-    cache = Path(os.environ.get("PCFLOW_CACHE_DIR", Path.home() / ".cache" / "pcflow")) / "digits"
+    name = source.builtin_name()
+    cache = Path(os.environ.get("PCFLOW_CACHE_DIR", Path.home() / ".cache" / "pcflow")) / name
     return str(materialize_digits(cache))
 
 
@@ -130,9 +133,68 @@ def check_environment(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str,
         hook.close()
 
 
+@task
+def lease_job_account(run: dict[str, Any], cluster: dict[str, Any]) -> str | None:
+    """The account this run's jobs run as, leased from the cluster's pool for as long as the run runs
+    (pcflow.slurm.accounts); None when the profile runs jobs as the SSH user (no `cluster.job_user`)."""
+    settings = run["cluster"]
+    if not settings.get("job_user"):
+        return None
+    from airflow.sdk import get_current_context
+
+    from pcflow.naming import run_key_from_context
+    from pcflow.patterns import job_account_names
+    from pcflow.slurm.accounts import lease
+    from pcflow.slurm.hook import SlurmHook
+
+    hook = SlurmHook(HeadNode.from_cluster(cluster))
+    try:
+        root = cluster.get("shared_root") or hook.shared_root
+        names = job_account_names(settings["job_user"], settings.get("job_accounts", 1))
+        return lease(hook, root, run_key_from_context(get_current_context()), names)
+    finally:
+        hook.close()
+
+
+@task
+def release_job_account(cluster: dict[str, Any] | None, account: str | None) -> dict[str, Any]:
+    """The run's account back to the pool, its directory closed to it first (the next run leasing that
+    account cannot read what this one left); kept while a job of it still runs, saying so."""
+    if not account or not cluster:
+        return {"account": account, "released": False, "still_running": []}
+    import logging
+
+    from airflow.sdk import get_current_context
+
+    from pcflow.naming import run_key_from_context
+    from pcflow.slurm.accounts import release
+    from pcflow.slurm.hook import SlurmHook
+    from pcflow.slurm.spec import RunDir
+
+    hook = SlurmHook(HeadNode.from_cluster(cluster))
+    try:
+        root = cluster.get("shared_root") or hook.shared_root
+        key = run_key_from_context(get_current_context())
+        still = release(hook, root, key, account, RunDir.for_job(root, key, "train").parent)
+    finally:
+        hook.close()
+    if still:
+        logging.getLogger("airflow.task").warning(
+            "Job account %s stays leased to this run: its Slurm jobs %s still run. It is released when this "
+            "task runs again after they end (clear it), or by an admin removing its lease.",
+            account,
+            ", ".join(still),
+        )
+    return {"account": account, "released": not still, "still_running": still}
+
+
 @task(multiple_outputs=True)
 def training_inputs(
-    run: dict[str, Any], cluster: dict[str, Any], data_dir: str, trials: list[dict] | None = None
+    run: dict[str, Any],
+    cluster: dict[str, Any],
+    data_dir: str,
+    trials: list[dict] | None = None,
+    job_account: str | None = None,
 ) -> dict[str, Any]:
     """Where and how to reach the cluster, and the data's path there, for the train task (DATA_DIR is one
     of runspec.RESERVED_HYPERPARAMETERS: the first task refused it in the profile, conf, trials and grid)."""
@@ -140,8 +202,8 @@ def training_inputs(
 
     hyperparameters = {**run["training"]["hyperparameters"], DATA_DIR: data_dir}
     return {
-        # Its jobs run as the profile's job account (cluster.job_user), which every node of the cluster has.
-        "head_node": HeadNode.from_cluster(cluster).running_jobs_as(run["cluster"].get("job_user")).as_dict(),
+        # Its jobs run as the account it leased from the cluster's pool (lease_job_account).
+        "head_node": HeadNode.from_cluster(cluster).running_jobs_as(job_account).as_dict(),
         "shared_root": cluster.get("shared_root"),
         "hyperparameters": hyperparameters,
         "trials": [{**hyperparameters, **trial} for trial in (trials or [])],

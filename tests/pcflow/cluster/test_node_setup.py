@@ -121,7 +121,7 @@ def test_the_aws_gpu_profile_gives_its_cluster_the_node_setup(admin_profiles):
     }
     cluster = ClusterSpec.parse(settings_for_cluster(run, network, "ami-0123456789abcdef0"))
     action = render_config(cluster).document["HeadNode"]["CustomActions"]["OnNodeConfigured"]
-    assert action["Args"] == ["pcflow-job", "2950", "ubuntu"]
+    assert action["Args"] == ["pcflow-job", "2950", "ubuntu", "4"]  # the pool: cluster.job_accounts
     assert action["Script"] == f"s3://{run['dataset']['bucket']}/{SCRIPT_KEY}"
     run["cluster"]["config"]["job_user"] = "ubuntu"
     with pytest.raises(ClusterSpecError, match=r"job_user: set as cluster\.job_user"):

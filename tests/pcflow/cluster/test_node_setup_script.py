@@ -194,6 +194,39 @@ def test_a_node_gets_the_account_its_firewall_and_hop_limit_1_and_a_rerun_change
         assert node.log.read_text().count("meta skuid 2950 ip daddr 169.254.169.254 reject") == 1
 
 
+@pytest.mark.parametrize("os_name", sorted(OSES))
+def test_a_pool_of_accounts_gets_consecutive_uids_one_firewall_rule_and_is_checked_whole_first(tmp_path, os_name):
+    """`cluster.job_accounts: 4`: pcflow-job, pcflow-job-1..3 with uids 2950..2953, each in its own group
+    with the SSH user; IMDS refused to the uid range in one rule; a node where the last uid is taken
+    changes nothing at all (the first accounts are not made either)."""
+    _, user, _, _ = OSES[os_name]
+    node = fake_node(tmp_path, os_name)
+    script, args = rendered(os_name, job_accounts=4)
+    assert args[3:] == ["4"]
+    first = node.run(script, args)
+    assert first.returncode == 0, first.stderr
+    for index, name in enumerate(["pcflow-job", "pcflow-job-1", "pcflow-job-2", "pcflow-job-3"]):
+        uid = 2950 + index
+        assert f"{name}:x:{uid}:{uid}:pcflow jobs:/nonexistent:/usr/sbin/nologin\n" in node.etc("passwd")
+        assert f"{name}:x:{uid}:{user}\n" in node.etc("group")
+    if os_name == "ubuntu2204":
+        assert node.lines("iptables --wait --insert") == [
+            "iptables --wait --insert OUTPUT --destination 169.254.169.254 --match owner --uid-owner 2950-2953 "
+            "--jump REJECT"
+        ]
+    else:
+        assert "meta skuid 2950-2953 ip daddr 169.254.169.254 reject\n" in node.log.read_text()
+    unit = (node.root / "etc/systemd/system/pcflow-node-setup.service").read_text()
+    assert f"ExecStart=/bin/sh /opt/pcflow/node-setup.sh pcflow-job 2950 {user} 4\n" in unit
+
+    taken = fake_node(tmp_path / "taken", os_name)
+    (taken.root / "etc/passwd").write_text(taken.etc("passwd") + "builder:x:2953:2953::/home/builder:/bin/bash\n")
+    before = taken.etc("passwd")
+    refused = taken.run(script, args)
+    assert refused.returncode != 0 and "uid 2953 belongs to 'builder', not pcflow-job-3" in refused.stderr
+    assert taken.etc("passwd") == before
+
+
 def test_the_script_s_call_is_one_the_node_policy_and_the_boundary_allow(tmp_path):
     """The EC2 request the script made, as IAM sees it (a pcflow cluster's node: its instance carries
     ParallelCluster's and pcflow's tags), through the evaluator: allowed by the node policy within the

@@ -1,0 +1,147 @@
+"""Runs sharing a cluster lease different job accounts from its pool (pcflow.slurm.accounts), so one run's
+job cannot read or change another's files, and a run's directory is closed when it gives its account
+back, so the next run leasing that account cannot read what it left. Real leases on the local stack's
+shared root over SSH, real jobs of the real accounts."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import subprocess
+import uuid
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+from stacktools import LocalStack
+from taskcontext import first_event, make_context
+
+from pcflow.naming import run_key_from_context
+from pcflow.patterns import DEFAULT_JOB_USER, job_account_names
+from pcflow.slurm.accounts import NoJobAccount, lease, lease_path, release
+from pcflow.slurm.head_node import HeadNode
+from pcflow.slurm.hook import SlurmHook
+from pcflow.slurm.operators import SlurmJobOperator
+
+pytestmark = pytest.mark.security
+
+FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
+POOL = job_account_names(DEFAULT_JOB_USER, 8)
+
+#: A job of another run: each attempt on the first run's directory, `<what>: refused|DONE`.
+PRYING = r"""
+attempt() { what=$1; shift; if "$@" >/dev/null 2>&1; then echo "$what: DONE"; else echo "$what: refused"; fi; }
+attempt list-run ls "$OTHER_RUN"
+attempt read-hparams cat "$OTHER_RUN/train/hparams.json"
+attempt read-metrics cat "$OTHER_RUN/train/metrics.jsonl"
+attempt write-metrics sh -c 'echo "{\"loss\": 0}" >> "$OTHER_RUN/train/metrics.jsonl"'
+attempt plant-model touch "$OTHER_RUN/train/model.pt"
+"""
+WRITES = 'echo "{\\"step\\": 1, \\"loss\\": 0.5}" >> "$PCFLOW_METRICS_FILE"'
+
+
+def run_job(program: str, account: str, context: dict, env: dict | None = None, task: str = "train") -> dict:
+    """One SlurmJobOperator run to its end as `account`: execute, the trigger's first event, execute_complete."""
+    head_node = HeadNode(job_user=account)
+    op = SlurmJobOperator(task_id=task, program=["bash", "-c", program], head_node=head_node, env=env, **FAST)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    trigger = getattr(importlib.import_module(module), name)(**kwargs)
+    return op.execute_complete(context, first_event(trigger, timeout=120))
+
+
+def said(result: dict) -> dict[str, str]:
+    """The `<what>: <answer>` lines of the job's log."""
+    with open(f"{result['run_dir']}/job.log") as fh:
+        return dict(line.rstrip("\n").split(": ", 1) for line in fh if ": " in line and not line.startswith("pcflow"))
+
+
+@pytest.fixture
+def hook(local_stack: LocalStack):
+    hook = SlurmHook()
+    yield hook
+    hook.close()
+
+
+@pytest.mark.stack
+def test_leases_are_one_per_run_kept_on_retry_refused_when_all_are_held_and_freed_on_release(hook, tmp_path):
+    root = hook.shared_root
+    pool = [f"{DEFAULT_JOB_USER}-{i}" for i in (5, 6)]  # two of the stack's accounts: a pool of two
+    keys = [f"test-{uuid.uuid4().hex[:12]}" for _ in range(3)]
+    first = lease(hook, root, keys[0], pool)
+    assert lease(hook, root, keys[0], pool) == first  # a retried task: the same account, nothing leased twice
+    second = lease(hook, root, keys[1], pool)
+    assert {first, second} == set(pool)
+    with pytest.raises(NoJobAccount, match=r"all 2 job accounts .* are leased to runs that are still running"):
+        lease(hook, root, keys[2], pool)
+    run_dir = f"{root}/pcflow/runs/{keys[0]}"
+    hook.makedirs(run_dir)
+    release(hook, root, keys[1], first, f"{root}/pcflow/runs/{keys[1]}")  # not its lease: left alone
+    with pytest.raises(NoJobAccount):
+        lease(hook, root, keys[2], pool)
+    assert release(hook, root, keys[0], first, run_dir) == []
+    assert lease(hook, root, keys[2], pool) == first
+    assert hook.run(["stat", "-c", "%a", run_dir]).stdout.strip() == "700"  # closed to the account
+    for key, account in ((keys[1], second), (keys[2], first)):
+        release(hook, root, key, account, run_dir)
+    assert hook.run(["ls", f"{root}/pcflow/job-accounts"]).stdout.split() == []
+
+
+@pytest.mark.stack
+def test_an_account_with_a_job_still_running_stays_leased(local_stack: LocalStack, hook):
+    root, key, account = hook.shared_root, f"test-{uuid.uuid4().hex[:12]}", f"{DEFAULT_JOB_USER}-7"
+    assert lease(hook, root, key, [account]) == account
+    argv = ["sudo", "-n", "-E", "-u", account, "sbatch", "--parsable", "--hold", "--chdir=/tmp", "--output=/dev/null"]
+    env = {**os.environ, **local_stack.env}
+    job = subprocess.run([*argv, "--wrap", "sleep 60"], env=env, check=True, capture_output=True, text=True)
+    job_id = job.stdout.strip()
+    try:
+        assert release(hook, root, key, account, f"{root}/pcflow/runs/{key}") == [job_id]
+        assert hook.read_file(lease_path(root, account)).decode().strip() == key
+    finally:
+        hook.cancel(job_id)  # the SSH user is root here: Slurm lets it
+    hook.run(["rm", "-f", lease_path(root, account)])
+
+
+@pytest.mark.stack
+def test_one_run_s_job_cannot_reach_another_s_files_nor_the_next_run_s_what_it_left(local_stack: LocalStack, hook):
+    """About 10 s: run A writes its metrics as one account; run B's job, another account, tries A's
+    directory while A's files are there; A gives its account back, and run C, leasing it next, tries too."""
+    root = hook.shared_root
+    contexts = [make_context("train") for _ in range(3)]
+    keys = [run_key_from_context(c) for c in contexts]
+    pool = POOL[1:3]
+    account_a = lease(hook, root, keys[0], pool)
+    account_b = lease(hook, root, keys[1], pool)
+    assert account_a != account_b
+    a = run_job(WRITES, account_a, contexts[0])
+    assert a["state"] == "COMPLETED"
+    other = {"OTHER_RUN": f"{root}/pcflow/runs/{keys[0]}"}
+    attempts = ("list-run", "read-hparams", "read-metrics", "write-metrics", "plant-model")
+    # The control: another task of run A itself, on A's account, reaches A's files (the paths are right).
+    probe = run_job(PRYING, account_a, make_context("probe", run_id=contexts[0]["run_id"]), other, task="probe")
+    assert [said(probe)[what] for what in attempts[:4]] == ["DONE"] * 4
+    b = run_job(PRYING, account_b, contexts[1], other)
+    assert {what: said(b)[what] for what in attempts} == dict.fromkeys(attempts, "refused")
+
+    assert release(hook, root, keys[0], account_a, other["OTHER_RUN"]) == []
+    assert lease(hook, root, keys[2], [account_a]) == account_a  # the next run on A's account
+    c = run_job(PRYING, account_a, contexts[2], other)
+    assert {what: said(c)[what] for what in attempts} == dict.fromkeys(attempts, "refused")
+    for key, account in zip(keys[1:], (account_b, account_a), strict=True):
+        release(hook, root, key, account, f"{root}/pcflow/runs/{key}")
+    logging.getLogger("test").info("A %s, B %s, C %s", account_a, account_b, account_a)
+
+
+def test_the_local_stack_makes_the_accounts_the_local_profile_leases():
+    """include/local/stack.py and the local profile agree on the pool (names, as patterns names them)."""
+    import stack as stack_script  # include/local/stack.py
+
+    from pcflow.profiles import load_profile
+
+    cluster = load_profile("local")["cluster"]
+    names = job_account_names(cluster["job_user"], cluster["job_accounts"])
+    assert [name for name, _ in stack_script.job_account_names()] == names
+    assert [uid for _, uid in stack_script.job_account_names()] == list(range(2950, 2950 + len(names)))
