@@ -34,7 +34,8 @@ class DatasetLoadOperator(PcflowAwsOperator):
     """Load a training dataset into S3, incrementally and atomically; optionally import it into FSx.
 
     :param source: local directory on the worker, or `s3://bucket/prefix` (templated).
-    :param bucket: destination bucket; must exist, in the connection's region (templated).
+    :param bucket: destination bucket; must exist, in the task's region (`region_name`, else the
+        connection's) (templated).
     :param prefix: key prefix of the dataset, e.g. `datasets/imagenet` (templated).
     :param partition: explicit partition; required for manual runs, else the logical date (templated).
     :param mode: `sync` (mirror file for file) or `shard` (WebDataset tar shards) (templated).

@@ -121,7 +121,7 @@ def infrastructure(run: Any, *, run_scoped: bool) -> dict[str, Any]:
     # Above the profile's threshold a person approves the cost first; below it, this task is skipped.
     approval = CostApprovalOperator(task_id="approve_cost", cost=run_value("cost"))
     network = EnsureNetworkOperator(
-        task_id="network", stack=run_value("stack"), network=run_value("network"), trigger_rule=AFTER_APPROVAL, **scope
+        task_id="network", network=run_value("network"), trigger_rule=AFTER_APPROVAL, **scope, **aws_args()
     )
     bucket = ensure_dataset_bucket.override(trigger_rule=AFTER_APPROVAL)(run)
     source = dataset_source.override(trigger_rule=AFTER_APPROVAL)(run)
@@ -158,12 +158,12 @@ def dataset_stage(source: Any) -> Any:
         source=source,
         bucket=run_value("dataset.bucket"),
         prefix=run_value("dataset.prefix"),
-        stack=run_value("stack"),
         partition=run_value("dataset.partition"),
         mode=run_value("dataset.mode"),
         # A cluster kept from an earlier run already has its file system: import the new partition.
         fsx_file_system_id=EXISTING_FILE_SYSTEM,
         outlets=[DATASET],  # new content in the partition: an event of the stack's dataset (pcflow.lineage)
+        **aws_args(),
     )
 
 
@@ -173,7 +173,6 @@ def image_stage() -> Any:
 
     return BakeImageOperator(
         task_id="image",
-        stack=run_value("stack"),
         pcluster_version=run_value("ami.pcluster_version"),
         bootstrap_script_path=run_value("ami.bootstrap_script"),
         instance_profile=run_value("ami.instance_profile"),
@@ -187,14 +186,24 @@ def image_stage() -> Any:
         enabled=run_value("ami.enabled"),
         environment_file=run_value("ami.environment"),
         ttl_hours=run_value("expiry.kept_hours"),
+        **aws_args(),
     )
 
 
+def aws_args() -> dict[str, Any]:
+    """What every AWS operator of the pipeline is given alike: the run's stack, and its region (the profile's,
+    where the first task checked and priced the run), so that no stage builds in the AWS connection's
+    region instead. The janitor and the UI, which have no profile, work in the connection's region."""
+    return {"stack": run_value("stack"), "region_name": run_value("region")}
+
+
 def cluster_args() -> dict[str, Any]:
-    """What every cluster operator of the pipeline (dry run, ensure, delete) is given alike."""
+    """What every cluster operator of the pipeline (dry run, ensure, delete) is given alike: the AWS
+    operators' arguments (the run's region reaches the pcluster CLI's `--region`, the rendered config's
+    `Region:`), and the cluster's provider, SSH connection, validators and config bucket."""
     return {
+        **aws_args(),
         "provider": run_value("cluster.provider"),
-        "stack": run_value("stack"),
         "ssh_conn_id": run_value("cluster.ssh_conn_id"),
         "suppress_validators": run_value("cluster.suppress_validators"),
         "config_bucket": run_value("dataset.bucket"),
@@ -254,7 +263,6 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
         task_id="metrics",
         job=train.output,
         bucket=run_value("dataset.bucket"),
-        stack=run_value("stack"),
         objective=run_value("objective"),
         instance_type=run_value("instance_type"),
         capacity_type=run_value("capacity_type"),
@@ -263,12 +271,12 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
         cluster_provider=run_value("cluster.provider"),
         cluster=stages["cluster_settings"],  # ParallelCluster's head node and FSx are priced from these
         cost_before=run_value("cost"),
-        region_name=run_value("region"),  # priced with the run's region's prices
         cloudwatch=run_value("metrics.publish_cloudwatch"),
         head_node=head_node,
         dataset=stages["dataset"].output,
         inlets=[DATASET],
         outlets=[PRETRAINED_ENCODER],
+        **aws_args(),  # priced with the run's region's prices
     )
 
 
@@ -293,10 +301,10 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
     [stages["metrics"], stages["release_job_account"]] >> delete_cluster.as_teardown(setups=stages["cluster"])
     remains = TeardownOperator(
         task_id="teardown",
-        stack=run_value("stack"),
         run=run_value("run_key"),
         handler_sets=(PCLUSTER_HANDLERS, "ec2", "fsx"),
         dry_run=run_value("keep_resources"),
+        **aws_args(),
         **alert,
     )
     delete_cluster >> remains.as_teardown(setups=stages["network"])

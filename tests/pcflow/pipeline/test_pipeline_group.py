@@ -76,7 +76,10 @@ def test_a_stage_reads_its_own_groups_results(dags):
     _, host = dags
     task = host.get_task("training.dataset")
     returned = {
-        "training.validate": {"dataset": {"bucket": "b", "prefix": "p", "partition": "x", "mode": "m"}, "stack": "s"},
+        "training.validate": {
+            **{"dataset": {"bucket": "b", "prefix": "p", "partition": "x", "mode": "m"}},
+            **{"stack": "s", "region": "eu-west-1"},
+        },
         "training.dataset_source": "/data",
         "training.validate_cluster": {},
     }
@@ -89,6 +92,7 @@ def test_a_stage_reads_its_own_groups_results(dags):
 
     task.render_template_fields({"ti": TI(), "task": task, "params": {}})
     assert (task.bucket, task.prefix, task.stack, task.source) == ("b", "p", "s", "/data")
+    assert task.region_name == "eu-west-1"
 
 
 def test_the_hosts_params_are_its_own_and_any_other_conf_is_refused(dags):
