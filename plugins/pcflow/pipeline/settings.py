@@ -67,12 +67,6 @@ def section_fields(path: tuple[str | int, ...]) -> dict[str, Any]:
 RUN = RunSection(VALIDATE_TASK)
 
 
-def run_value(path: str) -> Returned:
-    """One value of the resolved run settings, e.g. `run_value("dataset.bucket")`."""
-    RUN_VALUE_PATHS.add(path)
-    return Returned(VALIDATE_TASK, tuple(path.split(".")))
-
-
 def task_value(task_id: str, key: str) -> Returned:
     """One key of another task's returned dict."""
     return Returned(task_id, (key,))
