@@ -2,7 +2,7 @@
 task group in a DAG of your own.
 
 - `form`: the trigger form (Params with JSON schema);
-- `settings`: Params -> run spec, the run's own values, and `run_value` (how operators read them);
+- `settings`: Params -> run spec, the run's own values, and `RUN` (how operators read them);
 - `validation`: the first task, which refuses bad settings before anything costs money;
 - `tasks`: the small tasks between the operators;
 - `assembly`: the stages declared per phase (infrastructure, training, teardown), as a DAG's tasks or a
@@ -24,6 +24,7 @@ from pcflow.pipeline.assembly import (
 from pcflow.pipeline.form import FORM_FIELDS, MAX_TRIALS, OTHER_FIELDS, profile_param, sweep_params, training_params
 from pcflow.pipeline.settings import (
     EXISTING_FILE_SYSTEM,
+    RUN,
     VALIDATE_TASK,
     RunEnv,
     early_stopping_rule,
@@ -31,7 +32,6 @@ from pcflow.pipeline.settings import (
     overrides_from_params,
     resolve_for_run,
     run_env,
-    run_value,
     task_value,
 )
 from pcflow.pipeline.validation import planned_cluster, validate_run
@@ -45,6 +45,7 @@ __all__ = [
     "MAX_TRIALS",
     "OTHER_FIELDS",
     "PRETRAINED_ENCODER",
+    "RUN",
     "STAGE_TIMEOUTS",
     "TRAINING_DAG_ARGS",
     "TRIAL_POOL",
@@ -59,7 +60,6 @@ __all__ = [
     "profile_param",
     "resolve_for_run",
     "run_env",
-    "run_value",
     "sweep_params",
     "task_value",
     "training_params",

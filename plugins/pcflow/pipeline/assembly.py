@@ -19,7 +19,7 @@ from airflow.sdk import Asset, AssetAlias, TaskGroup
 from pcflow.alerts import FailureAlert
 from pcflow.cluster.teardown import HANDLER_SET as PCLUSTER_HANDLERS
 from pcflow.lineage import DATASET
-from pcflow.pipeline.settings import EXISTING_FILE_SYSTEM, RunEnv, run_value, task_value
+from pcflow.pipeline.settings import EXISTING_FILE_SYSTEM, RUN, RunEnv, task_value
 from pcflow.pipeline.tasks import (
     check_environment,
     cluster_settings,
@@ -38,7 +38,7 @@ from pcflow.pipeline.validation import validate_run
 DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
 #: What a DAG built with `build_training_pipeline` must set. No native rendering: Jinja's native mode
 #: literal-evaluates strings (`'..''/''..''/x'` becomes `../../x`, `"0x10"` becomes 16); operators get
-#: their values through `run_value`/`task_value` instead, as data. Every task's failure goes to the
+#: their values through `RUN`/`task_value` instead, as data. Every task's failure goes to the
 #: notifier, which alerts as the profile's `alerts` section asks (pcflow.alerts.should_alert).
 TRAINING_DAG_ARGS: dict[str, Any] = {
     "render_template_as_native_obj": False,
@@ -116,12 +116,12 @@ def infrastructure(run: Any, *, run_scoped: bool) -> dict[str, Any]:
     from pcflow.aws.network import EnsureNetworkOperator
     from pcflow.cluster.operators import EnsureClusterOperator, ValidateClusterConfigOperator
 
-    ttl_hours = run_value("expiry.run_hours") if run_scoped else run_value("expiry.kept_hours")
+    ttl_hours = RUN.expiry.run_hours if run_scoped else RUN.expiry.kept_hours
     scope = {"run_scoped": run_scoped, "ttl_hours": ttl_hours}
     # Above the profile's threshold a person approves the cost first; below it, this task is skipped.
-    approval = CostApprovalOperator(task_id="approve_cost", cost=run_value("cost"))
+    approval = CostApprovalOperator(task_id="approve_cost", cost=RUN.cost)
     network = EnsureNetworkOperator(
-        task_id="network", network=run_value("network"), trigger_rule=AFTER_APPROVAL, **scope, **aws_args()
+        task_id="network", network=RUN.network, trigger_rule=AFTER_APPROVAL, **scope, **aws_args()
     )
     bucket = ensure_dataset_bucket.override(trigger_rule=AFTER_APPROVAL)(run)
     source = dataset_source.override(trigger_rule=AFTER_APPROVAL)(run)
@@ -156,10 +156,10 @@ def dataset_stage(source: Any) -> Any:
     return DatasetLoadOperator(
         task_id="dataset",
         source=source,
-        bucket=run_value("dataset.bucket"),
-        prefix=run_value("dataset.prefix"),
-        partition=run_value("dataset.partition"),
-        mode=run_value("dataset.mode"),
+        bucket=RUN.dataset.bucket,
+        prefix=RUN.dataset.prefix,
+        partition=RUN.dataset.partition,
+        mode=RUN.dataset.mode,
         # A cluster kept from an earlier run already has its file system: import the new partition.
         fsx_file_system_id=EXISTING_FILE_SYSTEM,
         outlets=[DATASET],  # new content in the partition: an event of the stack's dataset (pcflow.lineage)
@@ -173,19 +173,19 @@ def image_stage() -> Any:
 
     return BakeImageOperator(
         task_id="image",
-        pcluster_version=run_value("ami.pcluster_version"),
-        bootstrap_script_path=run_value("ami.bootstrap_script"),
-        instance_profile=run_value("ami.instance_profile"),
+        pcluster_version=RUN.ami.pcluster_version,
+        bootstrap_script_path=RUN.ami.bootstrap_script,
+        instance_profile=RUN.ami.instance_profile,
         subnet_id=task_value("network", "head_subnet_id"),
         security_group_ids=[task_value("network", "cluster_security_group_id")],
-        instance_type=run_value("ami.instance_type"),
-        base_image_id=run_value("ami.base_image_id"),
-        base_image_owners=run_value("ami.base_image_owners"),
-        os=run_value("ami.os"),
-        wait_for_ssm_agent=run_value("ami.wait_for_ssm_agent"),
-        enabled=run_value("ami.enabled"),
-        environment_file=run_value("ami.environment"),
-        ttl_hours=run_value("expiry.kept_hours"),
+        instance_type=RUN.ami.instance_type,
+        base_image_id=RUN.ami.base_image_id,
+        base_image_owners=RUN.ami.base_image_owners,
+        os=RUN.ami.os,
+        wait_for_ssm_agent=RUN.ami.wait_for_ssm_agent,
+        enabled=RUN.ami.enabled,
+        environment_file=RUN.ami.environment,
+        ttl_hours=RUN.expiry.kept_hours,
         **aws_args(),
     )
 
@@ -194,7 +194,7 @@ def aws_args() -> dict[str, Any]:
     """What every AWS operator of the pipeline is given alike: the run's stack, and its region (the profile's,
     where the first task checked and priced the run), so that no stage builds in the AWS connection's
     region instead. The janitor and the UI, which have no profile, work in the connection's region."""
-    return {"stack": run_value("stack"), "region_name": run_value("region")}
+    return {"stack": RUN.stack, "region_name": RUN.region}
 
 
 def cluster_args() -> dict[str, Any]:
@@ -203,10 +203,10 @@ def cluster_args() -> dict[str, Any]:
     `Region:`), and the cluster's provider, SSH connection, validators and config bucket."""
     return {
         **aws_args(),
-        "provider": run_value("cluster.provider"),
-        "ssh_conn_id": run_value("cluster.ssh_conn_id"),
-        "suppress_validators": run_value("cluster.suppress_validators"),
-        "config_bucket": run_value("dataset.bucket"),
+        "provider": RUN.cluster.provider,
+        "ssh_conn_id": RUN.cluster.ssh_conn_id,
+        "suppress_validators": RUN.cluster.suppress_validators,
+        "config_bucket": RUN.dataset.bucket,
     }
 
 
@@ -219,21 +219,21 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     payload = ship_payload(run, cluster)
     environment = check_environment(run, cluster)
     account = lease_job_account(run, cluster)
-    inputs = training_inputs(run, cluster, data_dir, run_value("trials") if sweep else None, account)
+    inputs = training_inputs(run, cluster, data_dir, RUN.trials if sweep else None, account)
     job = {
-        "program": run_value("training.program"),
-        "launcher": run_value("training.launcher"),
-        "python": run_value("training.python"),
-        "allocation": run_value("training.allocation"),
+        "program": RUN.training.program,
+        "launcher": RUN.training.launcher,
+        "python": RUN.training.python,
+        "allocation": RUN.training.allocation,
         "env": RunEnv(),
-        "secret_env": run_value("training.secrets"),  # references: the trigger hides their values in the log
+        "secret_env": RUN.training.secrets,  # references: the trigger hides their values in the log
         "head_node": inputs["head_node"],
         "shared_root": inputs["shared_root"],
-        "max_restarts": run_value("training.max_restarts"),
-        "early_stopping": run_value("early_stopping"),
-        "pending_timeout": run_value("training.pending_timeout_s"),
+        "max_restarts": RUN.training.max_restarts,
+        "early_stopping": RUN.early_stopping,
+        "pending_timeout": RUN.training.pending_timeout_s,
         "payload_dir": payload["dir"],
-        "budget": run_value("cost"),  # the wait logs the cost so far and stops the job at the budget
+        "budget": RUN.cost,  # the wait logs the cost so far and stops the job at the budget
         "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }
     if sweep:
@@ -262,16 +262,16 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
     return harvest(
         task_id="metrics",
         job=train.output,
-        bucket=run_value("dataset.bucket"),
-        objective=run_value("objective"),
-        instance_type=run_value("instance_type"),
-        capacity_type=run_value("capacity_type"),
-        nodes=run_value("training.nodes"),
-        metric_definitions=run_value("metrics.metric_definitions"),
-        cluster_provider=run_value("cluster.provider"),
+        bucket=RUN.dataset.bucket,
+        objective=RUN.objective,
+        instance_type=RUN.instance_type,
+        capacity_type=RUN.capacity_type,
+        nodes=RUN.training.nodes,
+        metric_definitions=RUN.metrics.metric_definitions,
+        cluster_provider=RUN.cluster.provider,
         cluster=stages["cluster_settings"],  # ParallelCluster's head node and FSx are priced from these
-        cost_before=run_value("cost"),
-        cloudwatch=run_value("metrics.publish_cloudwatch"),
+        cost_before=RUN.cost,
+        cloudwatch=RUN.metrics.publish_cloudwatch,
         head_node=head_node,
         dataset=stages["dataset"].output,
         inlets=[DATASET],
@@ -292,8 +292,8 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
         task_id="delete_cluster",
         cluster=stages["cluster_settings"],
         cluster_name=task_value("cluster", "name"),
-        export_fsx=run_value("teardown.export_fsx"),
-        keep=run_value("keep_resources"),
+        export_fsx=RUN.teardown.export_fsx,
+        keep=RUN.keep_resources,
         run_scoped=True,  # deletes only a cluster tagged with this stack and run
         **cluster_args(),
         **alert,
@@ -301,9 +301,9 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
     [stages["metrics"], stages["release_job_account"]] >> delete_cluster.as_teardown(setups=stages["cluster"])
     remains = TeardownOperator(
         task_id="teardown",
-        run=run_value("run_key"),
+        run=RUN.run_key,
         handler_sets=(PCLUSTER_HANDLERS, "ec2", "fsx"),
-        dry_run=run_value("keep_resources"),
+        dry_run=RUN.keep_resources,
         **aws_args(),
         **alert,
     )

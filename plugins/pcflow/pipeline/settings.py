@@ -1,10 +1,11 @@
 """The run's settings: the form's Params mapped onto the run spec, resolved and checked by the first task,
 then handed to every later stage as data.
 
-Operators receive the validated document's values through `run_value("dotted.path")`: picked in Python
-when the operator renders its fields, never rendered again by Jinja, so a value reaches its stage
-exactly as validated. Every path asked for is recorded in `RUN_VALUE_PATHS`, which a test checks
-against the run spec of every profile.
+Operators receive the validated document's values through `RUN`, e.g. `RUN.dataset.bucket`: picked in
+Python when the operator renders its fields, never rendered again by Jinja, so a value reaches its stage
+exactly as validated. Each path is checked against the document's declared fields when the DAG is built
+(a typo fails the DAG file's parse, naming the fields there are), and recorded in `RUN_VALUE_PATHS`, which
+a test checks against the document the first task returns for every profile.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pcflow.pipeline.form import FORM_FIELDS, MAX_TRIALS, OTHER_FIELDS
 from pcflow.values import Returned
 
 VALIDATE_TASK = "validate"
-#: Every `run_value` path the pipeline's tasks read (filled as the pipeline is declared).
+#: Every `RUN` path the pipeline's tasks read, dotted (filled as the pipeline is declared).
 RUN_VALUE_PATHS: set[str] = set()
 #: Stands for the subnets the network task will make, in the checks the first task runs on the
 #: ParallelCluster settings (ParallelCluster itself resolves subnets, so its dry run waits for them).
@@ -26,10 +27,44 @@ PLANNED_SUBNET = "subnet-00000000"
 PLANNED_SECURITY_GROUP = "sg-00000000"
 
 
-def run_value(path: str) -> Returned:
-    """One value of the resolved run settings, e.g. `run_value("dataset.bucket")`."""
-    RUN_VALUE_PATHS.add(path)
-    return Returned(VALIDATE_TASK, tuple(path.split(".")))
+class RunSection(Returned):
+    """A section of the first task's document (`RUN`: the whole of it), whose attributes are its fields: a
+    sub-model's a `RunSection` again, any other a `Returned`. Either is a value an operator argument can
+    take, resolved from the document when the operator renders its fields.
+
+    The fields are those the document declares (`resolved.ResolvedRun`, through its field tree
+    `run_fields.FIELDS`: DAG files must not import the models), so a misspelt or renamed field raises
+    AttributeError, naming the section's fields, when the DAG file is parsed, not KeyError mid-run."""
+
+    def __getattr__(self, name: str) -> Returned:
+        if name.startswith("_"):  # copy, pickle and hasattr probe for such names: never a field
+            raise AttributeError(name)
+        fields = section_fields(self.path)
+        if name not in fields:
+            where = ".".join(map(str, self.path)) or "the run document"
+            raise AttributeError(f"{where} has no field {name!r}; its fields: {', '.join(fields)}")
+        path = (*self.path, name)
+        RUN_VALUE_PATHS.add(".".join(map(str, path)))
+        return (Returned if fields[name] is None else RunSection)(self.task_id, path)
+
+    def __dir__(self) -> list[str]:
+        return [*super().__dir__(), *section_fields(self.path)]
+
+
+def section_fields(path: tuple[str | int, ...]) -> dict[str, Any]:
+    """The declared fields of the document's section at `path` (a sub-model's tree, None for a value). Read
+    when a DAG is built, not when this module is imported: `python -m pcflow.pipeline.resolved` writes them
+    again even where they no longer load."""
+    from pcflow.pipeline.run_fields import FIELDS
+
+    tree = FIELDS
+    for step in path:
+        tree = tree[step]
+    return tree
+
+
+#: The first task's document, read by attribute: `RUN.dataset.bucket`, `RUN.cost`, `RUN.expiry.run_hours`.
+RUN = RunSection(VALIDATE_TASK)
 
 
 def task_value(task_id: str, key: str) -> Returned:

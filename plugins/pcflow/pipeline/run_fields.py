@@ -1,0 +1,123 @@
+"""The field tree of the first task's document (`pcflow.pipeline.resolved.ResolvedRun`): a model's
+fields by name, None for a value. Generated; do not edit: `PYTHONPATH=plugins python -m
+pcflow.pipeline.resolved` writes it again."""
+
+from typing import Any
+
+FIELDS: dict[str, Any] = {
+    "profile": None,
+    "stack": None,
+    "region": None,
+    "instance_type": None,
+    "capacity_type": None,
+    "ttl_hours": None,
+    "network": None,
+    "dataset": {
+        "source": None,
+        "bucket": None,
+        "prefix": None,
+        "mode": None,
+        "partition": None,
+    },
+    "ami": {
+        "enabled": None,
+        "pcluster_version": None,
+        "bootstrap_script": None,
+        "instance_type": None,
+        "instance_profile": None,
+        "base_image_id": None,
+        "base_image_owners": None,
+        "os": None,
+        "wait_for_ssm_agent": None,
+        "environment": None,
+    },
+    "cluster": {
+        "provider": None,
+        "ssh_conn_id": None,
+        "job_user": None,
+        "job_accounts": None,
+        "config": None,
+        "suppress_validators": None,
+    },
+    "training": {
+        "launcher": None,
+        "payload": None,
+        "program": None,
+        "python": None,
+        "nodes": None,
+        "tasks_per_node": None,
+        "gpus_per_node": None,
+        "cpus_per_task": None,
+        "partition": None,
+        "time_limit": None,
+        "hyperparameters": None,
+        "env": None,
+        "max_restarts": None,
+        "pending_timeout_s": None,
+        "secrets": None,
+        "allocation": None,
+    },
+    "teardown": {
+        "policy": None,
+        "delete_image": None,
+        "keep_hours": None,
+        "export_fsx": None,
+    },
+    "metrics": {
+        "objective": None,
+        "mode": None,
+        "early_stopping": {
+            "patience": None,
+            "min_delta": None,
+            "metric": None,
+            "mode": None,
+        },
+        "publish_cloudwatch": None,
+        "metric_definitions": None,
+    },
+    "preflight": {
+        "skip": None,
+    },
+    "budget": {
+        "usd": None,
+        "max_usd": None,
+        "approval_above_usd": None,
+        "approval_timeout_hours": None,
+        "approvers": None,
+        "if_maximum_exceeds": None,
+        "create_minutes": None,
+        "delete_minutes": None,
+        "idle_minutes": None,
+        "report_every_s": None,
+    },
+    "alerts": {
+        "sns_topic_arn": None,
+        "on_run_failure": None,
+        "on_approval_timeout": None,
+    },
+    "nightly": {
+        "schedule": None,
+        "cron": None,
+    },
+    "run_key": None,
+    "objective": {
+        "name": None,
+        "mode": None,
+    },
+    "early_stopping": {
+        "objective": {
+            "name": None,
+            "mode": None,
+        },
+        "patience": None,
+        "min_delta": None,
+    },
+    "trials": None,
+    "keep_resources": None,
+    "expiry": {
+        "longest_run_hours": None,
+        "run_hours": None,
+        "kept_hours": None,
+    },
+    "cost": None,
+}
