@@ -6,7 +6,8 @@ The class says how Airflow treats the failure, so no raise site decides it again
   `BudgetRefused`, `ClusterSpecError`...): bad input or configuration. They are Airflow's
   `AirflowFailException`, which its task runner fails without retries: a retry would get the same answer.
 - Every other `PcflowError` (an SSH connection lost, AWS throttling, Slurm not answering, a stack that
-  failed): the try fails and Airflow retries it (a retry resumes, creates nothing twice).
+  failed): the try fails and Airflow retries it (a retry resumes, creates nothing twice); except
+  `JobFailedForGood`, a Slurm job's end that a retry would repeat, also an `AirflowFailException`.
 A module's own errors (`BootstrapFailed`, `ClusterNotOwned`, `DatasetError`...) derive from one of these,
 so a caller catches `PcflowError` for anything pcflow raised on purpose.
 
@@ -71,6 +72,12 @@ class ServiceFailed(PcflowError):
 
 class JobFailed(ServiceFailed):
     """A Slurm job did not succeed."""
+
+
+class JobFailedForGood(JobFailed, AirflowFailException):
+    """A Slurm job ended in a way a retry would repeat, or that a person chose (pcflow.slurm.outcomes.END_STATES:
+    out of memory, a missed deadline, a cancel by a user or an administrator, a completed job without its
+    outputs): the task fails without retries."""
 
 
 class TriggerEventError(PcflowError):

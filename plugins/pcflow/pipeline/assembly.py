@@ -212,6 +212,7 @@ def cluster_args() -> dict[str, Any]:
 
 def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]:
     """The data and code on the cluster, the Slurm job (a job array for a sweep), and its metrics."""
+    from pcflow.metrics.outputs import MODEL_FILE
     from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
 
     cluster = stages["cluster"].output
@@ -241,7 +242,11 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         train = SlurmArrayJobOperator(task_id="train", retries=0, pool=TRIAL_POOL, **trials, **job)
     else:
         hyperparameters = inputs["hyperparameters"]
-        train = SlurmJobOperator(task_id="train", hyperparameters=hyperparameters, retries=0, pool=TRIAL_POOL, **job)
+        # What the payload's program leaves when it completes: a job that completed without them fails here.
+        outputs = (MODEL_FILE, "metrics.jsonl")
+        train = SlurmJobOperator(
+            task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
+        )
     [inputs, environment] >> train
     metrics = metrics_stage(train, stages, inputs["head_node"], sweep=sweep)
     # The account back to the pool once the run is done with the cluster, whatever became of training.

@@ -24,6 +24,7 @@ from pcflow.compat import read_state
 from pcflow.errors import (
     ConfigurationError,
     JobFailed,
+    JobFailedForGood,
     PcflowInputError,
     TriggerEventError,
     connection_admin,
@@ -33,8 +34,16 @@ from pcflow.errors import (
 from pcflow.events import validate_event
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.head_node import HeadNode, head_node_argument
+from pcflow.slurm.outcomes import (
+    BUDGET_SIGNAL,
+    ENDED_ON_PURPOSE,
+    STOPPED_ON_PURPOSE,
+    JobOutputsMissing,
+    Outcome,
+    output_problems,
+)
 from pcflow.slurm.states import JobInfo, JobState
-from pcflow.slurm.watch import ENDED_ON_PURPOSE, Outcome, WatchPolicy
+from pcflow.slurm.watch import WatchPolicy
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -62,9 +71,11 @@ class SlurmJobOperator(BaseOperator):
     makes it submit again. A job named like this run's but submitted by another user is never adopted.
     Bad input (the spec, the shared root) fails the task without retry before anything reaches the
     cluster; a failed job raises `JobFailed` (retried: the retry re-attaches or resubmits) with the log's
-    last lines; a host-key mismatch fails without retry. A job that waited past `pending_timeout` or
-    restarted more than `max_restarts` times is cancelled before the task fails; killing the task
-    cancels the job too.
+    last lines, or `JobFailedForGood` (not retried) where a retry would end the same way or undo a person's
+    cancel (pcflow.slurm.outcomes.END_STATES says which); a host-key mismatch fails without retry. A job that
+    completed without one of its declared `outputs` fails without retry too. A job that waited past
+    `pending_timeout` or restarted more than `max_restarts` times is cancelled before the task fails; killing
+    the task cancels the job too.
 
     Returns (XCom) `job_id`, `outcome` (`success`, `stopped_early`, `budget_exhausted`), `state`,
     `exit_code`, `elapsed_s`, `restarts`, `nodes` (Slurm's node list of the last attempt), `run_dir`,
@@ -99,6 +110,9 @@ class SlurmJobOperator(BaseOperator):
     :param budget: the first task's cost section (pcflow.budget: prices, nodes, `budget_usd`): the wait
         logs the run's cost so far every `report_every_s` and, when it reaches the budget, cancels the job;
         the task still succeeds, with outcome `budget_exhausted`.
+    :param outputs: files (relative to the run directory, e.g. `model.pt`, `metrics.jsonl`) a job that
+        completed must have left: each present, not empty, and of the size the job's exit marker recorded
+        (the wrapper records model.pt's and metrics.jsonl's). Checked for a single job; an array's trials are not.
     :param secret_env: the references (`{name: {"variable": key}}`, pcflow.runspec.SecretReference) of the
         secrets among `env`: the trigger reads them again so the log lines it streams show `***` instead.
     :param deferrable: wait in the triggerer, or in this worker with the same semantics; the default is
@@ -146,6 +160,7 @@ class SlurmJobOperator(BaseOperator):
         payload_dir: str | None = None,
         budget: dict[str, Any] | None = None,
         secret_env: dict[str, dict[str, str]] | None = None,
+        outputs: Sequence[str] = (),
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -166,6 +181,7 @@ class SlurmJobOperator(BaseOperator):
         self.early_stopping = early_stopping
         self.budget = budget
         self.secret_env = secret_env
+        self.outputs = tuple(outputs)
         self.deferrable = deferrable
         self.job_id: str | None = None
         self.run_started: float | None = None
@@ -290,7 +306,7 @@ class SlurmJobOperator(BaseOperator):
         from pcflow.budget import BUDGET_FILE
 
         spent = self.hook.read_json(f"{budget_dir or run_dir.root}/{BUDGET_FILE}") or {}
-        return Outcome.BUDGET_EXHAUSTED if str(spent.get("job_id")) == info.job_id.split("_")[0] else None
+        return ENDED_ON_PURPOSE[BUDGET_SIGNAL] if str(spent.get("job_id")) == info.job_id.split("_")[0] else None
 
     def _from_marker(self, job_id: str, run_dir: RunDir) -> JobInfo | None:
         """Slurm forgot the job (no accounting, MinJobAge passed): its exit marker still tells the end."""
@@ -332,6 +348,7 @@ class SlurmJobOperator(BaseOperator):
         if previous.state is JobState.COMPLETED:
             self.log.info("Slurm job %s of this run already completed; adopting its result", previous.job_id)
             self.job_id = previous.job_id
+            self.check_outputs(run_dir)
             return self.result(run_dir, previous, exit_code=previous.exit_code or 0)
         if outcome := self.ended_on_purpose(previous, run_dir):
             self.log.info(
@@ -423,6 +440,8 @@ class SlurmJobOperator(BaseOperator):
         if event["status"] == "success":
             self.log.info("%s", event["message"])
             return self.result_from_event(run_dir, event)
+        if event.get("retryable") is False and event["status"] == "failed":  # outcomes.END_STATES: a final end
+            raise JobFailedForGood(self.failure_message(run_dir, event))
         if event.get("retryable") is False:  # the trigger's own refusal (a host key mismatch): not retried
             raise PcflowInputError(event["message"])
         if event.get("outcome") in {str(o) for o in Outcome if o.needs_cancel}:
@@ -432,7 +451,27 @@ class SlurmJobOperator(BaseOperator):
     def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:
         """The result XCom from the trigger's success event (a subclass reads its own event shape)."""
         info = JobInfo.from_dict(event["job"]) if event.get("job") else None
+        if event["outcome"] == str(Outcome.SUCCESS):
+            self.check_outputs(run_dir, event.get("log_tail") or [])
         return self.result(run_dir, info, exit_code=event.get("exit_code") or 0, outcome=event["outcome"])
+
+    def check_outputs(self, run_dir: RunDir, log_tail: Sequence[str] = ()) -> None:
+        """A job that completed without one of its declared outputs, or with one empty or cut short, did not do
+        its work: the task fails for good, naming them (a retry would adopt the same job, find the same files)."""
+        if not self.outputs:
+            return
+        marker = self._marker(self.job_id, run_dir) or {}
+        recorded = marker.get("outputs") if isinstance(marker.get("outputs"), dict) else {}
+        sizes = {name: self.hook.file_size(f"{run_dir.root}/{name}") for name in self.outputs}
+        problems = output_problems(sizes, recorded)
+        if not problems:
+            return
+        message = (
+            f"Slurm job {self.job_id} completed, but {'; '.join(problems)} (in {run_dir.root}): the program exited "
+            "0 without leaving what this task declares (outputs). Its log says what it did last. The task is not "
+            "retried: a retry would adopt the same completed job."
+        )
+        raise JobOutputsMissing(self.failure_message(run_dir, {"message": message, "log_tail": list(log_tail)}))
 
     def failure_message(self, run_dir: RunDir, event: dict[str, Any]) -> str:
         """The trigger's reason with the log's last lines, so the task log shows why without a trip to the cluster."""
@@ -443,7 +482,7 @@ class SlurmJobOperator(BaseOperator):
         self, run_dir: RunDir, info: JobInfo | None, exit_code: int = 0, outcome: str = str(Outcome.SUCCESS)
     ) -> dict[str, Any]:
         """The small XCom of a successful job, for the metrics stage and for users."""
-        stopped = outcome in {str(o) for o in ENDED_ON_PURPOSE.values()}
+        stopped = outcome in STOPPED_ON_PURPOSE
         return {
             "job_id": self.job_id,
             "outcome": outcome,

@@ -45,6 +45,7 @@ from pcflow.slurm.hook import (
     quote_command,
     with_slurm_bin,
 )
+from pcflow.slurm.outcomes import Outcome
 from pcflow.slurm.progress import ArrayProgress, JobProgress
 from pcflow.slurm.session import CONNECTION_ERRORS, Seat, View
 from pcflow.slurm.states import JobInfo, JobState
@@ -53,7 +54,6 @@ from pcflow.slurm.watch import (
     ArrayWatch,
     JobWatch,
     LogCursor,
-    Outcome,
     Verdict,
     WatchPolicy,
     ends_cleanly,
@@ -283,7 +283,7 @@ class HeadNodeTrigger(BaseTrigger):
         if not self.budget_spent or verdict.outcome.ok:
             return verdict
         message = f"{verdict.message} (pcflow cancelled Slurm job {self.job_id} when the run reached its budget)"
-        return dataclasses.replace(verdict, outcome=Outcome.BUDGET_EXHAUSTED, message=message)
+        return dataclasses.replace(verdict, outcome=Outcome.BUDGET_EXHAUSTED, message=message, retryable=True)
 
     @staticmethod
     async def size_of(sftp: asyncssh.SFTPClient, path: str) -> int | None:
@@ -527,6 +527,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
             "run_dir": self.run_dir,
             "message": verdict.message,
             "exit_code": verdict.exit_code,
+            "retryable": verdict.retryable,  # False: a failure a retry would repeat (outcomes.END_STATES)
             "job": info.as_dict() if info is not None else None,
             "log_offset": self.cursor.offset,
             "log_tail": list(self.cursor.tail),

@@ -2,7 +2,8 @@
 
 A watcher sees three things: Slurm's view of the job (`JobInfo`, or None once Slurm has forgotten
 it), the exit marker the batch script's wrapper writes, and the clock. Requeues are progress, not
-failure: Slurm keeps the job id, bumps the restart count and runs the script again.
+failure: Slurm keeps the job id, bumps the restart count and runs the script again. What an end
+means (its outcome, whether a retry may help, its message) is outcomes.END_STATES's to say.
 """
 
 from __future__ import annotations
@@ -10,32 +11,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
+from pcflow.slurm.outcomes import (
+    BUDGET_SIGNAL,
+    END_STATES,
+    ENDED_ON_PURPOSE,
+    EndedBy,
+    Outcome,
+    describe_end,
+    end_message,
+)
 from pcflow.slurm.states import JobInfo, JobState
-
-
-class Outcome(StrEnum):
-    """How a wait ended. Its values are stored (the result's and the event's `outcome`): a rename breaks readers
-    of old runs."""
-
-    SUCCESS = "success"
-    STOPPED_EARLY = "stopped_early"
-    BUDGET_EXHAUSTED = "budget_exhausted"
-    FAILED = "failed"
-    PENDING_TIMEOUT = "pending_timeout"
-    TOO_MANY_RESTARTS = "too_many_restarts"
-    LOST = "lost"
-
-    @property
-    def ok(self) -> bool:
-        """The task succeeds: the job completed, or pcflow ended it on purpose (early stopping, the budget)."""
-        return self in (Outcome.SUCCESS, Outcome.STOPPED_EARLY, Outcome.BUDGET_EXHAUSTED)
-
-    @property
-    def needs_cancel(self) -> bool:
-        """The job may still be queued or running: the waiter gave up, so Slurm must be told."""
-        return self in (Outcome.PENDING_TIMEOUT, Outcome.TOO_MANY_RESTARTS)
 
 
 @dataclass(frozen=True)
@@ -59,33 +45,13 @@ class WatchPolicy:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The end of one job's wait: its outcome, the message for the task log and the exit code when one is known."""
+    """The end of one job's wait: its outcome, the message for the task log, the exit code when one is known and
+    whether a failure is worth a retry (outcomes.END_STATES decides; the waiter's own give-ups are)."""
 
     outcome: Outcome
     message: str
     exit_code: int | None = None
-
-
-_FAILURE_ADVICE = {
-    JobState.TIMEOUT: "reached its time limit; raise resources.time_limit or checkpoint more often "
-    "(a retry resumes from the last checkpoint)",
-    JobState.OUT_OF_MEMORY: "ran out of memory; use a larger instance type, fewer tasks per node or a smaller "
-    "batch size",
-    JobState.CANCELLED: "was cancelled (scancel by a user, an administrator or pcflow's on_kill)",
-    JobState.DEADLINE: "missed its --deadline",
-    JobState.BOOT_FAIL: "could not start because its node failed to boot",
-    JobState.NODE_FAIL: "lost a node and Slurm did not requeue it (requeue disabled, or --no-requeue)",
-    JobState.PREEMPTED: "was preempted and Slurm did not requeue it",
-    JobState.FAILED: "failed",
-}
-
-
-#: The wrapper's marker signal when the SIGTERM came from pcflow's early-stopping check (metrics.early_stop).
-EARLY_STOP_SIGNAL = "early_stop"
-#: ... and when it came from the train task's budget cap (pcflow.budget, budget_exhausted.json).
-BUDGET_SIGNAL = "budget_exhausted"
-#: A job pcflow ended on purpose, by the marker's signal: a decision, not a failure.
-ENDED_ON_PURPOSE = {EARLY_STOP_SIGNAL: Outcome.STOPPED_EARLY, BUDGET_SIGNAL: Outcome.BUDGET_EXHAUSTED}
+    retryable: bool = True
 
 
 def marker_matches(marker: dict | None, info: JobInfo | None) -> bool:
@@ -207,28 +173,17 @@ class JobWatch:
         return self._finished(info, info.exit_code)
 
     def _finished(self, info: JobInfo, exit_code: int | None, marker: dict | None = None) -> Verdict:
-        if marker_matches(marker, info) and marker.get("signal") in ENDED_ON_PURPOSE:
-            return self._on_purpose(info.job_id, marker["signal"], exit_code)
-        if info.state is JobState.COMPLETED or (info.state.is_active and exit_code == 0):
-            return Verdict(Outcome.SUCCESS, f"Slurm job {info.job_id} completed", exit_code or 0)
-        state = info.state if info.state.is_terminal else JobState.FAILED
-        advice = _FAILURE_ADVICE.get(state, f"ended in state {info.raw_state}")
-        code = f" with exit code {exit_code}" if exit_code is not None else ""
-        return Verdict(Outcome.FAILED, f"Slurm job {info.job_id} {advice}{code} ({info.raw_state}).", exit_code)
+        """The job is over: outcomes.END_STATES says what that means, pcflow's own stop (the marker) first."""
+        signal = ((marker or {}).get("signal") or "") if marker_matches(marker, info) else ""
+        end = describe_end(info, exit_code, signal)
+        code = exit_code if exit_code is not None else (0 if end.outcome is Outcome.SUCCESS else None)
+        return Verdict(end.outcome, end.message, code, end.rule.retryable)
 
     @staticmethod
     def _on_purpose(job_id: str, signal: str, exit_code: int | None) -> Verdict:
-        if signal == BUDGET_SIGNAL:
-            why = (
-                "was cancelled by pcflow when the run's cost so far reached its budget (the figures are in "
-                "budget_exhausted.json in its run directory)"
-            )
-        else:
-            why = (
-                "was stopped early by pcflow's early-stopping check (its objective stopped improving or "
-                "diverged; the reason is in early_stop.json in its run directory)"
-            )
-        return Verdict(ENDED_ON_PURPOSE[signal], f"Slurm job {job_id} {why}", exit_code)
+        by = EndedBy.BUDGET if signal == BUDGET_SIGNAL else EndedBy.EARLY_STOP
+        rule = END_STATES[None, by]
+        return Verdict(rule.outcome, end_message(job_id, rule), exit_code)
 
     def _forgotten(self, marker: dict | None) -> Verdict:
         """Without accounting, slurmctld forgets a finished job after MinJobAge: the marker decides."""
@@ -236,9 +191,10 @@ class JobWatch:
             code = _int(marker.get("exit_code"), 1)
             if marker.get("signal") in ENDED_ON_PURPOSE:
                 return self._on_purpose(self.job_id, marker["signal"], code)
-            if code == 0:
-                return Verdict(Outcome.SUCCESS, f"Slurm job {self.job_id} completed (from its exit marker)", 0)
-            return Verdict(Outcome.FAILED, f"Slurm job {self.job_id} failed with exit code {code}.", code)
+            state = JobState.COMPLETED if code == 0 else JobState.FAILED
+            info = JobInfo(self.job_id, state, raw_state=f"{state}, from its exit marker")
+            end = describe_end(info, code)
+            return Verdict(end.outcome, end.message, code, end.rule.retryable)
         return Verdict(
             Outcome.LOST,
             f"Slurm no longer knows job {self.job_id} and it left no exit marker: it was probably purged "
@@ -248,11 +204,13 @@ class JobWatch:
 
 @dataclass(frozen=True)
 class ArrayVerdict:
-    """The end of an array's wait: the array's outcome and message, and one record per element for the result."""
+    """The end of an array's wait: the array's outcome and message, and one record per element for the result
+    (an array's failure stays retryable, as it always was: which elements failed how is in `elements`)."""
 
     outcome: Outcome
     message: str
     elements: list[dict]
+    retryable: bool = True
 
 
 class ArrayWatch:

@@ -81,6 +81,35 @@ def test_failing_exit_code_fails_with_code_and_log_tail(slurm: SlurmHook):
     assert "exit code 3" in message and "about to fail" in message
 
 
+def test_a_completed_job_without_its_declared_outputs_fails_for_good(slurm: SlurmHook):
+    """The wrapper records the outputs' sizes in its marker; a job that exits 0 without model.pt fails without
+    retry, naming it, and one that writes both succeeds."""
+    outputs = ("model.pt", "metrics.jsonl")
+    writes_metrics = bash('echo \'{"name": "loss", "value": 1.0, "step": 1}\' >> "$PCFLOW_METRICS_FILE"')
+    op = SlurmJobOperator(task_id="no-model", program=writes_metrics, outputs=outputs, **FAST)
+    context = make_context("no-model")
+    with pytest.raises(AirflowFailException) as failure:
+        run_to_completion(op, context)
+    assert "its output model.pt does not exist" in str(failure.value), str(failure.value)
+    marker = json.loads(slurm.read_file(op.run_dir(context).marker))
+    assert marker["outputs"]["model.pt"] == -1 and marker["outputs"]["metrics.jsonl"] > 0
+    writes_both = bash('head -c 4096 /dev/zero > "$PCFLOW_RUN_DIR/model.pt"; echo "{}" > "$PCFLOW_METRICS_FILE"')
+    done = run_to_completion(
+        SlurmJobOperator(task_id="model", program=writes_both, outputs=outputs, **FAST), make_context("model")
+    )
+    assert done["outcome"] == "success"
+
+
+def test_a_job_cancelled_by_someone_fails_without_retry(slurm: SlurmHook):
+    op = SlurmJobOperator(task_id="cancelled", program=bash("sleep 120"), **FAST)
+    context = make_context("cancelled")
+    trigger = defer(op, context)
+    slurm.cancel(trigger.job_id)
+    with pytest.raises(AirflowFailException) as failure:
+        op.execute_complete(context, first_event(trigger))
+    assert "was cancelled" in str(failure.value) and "not retried" in str(failure.value), str(failure.value)
+
+
 def test_a_task_failing_beside_another_is_a_failure_not_an_interruption(slurm: SlurmHook):
     """srun ends the other task when one fails and returns 143, though the batch shell had no SIGTERM: the
     marker names no signal, so the wait reports the failure instead of holding it for a requeue that will
