@@ -63,3 +63,8 @@ def deferred_trigger(op, context: dict):
     classpath, kwargs = deferred.value.trigger.serialize()
     module, _, name = classpath.rpartition(".")
     return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+def run_to_end(op, context: dict, timeout: float = 120) -> dict:
+    """What a deferrable task does from start to end: execute, its trigger's first event, execute_complete."""
+    return op.execute_complete(context, first_event(deferred_trigger(op, context), timeout=timeout))

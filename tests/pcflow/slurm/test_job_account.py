@@ -7,7 +7,6 @@ the job still reports what it may write, and pcflow cancels it through sudo. Rea
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import pwd
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from stacktools import LocalStack
-from taskcontext import first_event, make_context
+from taskcontext import make_context, run_to_end
 
 from pcflow.patterns import DEFAULT_JOB_USER
 from pcflow.slurm.head_node import HeadNode
@@ -68,16 +67,6 @@ def payload_dir(local_stack: LocalStack) -> str:
     finally:
         hook.close()
     return str(shipped["dir"])
-
-
-def run_to_end(op: SlurmJobOperator, context: dict) -> dict:
-    """execute, the trigger's first event, execute_complete: what the train task does."""
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute(context)
-    classpath, kwargs = deferred.value.trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    trigger = getattr(importlib.import_module(module), name)(**kwargs)
-    return op.execute_complete(context, first_event(trigger, timeout=120))
 
 
 @pytest.mark.stack

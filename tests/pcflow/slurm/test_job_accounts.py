@@ -5,16 +5,14 @@ shared root over SSH, real jobs of the real accounts."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import subprocess
 import uuid
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
 from stacktools import LocalStack
-from taskcontext import first_event, make_context
+from taskcontext import make_context, run_to_end
 
 from pcflow.naming import run_key_from_context
 from pcflow.patterns import DEFAULT_JOB_USER, job_account_names
@@ -44,12 +42,7 @@ def run_job(program: str, account: str, context: dict, env: dict | None = None, 
     """One SlurmJobOperator run to its end as `account`: execute, the trigger's first event, execute_complete."""
     head_node = HeadNode(job_user=account)
     op = SlurmJobOperator(task_id=task, program=["bash", "-c", program], head_node=head_node, env=env, **FAST)
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute(context)
-    classpath, kwargs = deferred.value.trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    trigger = getattr(importlib.import_module(module), name)(**kwargs)
-    return op.execute_complete(context, first_event(trigger, timeout=120))
+    return run_to_end(op, context)
 
 
 def said(result: dict) -> dict[str, str]:
