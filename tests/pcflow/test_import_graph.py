@@ -153,3 +153,17 @@ def test_pcflow_imports_nothing_by_name_but_its_stored_name_shims():
         for function in dynamic_imports(path)
     }
     assert found == set(DYNAMIC_IMPORTS)
+
+
+def test_the_architecture_page_names_the_contract_s_layers_in_order():
+    """docs/architecture.md's table is the layer picture a maintainer reads: one row per layer of the
+    contract, top down, naming exactly that layer's modules (so a module moved in pyproject.toml moves
+    on the page too)."""
+    import re
+    import tomllib
+
+    contract = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+    layers = [set(re.split(r"\s*[:|]\s*", layer.strip())) for layer in contract["layers"]]
+    page = (REPO / "docs" / "architecture.md").read_text()
+    rows = [line.split("|")[2] for line in page.splitlines() if re.match(r"^\| [a-z][^|]* \| `", line)]
+    assert [set(re.findall(r"`([a-z_]+)`", row)) for row in rows] == layers
