@@ -502,12 +502,13 @@ def ensure_job_account() -> None:
 def make_account(name: str, uid: int) -> None:
     """A system account `name` in a group of its own, with `uid` (and gid) unless another holds it."""
 
-    def free(database: str) -> list[str]:
-        return [] if run(["getent", database, str(uid)], check=False).returncode == 0 else [str(uid)]
+    def number(database: str, option: str) -> list[str]:
+        taken = run(["getent", database, str(uid)], check=False).returncode == 0
+        return [] if taken else [option, str(uid)]
 
     if run(["getent", "group", name], check=False).returncode != 0:
-        run(["groupadd", "--system", *(["--gid", *free("group")] if free("group") else []), name])
-    ids = ["--uid", *free("passwd")] if free("passwd") else []
+        run(["groupadd", "--system", *number("group", "--gid"), name])
+    ids = number("passwd", "--uid")
     argv = ["useradd", "--system", *ids, "--gid", name, "--no-create-home", "--home-dir", "/nonexistent"]
     run([*argv, "--shell", "/usr/sbin/nologin", "--comment", "pcflow jobs", name])
 

@@ -226,8 +226,11 @@ def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id:
             f"{', '.join(owned)}: set from the network section (network.ssh_ingress_cidrs, "
             "network.allow_ssh_from_anywhere), not in cluster.config"
         )
-    for name in sorted(set(FROM_CLUSTER_SECTION) & set(settings)):
-        raise ClusterSpecError(f"{name}: set as cluster.{name} (the accounts jobs run as), not in cluster.config")
+    clash = sorted(set(FROM_CLUSTER_SECTION) & set(settings))
+    if clash:
+        raise ClusterSpecError(
+            f"{clash[0]}: set as cluster.{clash[0]} (the accounts jobs run as), not in cluster.config"
+        )
     try:
         allowed_ips = head_node_allowed_ips(run["network"].get("ssh_ingress_cidrs") or ())
     except ValueError as exc:

@@ -95,6 +95,11 @@ def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, An
     return data_dir
 
 
+def shared_root_of(cluster: dict[str, Any], hook: Any) -> str | None:
+    """Where the cluster keeps pcflow's files: what its ensure task found, else the SSH connection's extra."""
+    return cluster.get("shared_root") or hook.shared_root
+
+
 @task(multiple_outputs=True)
 def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
     """The run's code on the cluster: the profile's payload, shipped by content hash (reused when there)."""
@@ -108,8 +113,7 @@ def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
         archive = build_archive(run["training"]["payload"])
-        root = cluster.get("shared_root") or hook.shared_root
-        return ship(hook, archive, shared_root=root, log=logging.getLogger("airflow.task"))
+        return ship(hook, archive, shared_root=shared_root_of(cluster, hook), log=logging.getLogger("airflow.task"))
     finally:
         hook.close()
 
@@ -127,9 +131,10 @@ def check_environment(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str,
 
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
-        root = cluster.get("shared_root") or hook.shared_root
         python = run["training"]["python"]
-        return verify_environment(hook, python, shared_root=root, log=logging.getLogger("airflow.task"))
+        return verify_environment(
+            hook, python, shared_root=shared_root_of(cluster, hook), log=logging.getLogger("airflow.task")
+        )
     finally:
         hook.close()
 
@@ -155,9 +160,8 @@ def lease_job_account(run: dict[str, Any], cluster: dict[str, Any]) -> str | Non
 
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
-        root = cluster.get("shared_root") or hook.shared_root
         names = job_account_names(settings["job_user"], settings.get("job_accounts", 1))
-        return lease(hook, root, run_key_from_context(get_current_context()), names)
+        return lease(hook, shared_root_of(cluster, hook), run_key_from_context(get_current_context()), names)
     finally:
         hook.close()
 
@@ -175,13 +179,11 @@ def release_job_account(cluster: dict[str, Any] | None, account: str | None) -> 
     from pcflow.naming import run_key_from_context
     from pcflow.slurm.accounts import release
     from pcflow.slurm.hook import SlurmHook
-    from pcflow.slurm.spec import RunDir
 
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
-        root = cluster.get("shared_root") or hook.shared_root
         key = run_key_from_context(get_current_context())
-        still = release(hook, root, key, account, RunDir.for_job(root, key, "train").parent)
+        still = release(hook, shared_root_of(cluster, hook), key, account)
     finally:
         hook.close()
     if still:

@@ -16,6 +16,7 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from pcflow.errors import PcflowError
+from pcflow.slurm.spec import under_runs
 
 if TYPE_CHECKING:
     from pcflow.slurm.hook import SlurmHook
@@ -77,11 +78,13 @@ def active_jobs(hook: SlurmHook, account: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def release(hook: SlurmHook, shared_root: str, run_key: str, account: str, run_dir: str) -> list[str]:
-    """Close the run's directory and give the account back, once no job of it runs any more; returns the
-    jobs that keep it leased (empty when released). Only this run's lease is removed."""
+def release(hook: SlurmHook, shared_root: str, run_key: str, account: str) -> list[str]:
+    """Close the run's directory (`<shared root>/pcflow/runs/<run key>`) and give the account back, once no
+    job of it runs any more; returns the jobs that keep it leased (empty when released). Only this run's
+    lease is removed."""
     still = active_jobs(hook, account)
     if still:
         return still
+    run_dir = under_runs(shared_root, run_key)
     hook.run(["sh", "-c", _RELEASE, "sh", lease_path(shared_root, account), run_key, run_dir])
     return []

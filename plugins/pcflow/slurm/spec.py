@@ -218,6 +218,22 @@ class JobSpec(BaseModel):
         return [self.python, *self.script] if self.payload_dir is not None else list(self.program)
 
 
+def under_runs(shared_root: str, *names: str) -> str:
+    """`<shared root>/pcflow/runs/<names...>`: a run's directory (its key) or a job's (key, task). Refuses a
+    shared root that is not a plain absolute path and a run key or task that is not a plain name, so the
+    path cannot leave the runs directory."""
+    if not ABS_PATH.fullmatch(shared_root or ""):
+        raise ValueError(
+            f"shared root must be an absolute path of letters, digits and _.@+-/ (got {shared_root!r}); set "
+            "the SSH connection's `shared_root` extra or the operator's shared_root"
+        )
+    for part in names:
+        if not NAME.fullmatch(part) or part in (".", ".."):
+            raise ValueError(f"run key and task must be simple names, got {part!r}")
+    runs = posixpath.join(shared_root, "pcflow", "runs")
+    return remote_within(posixpath.join(runs, *names), runs)
+
+
 @dataclass(frozen=True)
 class RunDir:
     """`<shared root>/pcflow/runs/<run key>/<task>/`: everything one job reads and writes."""
@@ -226,18 +242,8 @@ class RunDir:
 
     @classmethod
     def for_job(cls, shared_root: str, run_key: str, task: str) -> RunDir:
-        """`<shared root>/pcflow/runs/<run key>/<task>`; refuses a shared root that is not a plain absolute path
-        and a run key or task that is not a plain name, so the path cannot leave the runs directory."""
-        if not ABS_PATH.fullmatch(shared_root or ""):
-            raise ValueError(
-                f"shared root must be an absolute path of letters, digits and _.@+-/ (got {shared_root!r}); set "
-                "the SSH connection's `shared_root` extra or the operator's shared_root"
-            )
-        for part in (run_key, task):
-            if not NAME.fullmatch(part) or part in (".", ".."):
-                raise ValueError(f"run key and task must be simple names, got {part!r}")
-        runs = posixpath.join(shared_root, "pcflow", "runs")
-        return cls(remote_within(posixpath.join(runs, run_key, task), runs))
+        """`<shared root>/pcflow/runs/<run key>/<task>` (`under_runs`)."""
+        return cls(under_runs(shared_root, run_key, task))
 
     def _path(self, name: str) -> str:
         return posixpath.join(self.root, name)

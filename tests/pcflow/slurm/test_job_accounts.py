@@ -71,14 +71,14 @@ def test_leases_are_one_per_run_kept_on_retry_refused_when_all_are_held_and_free
         lease(hook, root, keys[2], pool)
     run_dir = f"{root}/pcflow/runs/{keys[0]}"
     hook.makedirs(run_dir)
-    release(hook, root, keys[1], first, f"{root}/pcflow/runs/{keys[1]}")  # not its lease: left alone
+    release(hook, root, keys[1], first)  # not its lease: left alone
     with pytest.raises(NoJobAccount):
         lease(hook, root, keys[2], pool)
-    assert release(hook, root, keys[0], first, run_dir) == []
+    assert release(hook, root, keys[0], first) == []
     assert lease(hook, root, keys[2], pool) == first
     assert hook.run(["stat", "-c", "%a", run_dir]).stdout.strip() == "700"  # closed to the account
     for key, account in ((keys[1], second), (keys[2], first)):
-        release(hook, root, key, account, run_dir)
+        release(hook, root, key, account)
     assert hook.run(["ls", f"{root}/pcflow/job-accounts"]).stdout.split() == []
 
 
@@ -91,7 +91,7 @@ def test_an_account_with_a_job_still_running_stays_leased(local_stack: LocalStac
     job = subprocess.run([*argv, "--wrap", "sleep 60"], env=env, check=True, capture_output=True, text=True)
     job_id = job.stdout.strip()
     try:
-        assert release(hook, root, key, account, f"{root}/pcflow/runs/{key}") == [job_id]
+        assert release(hook, root, key, account) == [job_id]
         assert hook.read_file(lease_path(root, account)).decode().strip() == key
     finally:
         hook.cancel(job_id)  # the SSH user is root here: Slurm lets it
@@ -119,12 +119,12 @@ def test_one_run_s_job_cannot_reach_another_s_files_nor_the_next_run_s_what_it_l
     b = run_job(PRYING, account_b, contexts[1], other)
     assert {what: said(b)[what] for what in attempts} == dict.fromkeys(attempts, "refused")
 
-    assert release(hook, root, keys[0], account_a, other["OTHER_RUN"]) == []
+    assert release(hook, root, keys[0], account_a) == []
     assert lease(hook, root, keys[2], [account_a]) == account_a  # the next run on A's account
     c = run_job(PRYING, account_a, contexts[2], other)
     assert {what: said(c)[what] for what in attempts} == dict.fromkeys(attempts, "refused")
     for key, account in zip(keys[1:], (account_b, account_a), strict=True):
-        release(hook, root, key, account, f"{root}/pcflow/runs/{key}")
+        release(hook, root, key, account)
     logging.getLogger("test").info("A %s, B %s, C %s", account_a, account_b, account_a)
 
 
