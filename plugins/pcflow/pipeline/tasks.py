@@ -147,21 +147,32 @@ ACCOUNT_WAIT = {"retries": 60, "retry_delay": dt.timedelta(minutes=1)}
 def lease_job_account(run: dict[str, Any], cluster: dict[str, Any]) -> str | None:
     """The account this run's jobs run as, leased from the cluster's pool for as long as the run runs
     (pcflow.slurm.accounts); None when the profile runs jobs as the SSH user (no `cluster.job_user`). With
-    every account held by other running runs, it waits for one (ACCOUNT_WAIT)."""
+    every account held by other running runs, it waits for one (ACCOUNT_WAIT); one held by a run that is
+    over (Airflow says so) without having released it is reclaimed."""
     settings = run["cluster"]
     if not settings.get("job_user"):
         return None
     from airflow.sdk import get_current_context
 
-    from pcflow.naming import run_key_from_context
+    from pcflow.aws.janitor import UNFINISHED, task_run_state
+    from pcflow.naming import dag_run_of, run_key_from_context
     from pcflow.patterns import job_account_names
     from pcflow.slurm.accounts import lease
     from pcflow.slurm.hook import SlurmHook
 
+    context = get_current_context()
+    run_state = task_run_state(context["ti"])
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
         names = job_account_names(settings["job_user"], settings.get("job_accounts", 1))
-        return lease(hook, shared_root_of(cluster, hook), run_key_from_context(get_current_context()), names)
+        return lease(
+            hook,
+            shared_root_of(cluster, hook),
+            run_key_from_context(context),
+            names,
+            dag_run=dag_run_of(context),
+            run_is_over=lambda dag_id, run_id: run_state(dag_id, run_id) not in UNFINISHED,
+        )
     finally:
         hook.close()
 

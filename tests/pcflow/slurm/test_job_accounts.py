@@ -83,6 +83,37 @@ def test_leases_are_one_per_run_kept_on_retry_refused_when_all_are_held_and_free
 
 
 @pytest.mark.stack
+def test_an_account_held_by_a_run_that_is_over_is_reclaimed_and_no_other(hook):
+    """A run that never released its account (its teardown never ran) loses it to the next run once Airflow
+    says it is over; one still running, one whose state Airflow does not give, keep theirs."""
+    root = hook.shared_root
+    pool = [f"{DEFAULT_JOB_USER}-{i}" for i in (3, 4)]
+    keys = {name: f"test-{name}-{uuid.uuid4().hex[:8]}" for name in ("over", "running", "next", "unknown")}
+    states = {"over": "failed", "running": "running"}
+    held = {name: lease(hook, root, keys[name], pool, dag_run=("pretrain", name)) for name in ("over", "running")}
+    run_dir = f"{root}/pcflow/runs/{keys['over']}"
+    hook.makedirs(run_dir)
+
+    def run_is_over(dag_id: str, run_id: str) -> bool:
+        assert dag_id == "pretrain"
+        if run_id not in states:
+            raise RuntimeError("the execution API did not answer")
+        return states[run_id] not in ("queued", "running")
+
+    with pytest.raises(NoJobAccount):  # without Airflow's word nothing is reclaimed
+        lease(hook, root, keys["next"], pool, dag_run=("pretrain", "next"))
+    assert lease(hook, root, keys["next"], pool, dag_run=("pretrain", "next"), run_is_over=run_is_over) == held["over"]
+    assert hook.run(["stat", "-c", "%a", run_dir]).stdout.strip() == "700"  # closed, as its release would have
+    assert hook.read_file(lease_path(root, held["running"])).decode().split("\n")[0] == keys["running"]
+    # Held now by a run still running and one whose state Airflow does not give (no entry): both kept.
+    with pytest.raises(NoJobAccount):
+        lease(hook, root, keys["unknown"], pool, dag_run=("pretrain", "unknown"), run_is_over=run_is_over)
+    for name in ("running", "next"):
+        release(hook, root, keys[name], held.get(name) or held["over"])
+    assert hook.run(["ls", f"{root}/pcflow/job-accounts"]).stdout.split() == []
+
+
+@pytest.mark.stack
 def test_an_account_with_a_job_still_running_stays_leased(local_stack: LocalStack, hook):
     root, key, account = hook.shared_root, f"test-{uuid.uuid4().hex[:12]}", f"{DEFAULT_JOB_USER}-7"
     assert lease(hook, root, key, [account]) == account
