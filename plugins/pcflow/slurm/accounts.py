@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pcflow.errors import PcflowError
-from pcflow.slurm.spec import under_runs
+from pcflow.slurm.spec import RUN_DATA, under_runs
 
 if TYPE_CHECKING:
     from pcflow.slurm.hook import SlurmHook
@@ -49,9 +49,10 @@ _LEASE = (
     'for a; do if (set -C; printf \'%s\\n\' "$k" "$g" "$r" > "$d/$a") 2>/dev/null; then echo "$a"; exit 0; fi; '
     f"done; exit {ALL_TAKEN}"
 )
-# $1 the lease file, $2 the run key, $3 the run's directory: closed, then the lease removed if it is the run's.
+# $1 the lease file, $2 the run key, $3 the run's directory: closed and its view of the data ($4) removed,
+# then the lease removed if it is the run's.
 _RELEASE = (
-    'l=$1; k=$2; r=$3; if [ -d "$r" ]; then chmod 0700 -- "$r" || exit 1; fi; '
+    'l=$1; k=$2; r=$3; v=$4; if [ -d "$r" ]; then chmod 0700 -- "$r" && rm -rf -- "$v" || exit 1; fi; '
     '[ "$(head -n 1 -- "$l" 2>/dev/null)" = "$k" ] && rm -f -- "$l"; exit 0'
 )
 # $1 the lease directory, $2 the most bytes of each lease to show, then the accounts: each lease, NUL-ended.
@@ -173,5 +174,6 @@ def release(hook: SlurmHook, shared_root: str, run_key: str, account: str) -> li
     if still:
         return still
     run_dir = under_runs(shared_root, run_key)
-    hook.run(["sh", "-c", _RELEASE, "sh", lease_path(shared_root, account), run_key, run_dir])
+    view = posixpath.join(run_dir, RUN_DATA)
+    hook.run(["sh", "-c", _RELEASE, "sh", lease_path(shared_root, account), run_key, run_dir, view])
     return []
