@@ -41,6 +41,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class FsxOwnerSettings(_Section):
+    """Whom FSx for Lustre makes the owner of the files it imports from the dataset's prefix: the cluster's
+    SSH user (pcflow.dataset.posix), so the partitions are its own and a job reads only its run's."""
+
+    uid: int = Field(ge=0, le=2**31 - 1)
+    gid: int = Field(ge=0, le=2**31 - 1)
+
+
 class DatasetSettings(_Section):
     """Where the run's data comes from and where in S3 its partition goes; the prefix is checked by the dataset
     stage's own rule."""
@@ -50,6 +58,10 @@ class DatasetSettings(_Section):
     prefix: str = "datasets/digits"
     mode: Literal["sync", "shard"] = "sync"
     partition: str | None = Field(None, pattern=PARTITION.pattern)
+    fsx_owner: FsxOwnerSettings | None = Field(
+        None,
+        description="the cluster's SSH user's uid and gid, given to what FSx imports; none: root's, readable by all",
+    )
 
     @field_validator("bucket")
     @classmethod

@@ -31,8 +31,12 @@ from pcflow.paths import remote_within
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import RUN_DATA
 
-# $1 the partition's copy, $2 the view: made beside it and renamed into place, so a retry replaces it whole.
-_LINK = 'd=$1; v=$2; t="$v.tmp"; rm -rf -- "$t" && cp -al -- "$d" "$t" && rm -rf -- "$v" && mv -T -- "$t" "$v"'
+# $1 the partition's copy, $2 the view: made beside it and renamed into place, so a retry replaces it whole;
+# its top directory opened (the partition's own is the SSH user's alone): the run's directory guards it.
+_LINK = (
+    'd=$1; v=$2; t="$v.tmp"; rm -rf -- "$t" && cp -al -- "$d" "$t" && chmod 0755 -- "$t" && rm -rf -- "$v" '
+    '&& mv -T -- "$t" "$v"'
+)
 #: Objects read ahead of the tar stream: at most this many, and this many bytes (or one larger object).
 WINDOW_OBJECTS = 256
 WINDOW_BYTES = 256 << 20

@@ -162,6 +162,7 @@ def dataset_stage(source: Any) -> Any:
         mode=RUN.dataset.mode,
         # A cluster kept from an earlier run already has its file system: import the new partition.
         fsx_file_system_id=EXISTING_FILE_SYSTEM,
+        fsx_owner=RUN.dataset.fsx_owner,  # FSx makes the SSH user the owner of what it imports
         outlets=[DATASET],  # new content in the partition: an event of the stack's dataset (pcflow.lineage)
         **aws_args(),
     )

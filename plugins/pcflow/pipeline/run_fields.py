@@ -18,6 +18,10 @@ FIELDS: dict[str, Any] = {
         "prefix": None,
         "mode": None,
         "partition": None,
+        "fsx_owner": {
+            "uid": None,
+            "gid": None,
+        },
     },
     "ami": {
         "enabled": None,

@@ -242,7 +242,7 @@ def training_inputs(
     from pcflow.runspec import DATA_DIR
 
     head_node = HeadNode.from_cluster(cluster).running_jobs_as(job_account)
-    if job_account and cluster["provider"] == "static":  # its partition's copy, seen through its run's directory
+    if job_account:  # the partition, seen through its run's directory (the partitions are the SSH user's)
         data_dir = partition_view(head_node, shared_root_of(cluster, None), data_dir)
     hyperparameters = {**run["training"]["hyperparameters"], DATA_DIR: data_dir}
     return {

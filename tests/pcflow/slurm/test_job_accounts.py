@@ -173,6 +173,7 @@ def test_a_job_reads_its_own_partition_through_its_run_and_no_other(local_stack:
     hook.makedirs(ours, theirs)
     for partition in (ours, theirs):
         hook.write_file(f"{partition}/shard-000.txt", "pixels\n", mode=0o644)  # as stage-in's tar leaves it
+    hook.run(["chmod", "0700", ours])  # as FSx imports a partition (pcflow.dataset.posix): the view opens it
     contexts = [make_context("train") for _ in range(2)]
     keys = [run_key_from_context(c) for c in contexts]
     accounts = [lease(hook, root, key, POOL[4:6]) for key in keys]
