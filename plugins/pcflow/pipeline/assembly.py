@@ -251,7 +251,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
             task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
         )
     [inputs, environment] >> train
-    metrics = metrics_stage(train, stages, inputs["head_node"], sweep=sweep)
+    metrics = metrics_stage(train, {**stages, "prepare_environment": prepared}, inputs["head_node"], sweep=sweep)
     # The account back to the pool once the run is done with the cluster, whatever became of training.
     release = release_job_account(cluster, account)
     metrics >> release.as_teardown(setups=account)
@@ -283,6 +283,7 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
         cloudwatch=RUN.metrics.publish_cloudwatch,
         head_node=head_node,
         dataset=stages["dataset"].output,
+        environment=stages["prepare_environment"],  # provenance: the environment's id, built or reused
         inlets=[DATASET],
         outlets=[PRETRAINED_ENCODER],
         **aws_args(),  # priced with the run's region's prices

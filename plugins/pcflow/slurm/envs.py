@@ -8,9 +8,11 @@ interpreter's path), and where packages come from (the admin's index options). T
 cluster find `<shared root>/pcflow/envs/<id>/` there and build nothing.
 
 The build is `build-env.sh` (package data, sent over SSH with every prepare), run as the SSH user: under a
-lock on the shared file system, into a private temporary directory, recorded with the same integrity record
-`check_environment` verifies (include/ami/tree-record.sh), renamed into place in one step. Jobs run as
-their own account: they read and run the environment, never write it (0755/0644, the SSH user's).
+lock on the shared file system (one per cluster: builds on a cluster run one at a time, a reuse waits for
+a build in progress, LOCK_WAIT_S at most, then the task retries), into a private temporary directory,
+recorded with the same integrity record `check_environment` verifies (include/ami/tree-record.sh), renamed
+into place in one step. Jobs run as their own account: they read and run the environment, never write it
+(0755/0644, the SSH user's).
 
 Eviction, least recently used first, while all environments together are above `quota_gib`: each prepare
 touches its environment's last-used stamp under the lock, and no environment used within `in_use_hours`
@@ -34,7 +36,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from pcflow.errors import ConfigurationError, PcflowError, profile_setting, refused, trigger_user
+from pcflow.errors import ConfigurationError, PcflowError, connection_admin, profile_setting, refused, trigger_user
 from pcflow.paths import remote_within
 from pcflow.slurm.environment import environment_dir
 from pcflow.slurm.spec import ABS_PATH
@@ -149,6 +151,9 @@ def prepare(
     from pcflow.runspec import EnvironmentSettings
 
     environment = EnvironmentSettings.model_validate(settings)
+    if not ABS_PATH.fullmatch(shared_root or ""):
+        problem = f"the cluster's shared root {shared_root!r} is not an absolute path (its environments live there)"
+        raise refused("shared_root", problem, connection_admin(hook.ssh_conn_id))
     data = read_requirements(hook, code_dir, requirements)
     base = probe_base(hook, python, environment.base)
     env_id = environment_id(data, base, environment)
