@@ -37,6 +37,9 @@ record_script=$1 envs=$2 state=$3 id=$4 base_python=$5 base=$6 uv=$7 quota=$8 in
 shift 11
 index=("$@")
 final=$envs/$id
+for name in $(compgen -e); do # where packages come from is the profile's: no UV_* of the head node's account
+  case $name in UV_*) unset "$name" ;; esac
+done
 
 [ -x "$uv" ] || { echo "no-builder $uv" && exit $NO_BUILDER; }
 mkdir -p -m 755 -- "$envs" && mkdir -p -m 700 -- "$state" "$state/used" "$state/size" && chmod 700 -- "$state" || exit 1
