@@ -5,7 +5,7 @@
 # write them.
 #
 #   build-env.sh <tree-record.sh text> <envs> <state> <id> <base python> <layered|isolated> <uv> \
-#                <quota bytes> <in-use s> <lock wait s> <requirements file> [uv's index options...]
+#                <quota bytes> <in-use s> <lock wait s> <build timeout s> <requirements file> [uv's index options...]
 #
 # <envs>/<id>/ is the environment (0755, files 0644: other accounts read and run it); <state>/ (0700, the
 # SSH user's only) holds the lock, each environment's last-used stamp and size, and uv's cache. Under the
@@ -32,9 +32,10 @@ umask 022
 export LC_ALL=C
 FAILED=3 BUSY=4 NO_BUILDER=5
 BASE_MARK=PCFLOW_BASE # in the metadata of a base package copied for uv (layered)
-[ $# -ge 11 ] || { echo "usage: build-env.sh <record script> <envs> <state> <id> <python> <base> <uv> <quota> <in-use s> <wait s> <requirements> [index options]" >&2 && exit 2; }
-record_script=$1 envs=$2 state=$3 id=$4 base_python=$5 base=$6 uv=$7 quota=$8 in_use=$9 wait_s=${10} requirements=${11}
-shift 11
+[ $# -ge 12 ] || { echo "usage: build-env.sh <record script> <envs> <state> <id> <python> <base> <uv> <quota> <in-use s> <wait s> <timeout s> <requirements> [index options]" >&2 && exit 2; }
+record_script=$1 envs=$2 state=$3 id=$4 base_python=$5 base=$6 uv=$7 quota=$8 in_use=$9 wait_s=${10} limit_s=${11}
+requirements=${12}
+shift 12
 index=("$@")
 final=$envs/$id
 for name in $(compgen -e); do # where packages come from is the profile's: no UV_* of the head node's account
@@ -47,8 +48,13 @@ exec 9>>"$state/lock" || exit 1
 flock -w "$wait_s" 9 || { echo "busy" && exit $BUSY; }
 touch -- "$state/used/$id" || exit 1 # the last-used stamp: this run uses it from now
 
-uv_run() { # uv as pcflow runs it: no user or project config, the state's cache, copies (never links to the cache)
-  "$uv" "$1" --no-config --cache-dir "$state/uv-cache" "${@:2}"
+uv_run() { # uv as pcflow runs it: no user or project config, the state's cache; within the build's time limit
+  local left=$((deadline - $(date +%s)))
+  [ "$left" -gt 0 ] || { echo "the build timed out after $limit_s s" && return 1; }
+  timeout --kill-after=30 "$left" "$uv" "$1" --no-config --cache-dir "$state/uv-cache" "${@:2}" && return
+  local status=$?
+  [ $status -ne 124 ] || echo "the build timed out after $limit_s s"
+  return $status
 }
 
 layer() { # <env>: the base's site-packages after the environment's own, and the base's packages shown to uv
@@ -126,7 +132,7 @@ else
   work=$(mktemp -d -- "$envs/.tmp-$id-XXXXXX") || exit 1 # 0700: private while it is built
   trap 'rm -rf -- "$work"' EXIT
   cp -- "$requirements" "$work/requirements.txt" || exit 1
-  begun=$(date +%s.%N)
+  begun=$(date +%s.%N) deadline=$(($(date +%s) + limit_s))
   build >"$work/log" 2>&1
   status=$?
   if [ $status -ne 0 ]; then

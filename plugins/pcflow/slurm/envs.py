@@ -166,7 +166,8 @@ def prepare(
     argv = [
         *("bash", "-c", build_script(), "build-env.sh", tree_record_script(), envs, state, env_id, python),
         *(environment.base, str(environment.builder), str(int(environment.quota_gib * (1 << 30)))),
-        *(str(int(environment.in_use_hours * 3600)), str(LOCK_WAIT_S), request, *environment.index_options()),
+        *(str(int(environment.in_use_hours * 3600)), str(LOCK_WAIT_S), str(int(environment.build_timeout_s))),
+        *(request, *environment.index_options()),
     ]
     begun = time.monotonic()
     try:

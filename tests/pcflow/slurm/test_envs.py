@@ -27,7 +27,14 @@ from pcflow.paths import include_dir
 from pcflow.patterns import DEFAULT_JOB_USER
 from pcflow.runspec import EnvironmentSettings
 from pcflow.slurm.environment import verify_environment
-from pcflow.slurm.envs import EnvironmentBuildFailed, environment_id, parse_outcome, prepare, refuse_options
+from pcflow.slurm.envs import (
+    EnvironmentBuildBusy,
+    EnvironmentBuildFailed,
+    environment_id,
+    parse_outcome,
+    prepare,
+    refuse_options,
+)
 from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.operators import SlurmJobOperator
@@ -161,6 +168,11 @@ def test_requirements_that_do_not_install_refuse_the_run_and_leave_nothing(place
     assert not any((place / "pcflow/envs" / name / ".pcflow-env/requirements.txt").read_text().count("nothere")
                    for name in left)  # fmt: skip
     assert not list((place / "pcflow/env-state/requests").iterdir())
+    # A build past training.environment.build_timeout_s (here: no time at all) is the cluster's, retried.
+    with pytest.raises(EnvironmentBuildBusy, match="timed out") as late:
+        build(place, "requirements-late.txt", "pcflow_other\n# late\n", build_timeout_s=0.5)
+    assert not isinstance(late.value, AirflowFailException)
+    assert not [p.name for p in (place / "pcflow/envs").iterdir() if p.name.startswith(".")]
 
 
 @pytest.mark.stack
