@@ -141,9 +141,38 @@ def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]
 
 
 @task(multiple_outputs=True)
-def check_environment(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
-    """The environment `training.python` runs the payload in, verified against the record written when it
-    was built (pcflow.slurm.environment): a run whose environment does not match stops here, not retried."""
+def prepare_environment(run: dict[str, Any], cluster: dict[str, Any], code: dict[str, Any]) -> dict[str, Any]:
+    """The run's own environment, from `training.requirements` in its staged code: built once per cluster
+    and reused by every later run whose inputs hash the same (pcflow.slurm.envs); without requirements,
+    `training.python` as it is, nothing built."""
+    training = run["training"]
+    if not training.get("requirements"):
+        return {"id": None, "dir": None, "python": training["python"], "built": False, "build_s": 0.0}
+    import logging
+
+    from pcflow.slurm.envs import prepare
+    from pcflow.slurm.hook import SlurmHook
+
+    hook = SlurmHook(HeadNode.from_cluster(cluster))
+    try:
+        return prepare(
+            hook,
+            code_dir=code["dir"],
+            requirements=training["requirements"],
+            python=training["python"],
+            settings=training["environment"],
+            shared_root=shared_root_of(cluster, hook),
+            log=logging.getLogger("airflow.task"),
+        )
+    finally:
+        hook.close()
+
+
+@task(multiple_outputs=True)
+def check_environment(run: dict[str, Any], cluster: dict[str, Any], prepared: dict[str, Any]) -> dict[str, Any]:
+    """The environment the job runs in (the run's own, `prepare_environment`'s, else `training.python`'s),
+    verified against the record written when it was built (pcflow.slurm.environment), and a layered one's
+    base too, whose packages it imports: a run whose environment does not match stops here, not retried."""
     if not run["training"]["payload"]:  # `program` runs as given, interpreter included: no environment of ours
         return {"dir": None, "record": None, "full_check": False, "check_s": 0.0}
     import logging
@@ -152,11 +181,12 @@ def check_environment(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str,
     from pcflow.slurm.hook import SlurmHook
 
     hook = SlurmHook(HeadNode.from_cluster(cluster))
+    log = logging.getLogger("airflow.task")
     try:
-        python = run["training"]["python"]
-        return verify_environment(
-            hook, python, shared_root=shared_root_of(cluster, hook), log=logging.getLogger("airflow.task")
-        )
+        shared_root = shared_root_of(cluster, hook)
+        if prepared.get("id") and prepared.get("base") == "layered":
+            verify_environment(hook, run["training"]["python"], shared_root=shared_root, log=log)
+        return verify_environment(hook, prepared["python"], shared_root=shared_root, log=log)
     finally:
         hook.close()
 
