@@ -234,6 +234,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         "early_stopping": RUN.early_stopping,
         "pending_timeout": RUN.training.pending_timeout_s,
         "payload_dir": payload["dir"],
+        "hyperparameter_args": RUN.training.hyperparameter_args,
         "budget": RUN.cost,  # the wait logs the cost so far and stops the job at the budget
         "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }

@@ -100,20 +100,39 @@ def shared_root_of(cluster: dict[str, Any], hook: Any) -> str | None:
     return cluster.get("shared_root") or hook.shared_root
 
 
+#: What ship_payload returns when the run has neither a payload nor code of its own.
+NO_CODE = {
+    **{"name": None, "digest": None, "dir": None, "reused": False, "source": None, "url": None, "commit": None},
+    **{"dirty": None, "bytes": 0, "files": 0, "uploaded_bytes": 0},
+}
+
+
 @task(multiple_outputs=True)
 def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
-    """The run's code on the cluster: the profile's payload, shipped by content hash (reused when there)."""
-    if not run["training"]["payload"]:
-        return {"name": None, "digest": None, "dir": None, "reused": False}
+    """The run's code on the cluster, by content hash (reused when there), and its provenance for the run
+    summary: the profile's payload, or the run's own code (`training.code`: pcflow.code.deliver, which
+    also puts its bundle in the stack's bucket once)."""
+    training = run["training"]
+    if not training["payload"] and not training.get("code"):
+        return dict(NO_CODE)
     import logging
 
+    from pcflow.code.deliver import deliver, provenance
     from pcflow.slurm.hook import SlurmHook
     from pcflow.slurm.payload import build_archive, ship
 
+    log = logging.getLogger("airflow.task")
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
-        archive = build_archive(run["training"]["payload"])
-        return ship(hook, archive, shared_root=shared_root_of(cluster, hook), log=logging.getLogger("airflow.task"))
+        shared_root = shared_root_of(cluster, hook)
+        if training.get("code"):
+            from pcflow.aws.clients import aws_client
+
+            s3 = aws_client("s3", aws_conn_id=DEFAULT_AWS_CONN_ID, region_name=run["region"])
+            return deliver(run, hook, shared_root=shared_root, s3=s3, log=log)
+        archive = build_archive(training["payload"])
+        shipped = ship(hook, archive, shared_root=shared_root, log=log)
+        return {**shipped, **provenance(archive), "uploaded_bytes": 0}
     finally:
         hook.close()
 

@@ -1,0 +1,38 @@
+"""A bundle into the stack's bucket once (pcflow.code.upload): HEAD before PUT, a re-run sends 0 bytes,
+and an object at the key that is not these bytes is replaced, not trusted."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from pcflow.code.bundle import pack
+from pcflow.code.upload import bundle_key, upload_once
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    return pack(tmp_path, name="p", max_bytes=1 << 20)
+
+
+@mock_aws
+def test_the_bundle_goes_up_once_by_its_id_with_its_checksum_and_tags(bundle):
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="pcflow-data")
+    first = upload_once(s3, "pcflow-data", bundle, stack="dev")
+    assert first == {"key": f"pcflow/code/{bundle.digest}.tar", "uploaded_bytes": len(bundle.data)}
+    assert upload_once(s3, "pcflow-data", bundle, stack="dev")["uploaded_bytes"] == 0
+    assert s3.get_object(Bucket="pcflow-data", Key=first["key"])["Body"].read() == bundle.data
+    tags = {t["Key"]: t["Value"] for t in s3.get_object_tagging(Bucket="pcflow-data", Key=first["key"])["TagSet"]}
+    assert tags["pcflow:stack"] == "dev"
+
+
+@mock_aws
+def test_an_object_at_the_key_that_is_not_the_bundle_is_replaced(bundle):
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="pcflow-data")
+    s3.put_object(Bucket="pcflow-data", Key=bundle_key(bundle.digest), Body=b"someone else's bytes")
+    assert upload_once(s3, "pcflow-data", bundle, stack="dev")["uploaded_bytes"] == len(bundle.data)
+    assert s3.get_object(Bucket="pcflow-data", Key=bundle_key(bundle.digest))["Body"].read() == bundle.data
