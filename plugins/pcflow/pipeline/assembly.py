@@ -249,7 +249,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
             task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
         )
     [inputs, environment] >> train
-    metrics = metrics_stage(train, stages, inputs["head_node"], sweep=sweep)
+    metrics = metrics_stage(train, {**stages, "ship_payload": payload}, inputs["head_node"], sweep=sweep)
     # The account back to the pool once the run is done with the cluster, whatever became of training.
     release = release_job_account(cluster, account)
     metrics >> release.as_teardown(setups=account)
@@ -280,6 +280,7 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
         cloudwatch=RUN.metrics.publish_cloudwatch,
         head_node=head_node,
         dataset=stages["dataset"].output,
+        code=stages["ship_payload"],  # the code it trained: in its summary, report and the model's event
         inlets=[DATASET],
         outlets=[PRETRAINED_ENCODER],
         **aws_args(),  # priced with the run's region's prices

@@ -67,3 +67,15 @@ def test_the_first_task_pins_the_ref_to_a_commit_and_refuses_one_that_does_not_e
     conf["overrides"]["training"]["code"]["git"]["ref"] = "nope"
     with pytest.raises(Exception, match=r"training\.code\.git\.ref: .*has no branch or tag 'nope'"):
         offline(conf)
+    by_form = offline({"partition": "p1", "code_git_url": url, "code_git_ref": head})  # the trigger form's fields
+    assert by_form["training"]["code"]["git"] == {**by_form["training"]["code"]["git"], "url": url, "commit": head}
+
+
+def test_the_run_records_the_code_it_trained_and_none_when_it_shipped_none():
+    from pcflow.lineage import code_extra
+
+    shipped = {"name": "proj", "digest": "abc", "dir": "/fsx/x", "source": "git", "url": "file:///r.git"}
+    shipped |= {"commit": "c" * 40, "dirty": False, "bytes": 10240, "files": 2, "uploaded_bytes": 0, "reused": True}
+    extra = code_extra(shipped)
+    assert extra["commit"] == "c" * 40 and extra["uploaded_bytes"] == 0 and "dir" not in extra
+    assert code_extra({"name": None, "digest": None}) is None and code_extra("not a dict") is None
