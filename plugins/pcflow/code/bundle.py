@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import tarfile
 from collections.abc import Iterator
@@ -56,6 +57,8 @@ DEFAULT_EXCLUDES = (
 IGNORE_FILES = (".gitignore", ".pcflowignore")
 #: A directory holding this file is a virtualenv (PEP 405), whatever it is called: never shipped.
 VENV_MARKER = "pyvenv.cfg"
+#: Names this packing (format and filter): a record of what a commit packed to holds for the same one only.
+PACKING = hashlib.sha256(json.dumps(["pax-v1", DEFAULT_EXCLUDES, IGNORE_FILES, VENV_MARKER]).encode()).hexdigest()[:16]
 LARGEST_SHOWN = 5
 
 

@@ -75,33 +75,66 @@ def build(code: dict[str, Any], limits: dict[str, Any], *, s3: Any) -> tuple[Bun
 
 def deliver(run: dict[str, Any], hook: Any, *, shared_root: str, s3: Any, log: Any) -> dict[str, Any]:
     """The run's code on the cluster, and its provenance: source, url, commit, dirty, the bundle's id,
-    size and files, the bytes uploaded (0 on a re-run) and whether the staged copy was reused."""
-    from pcflow.code.upload import upload_once
+    size and files, the bytes uploaded (0 on a re-run) and whether the staged copy was reused. A git
+    commit packed before is not fetched again (`from_record`)."""
+    from pcflow.code.upload import commit_key, record_commit, upload_once
     from pcflow.slurm.payload import ship
 
-    training = run["training"]
+    training, bucket = run["training"], run["dataset"]["bucket"]
+    git = training["code"].get("git")
+    key = (
+        commit_key(git["url"], git["commit"], git.get("subdir"), training["bundle"])
+        if git and git.get("commit")
+        else None
+    )
+    if key and (known := from_record(run, hook, key, shared_root=shared_root, s3=s3, log=log)):
+        return known
     bundle, fetched = build(training["code"], training["bundle"], s3=s3)
-    uploaded = upload_once(s3, run["dataset"]["bucket"], bundle, stack=run["stack"])
+    uploaded = upload_once(s3, bucket, bundle, stack=run["stack"])
+    if key:
+        record_commit(s3, bucket, key, bundle, stack=run["stack"])
     log.info(
         "code %s (%s %s%s): bundle %s, %d files, %d bytes, %d uploaded to s3://%s/%s",
-        bundle.name,
-        fetched.source,
-        fetched.url,
-        f" at {fetched.commit}" if fetched.commit else "",
-        bundle.digest,
-        bundle.files,
-        len(bundle.data),
-        uploaded["uploaded_bytes"],
-        run["dataset"]["bucket"],
-        uploaded["key"],
+        *(bundle.name, fetched.source, fetched.url, f" at {fetched.commit}" if fetched.commit else ""),
+        *(bundle.digest, bundle.files, len(bundle.data), uploaded["uploaded_bytes"], bucket, uploaded["key"]),
     )
     shipped = ship(hook, bundle, shared_root=shared_root, log=log)
-    return {
-        **shipped,
-        **provenance(bundle, fetched),
-        "uploaded_bytes": uploaded["uploaded_bytes"],
-        "key": uploaded["key"],
+    return {**shipped, **provenance(bundle, fetched), **uploaded}
+
+
+def from_record(run: dict[str, Any], hook: Any, key: str, *, shared_root: str, s3: Any, log: Any) -> dict | None:
+    """A git commit's code as an earlier run packed it (pcflow.code.upload's record): the cluster's copy
+    checked against the record, or staged from the bundle in the bucket; None when there is no record
+    or no bundle (the caller fetches and packs)."""
+    from pcflow.code.upload import bundle_from_bucket, bundle_key, recorded_commit
+    from pcflow.slurm.payload import ship, staged_check
+
+    bucket, git = run["dataset"]["bucket"], run["training"]["code"]["git"]
+    record = recorded_commit(s3, bucket, key)
+    if record is None:
+        return None
+    fetched = Fetched(Path(), "git", git["url"], git["commit"], False)
+    known = {"source": "git", "url": git["url"], "commit": git["commit"], "dirty": False}
+    known |= {
+        "bytes": record["bytes"],
+        "files": record["files"],
+        "uploaded_bytes": 0,
+        "key": bundle_key(record["digest"]),
     }
+    found = staged_check(hook, record["digest"], record["checksums"].encode(), shared_root=shared_root)
+    if found.ok:
+        log.info(
+            "code %s at %s: bundle %s, recorded and on the cluster already: %s",
+            git["url"],
+            git["commit"],
+            record["digest"],
+            found.directory,
+        )
+        return {"name": record["name"], "digest": record["digest"], "dir": found.directory, "reused": True, **known}
+    bundle = bundle_from_bucket(s3, bucket, record)
+    if bundle is None:
+        return None
+    return {**ship(hook, bundle, shared_root=shared_root, log=log, found=found), **provenance(bundle, fetched), **known}
 
 
 def provenance(bundle: Bundle, fetched: Fetched | None = None) -> dict[str, Any]:

@@ -85,12 +85,23 @@ def payload_root(shared_root: str) -> str:
     return posixpath.join(shared_root, "pcflow", "payloads")
 
 
-def ship(hook: SlurmHook, archive: Bundle, *, shared_root: str, log) -> dict[str, object]:
+def staged_check(hook: SlurmHook, digest: str, checksums: bytes, *, shared_root: str) -> TreeCheck:
+    """`<shared root>/pcflow/payloads/<digest>/` checked against `checksums` (one command): what `ship`
+    asks first, and what a caller that knows the bundle's id and files but not its bytes asks alone."""
+    root = payload_root(shared_root)
+    return compare_tree(hook, remote_within(posixpath.join(root, digest), root), checksums)
+
+
+def ship(
+    hook: SlurmHook, archive: Bundle, *, shared_root: str, log, found: TreeCheck | None = None
+) -> dict[str, object]:
     """`<shared root>/pcflow/payloads/<digest>/` holding exactly the archive's files: reused when the one
-    there matches (one check), else staged, a directory that does not match moved aside first."""
+    there matches (one check; `found` when the caller made it already), else staged, a directory that does
+    not match moved aside first."""
     root = payload_root(shared_root)
     final = remote_within(posixpath.join(root, archive.digest), root)
-    found = compare_tree(hook, final, archive.checksums)
+    if found is None or found.directory != final:
+        found = compare_tree(hook, final, archive.checksums)
     if found.ok:
         log.info(
             "payload %s %s is on the cluster already, every file as shipped: %s", archive.name, archive.digest, final

@@ -1,12 +1,14 @@
 """A run's own code delivered to the local stack for real (pcflow.code.deliver): a git repository's pinned
 commit packed, put in the stack's bucket (moto over HTTPS) and staged on the static cluster over sshd;
-the second delivery of the same code sends 0 bytes and reuses the staged copy; a job runs it as
+the second delivery of the same code sends 0 bytes and reuses the staged copy, another cluster stages it
+from the bucket without the repository; a job runs it as
 `pkg.module:function` with the hyperparameters as `--key value` arguments and in $PCFLOW_HPARAMS_JSON."""
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import uuid
 from pathlib import Path
 
@@ -71,6 +73,11 @@ def test_git_code_is_uploaded_and_staged_once_and_runs_as_an_entry_point(local_s
         assert (second["uploaded_bytes"], second["reused"], second["digest"]) == (0, True, first["digest"])
         assert s3.head_object(Bucket=name, Key=first["key"])["ContentLength"] == first["bytes"]
         assert sorted(p.name for p in Path(first["dir"]).iterdir()) == ["pkg"]
+        # Another cluster, the repository gone: the commit's record and bundle in the bucket stage it.
+        shutil.rmtree(repo.removeprefix("file://"))
+        other = deliver(run, hook, shared_root=f"{shared_root}/other", s3=s3, log=log)
+        assert (other["digest"], other["reused"], other["uploaded_bytes"]) == (first["digest"], False, 0)
+        assert (Path(other["dir"]) / "pkg" / "train.py").read_text() == TRAIN
 
         op = SlurmJobOperator(
             task_id="code",

@@ -7,8 +7,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from pcflow.checksums import ChecksumMismatch
 from pcflow.code.bundle import pack
-from pcflow.code.upload import bundle_key, upload_once
+from pcflow.code.upload import bundle_from_bucket, bundle_key, commit_key, record_commit, recorded_commit, upload_once
 
 
 @pytest.fixture
@@ -36,3 +37,26 @@ def test_an_object_at_the_key_that_is_not_the_bundle_is_replaced(bundle):
     s3.put_object(Bucket="pcflow-data", Key=bundle_key(bundle.digest), Body=b"someone else's bytes")
     assert upload_once(s3, "pcflow-data", bundle, stack="dev")["uploaded_bytes"] == len(bundle.data)
     assert s3.get_object(Bucket="pcflow-data", Key=bundle_key(bundle.digest))["Body"].read() == bundle.data
+
+
+@mock_aws
+def test_a_commits_record_gives_back_its_bundle_and_a_changed_bundle_is_refused(bundle):
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="pcflow-data")
+    limits = {"max_mib": 1, "allow_secrets": False}
+    key = commit_key("file:///r.git", "c" * 40, None, limits)
+    assert (
+        key
+        != commit_key("file:///r.git", "c" * 40, "sub", limits)
+        != commit_key("file:///r.git", "c" * 40, None, {**limits, "max_mib": 2})
+    )
+    assert recorded_commit(s3, "pcflow-data", key) is None
+    upload_once(s3, "pcflow-data", bundle, stack="dev")
+    record_commit(s3, "pcflow-data", key, bundle, stack="dev")
+    record = recorded_commit(s3, "pcflow-data", key)
+    assert bundle_from_bucket(s3, "pcflow-data", record) == bundle
+    s3.put_object(Bucket="pcflow-data", Key=bundle_key(bundle.digest), Body=b"x" * len(bundle.data))
+    with pytest.raises(ChecksumMismatch, match="is not the bundle recorded for it"):
+        bundle_from_bucket(s3, "pcflow-data", record)
+    s3.put_object(Bucket="pcflow-data", Key=key, Body=b'{"digest": "../../etc"}')  # not a record pcflow wrote
+    assert recorded_commit(s3, "pcflow-data", key) is None
