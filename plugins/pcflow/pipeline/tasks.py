@@ -82,12 +82,13 @@ def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, An
     import logging
 
     from pcflow.aws.clients import aws_client
-    from pcflow.dataset.stage_in import copy_partition, data_dir_on_cluster
+    from pcflow.dataset.stage_in import copy_partition, data_dir_on_cluster, datasets_root
     from pcflow.slurm.hook import SlurmHook
 
     data_dir = data_dir_on_cluster(run, cluster, dataset)
     if cluster["provider"] == "static":
         hook = SlurmHook(HeadNode.from_cluster(cluster))
+        hook.make_private_dirs(datasets_root(cluster))  # the copies: jobs read theirs through their run's view
         s3 = aws_client("s3", aws_conn_id=DEFAULT_AWS_CONN_ID, region_name=run["region"])
         log = logging.getLogger("airflow.task")
         copy_partition(s3, hook, bucket=dataset["bucket"], root=dataset["root"], dest=data_dir, log=log)
@@ -97,7 +98,28 @@ def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, An
 
 def shared_root_of(cluster: dict[str, Any], hook: Any) -> str | None:
     """Where the cluster keeps pcflow's files: what its ensure task found, else the SSH connection's extra."""
-    return cluster.get("shared_root") or hook.shared_root
+    return cluster.get("shared_root") or (hook.shared_root if hook is not None else None)
+
+
+def partition_view(head_node: HeadNode, shared_root: str | None, data_dir: str) -> str:
+    """The run's view of its staged partition in its run directory (pcflow.dataset.stage_in.link_partition),
+    the run's directory made first, in its job account's group."""
+    from airflow.sdk import get_current_context
+
+    from pcflow.dataset.stage_in import link_partition
+    from pcflow.naming import run_key_from_context
+    from pcflow.slurm.hook import SlurmHook
+    from pcflow.slurm.spec import under_runs
+
+    hook = SlurmHook(head_node)
+    try:
+        run_dir = under_runs(
+            shared_root_of({"shared_root": shared_root}, hook), run_key_from_context(get_current_context())
+        )
+        hook.make_run_dirs(run_dir)
+        return link_partition(hook, data_dir, run_dir)
+    finally:
+        hook.close()
 
 
 #: What ship_payload returns when the run has neither a payload nor code of its own.
@@ -166,21 +188,32 @@ ACCOUNT_WAIT = {"retries": 60, "retry_delay": dt.timedelta(minutes=1)}
 def lease_job_account(run: dict[str, Any], cluster: dict[str, Any]) -> str | None:
     """The account this run's jobs run as, leased from the cluster's pool for as long as the run runs
     (pcflow.slurm.accounts); None when the profile runs jobs as the SSH user (no `cluster.job_user`). With
-    every account held by other running runs, it waits for one (ACCOUNT_WAIT)."""
+    every account held by other running runs, it waits for one (ACCOUNT_WAIT); one held by a run that is
+    over (Airflow says so) without having released it is reclaimed."""
     settings = run["cluster"]
     if not settings.get("job_user"):
         return None
     from airflow.sdk import get_current_context
 
-    from pcflow.naming import run_key_from_context
+    from pcflow.aws.janitor import UNFINISHED, task_run_state
+    from pcflow.naming import dag_run_of, run_key_from_context
     from pcflow.patterns import job_account_names
     from pcflow.slurm.accounts import lease
     from pcflow.slurm.hook import SlurmHook
 
+    context = get_current_context()
+    run_state = task_run_state(context["ti"])
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
         names = job_account_names(settings["job_user"], settings.get("job_accounts", 1))
-        return lease(hook, shared_root_of(cluster, hook), run_key_from_context(get_current_context()), names)
+        return lease(
+            hook,
+            shared_root_of(cluster, hook),
+            run_key_from_context(context),
+            names,
+            dag_run=dag_run_of(context),
+            run_is_over=lambda dag_id, run_id: run_state(dag_id, run_id) not in UNFINISHED,
+        )
     finally:
         hook.close()
 
@@ -227,10 +260,13 @@ def training_inputs(
     of runspec.RESERVED_HYPERPARAMETERS: the first task refused it in the profile, conf, trials and grid)."""
     from pcflow.runspec import DATA_DIR
 
+    head_node = HeadNode.from_cluster(cluster).running_jobs_as(job_account)
+    if job_account and cluster["provider"] == "static":  # its partition's copy, seen through its run's directory
+        data_dir = partition_view(head_node, shared_root_of(cluster, None), data_dir)
     hyperparameters = {**run["training"]["hyperparameters"], DATA_DIR: data_dir}
     return {
         # Its jobs run as the account it leased from the cluster's pool (lease_job_account).
-        "head_node": HeadNode.from_cluster(cluster).running_jobs_as(job_account).as_dict(),
+        "head_node": head_node.as_dict(),
         "shared_root": cluster.get("shared_root"),
         "hyperparameters": hyperparameters,
         "trials": [{**hyperparameters, **trial} for trial in (trials or [])],
