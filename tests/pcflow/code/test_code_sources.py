@@ -9,9 +9,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from pcflow.code.bundle import BundleRefused, pack
 from pcflow.code.deliver import build, pin_code
@@ -99,9 +97,7 @@ def test_a_checkout_directory_reports_its_commit_and_whether_it_is_dirty(repo, t
     assert checkout_state(plain) == (None, None)
 
 
-@mock_aws
-def test_an_s3_bundle_is_unpacked_and_hashed_by_what_it_holds(tmp_path):
-    s3 = boto3.client("s3", region_name="us-east-1")
+def test_an_s3_bundle_is_unpacked_and_hashed_by_what_it_holds(tmp_path, s3):
     s3.create_bucket(Bucket="code-bucket")
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w:gz") as tar:

@@ -3,9 +3,7 @@ and an object at the key that is not these bytes is replaced, not trusted."""
 
 from __future__ import annotations
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from pcflow.checksums import ChecksumMismatch
 from pcflow.code.bundle import pack
@@ -18,9 +16,7 @@ def bundle(tmp_path):
     return pack(tmp_path, name="p", max_bytes=1 << 20)
 
 
-@mock_aws
-def test_the_bundle_goes_up_once_by_its_id_with_its_checksum_and_tags(bundle):
-    s3 = boto3.client("s3", region_name="us-east-1")
+def test_the_bundle_goes_up_once_by_its_id_with_its_checksum_and_tags(bundle, s3):
     s3.create_bucket(Bucket="pcflow-data")
     first = upload_once(s3, "pcflow-data", bundle, stack="dev")
     assert first == {"key": f"pcflow/code/{bundle.digest}.tar", "uploaded_bytes": len(bundle.data)}
@@ -30,18 +26,14 @@ def test_the_bundle_goes_up_once_by_its_id_with_its_checksum_and_tags(bundle):
     assert tags["pcflow:stack"] == "dev"
 
 
-@mock_aws
-def test_an_object_at_the_key_that_is_not_the_bundle_is_replaced(bundle):
-    s3 = boto3.client("s3", region_name="us-east-1")
+def test_an_object_at_the_key_that_is_not_the_bundle_is_replaced(bundle, s3):
     s3.create_bucket(Bucket="pcflow-data")
     s3.put_object(Bucket="pcflow-data", Key=bundle_key(bundle.digest), Body=b"someone else's bytes")
     assert upload_once(s3, "pcflow-data", bundle, stack="dev")["uploaded_bytes"] == len(bundle.data)
     assert s3.get_object(Bucket="pcflow-data", Key=bundle_key(bundle.digest))["Body"].read() == bundle.data
 
 
-@mock_aws
-def test_a_commits_record_gives_back_its_bundle_and_a_changed_bundle_is_refused(bundle):
-    s3 = boto3.client("s3", region_name="us-east-1")
+def test_a_commits_record_gives_back_its_bundle_and_a_changed_bundle_is_refused(bundle, s3):
     s3.create_bucket(Bucket="pcflow-data")
     limits = {"max_mib": 1, "allow_secrets": False}
     key = commit_key("file:///r.git", "c" * 40, None, limits)
