@@ -7,13 +7,14 @@
 ARG AIRFLOW_BASE_IMAGE=apache/airflow:slim-3.3.2-python3.11
 FROM ${AIRFLOW_BASE_IMAGE}
 
-# -- layer 1: the pcluster CLI environment (Node.js from Debian + aws-parallelcluster in /opt/pcluster).
+# -- layer 1: the pcluster CLI environment (Node.js from Debian + aws-parallelcluster in /opt/pcluster), and
+# git, which fetches a run's own code (pcflow.code.sources).
 # The image runs as uid 50000 (its `airflow` user). Its pins (flask, connexion, jsii, CDK v1) conflict with Airflow's, so it never shares Airflow's venv.
 USER 0
 ARG PCLUSTER_VERSION=3.16.1
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends nodejs openssh-client \
+ && apt-get install -y --no-install-recommends nodejs openssh-client git \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && install -d -o airflow -g 0 /opt/pcluster
 COPY --chown=airflow:0 include/cluster/install-pcluster.sh /opt/pcflow/install-pcluster.sh

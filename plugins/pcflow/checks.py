@@ -28,6 +28,14 @@ def refused_setting(run: dict[str, Any], path: str, problem: str, kind: type[Pcf
     return refused(path, problem, setting_owner(run, path), kind)
 
 
+def check_code(run: dict[str, Any]) -> None:
+    """The run's own code pinned before anything is spent: a git ref resolved to the commit every later
+    task fetches (recorded in the run document), a directory that exists (pcflow.code.deliver.pin_code)."""
+    from pcflow.code.deliver import pin_code
+
+    pin_code(run, lambda path: setting_owner(run, path))
+
+
 def check_job(run: dict[str, Any], env: dict[str, str]) -> None:
     """The Slurm job as the train task will build it (`JobSpec`: time limit, partition, env names,
     python, launcher fit), each trial's hyperparameters included; `env` is training.env with its

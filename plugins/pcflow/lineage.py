@@ -93,6 +93,19 @@ def dataset_extra(load: Mapping[str, Any]) -> dict[str, Any]:
     return {field: load[field] for field in DATASET_FIELDS if field in load}
 
 
+#: What a run records of its code (the ship_payload task's XCom): where it came from and the bundle it was.
+CODE_FIELDS = ("source", "url", "commit", "dirty", "digest", "bytes", "files", "uploaded_bytes", "reused")
+
+
+def code_extra(shipped: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The code a run trained (ship_payload's XCom: an admin's payload or the run's own), for its summary,
+    report and the model's event: source, git URL, commit and dirty flag, bundle id and size; None when
+    the run shipped none."""
+    if not isinstance(shipped, Mapping) or not shipped.get("digest"):
+        return None
+    return {field: shipped.get(field) for field in CODE_FIELDS} | {"name": shipped.get("name")}
+
+
 def is_new_content(load: Mapping[str, Any], run: str) -> bool:
     """Did this run commit the partition's content? It wrote the manifest now, or wrote it in an attempt
     that died before the task succeeded (its retry finds the same content, committed by the same run)."""

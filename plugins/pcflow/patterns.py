@@ -47,3 +47,7 @@ def validate_prefix(prefix: str) -> str:
             "separated by single slashes, none of them '.' or '..' (for example 'datasets/imagenet')"
         )
     return stripped
+
+
+#: `pkg.module:function`: a program[0] that names a function in the run's code rather than a script.
+ENTRY_POINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")

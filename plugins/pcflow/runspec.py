@@ -23,6 +23,7 @@ from pcflow.paths import ami_script, include_dir, profile_names, within
 from pcflow.patterns import (
     DEFAULT_CRON,
     DEFAULT_JOB_USER,
+    ENTRY_POINT,
     INSTANCE_TYPE,
     JOB_USER,
     MAX_JOB_ACCOUNTS,
@@ -253,6 +254,71 @@ class EnvironmentSettings(_Section):
         return options + (["--no-index"] if self.no_index else [])
 
 
+class GitCode(_Section):
+    """A git repository and ref; `commit` is the first task's answer to which commit the ref is (never a
+    conf's: every later task fetches exactly it)."""
+
+    url: str = Field(description="https://host/org/repo.git, ssh://..., git@host:repo or file:///path")
+    ref: str = Field("main", description="a branch, tag or full commit id")
+    subdir: str | None = Field(None, description="the project inside the repository (a relative path)")
+    conn_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]{1,250}$", description="an Airflow git connection for a private repository"
+    )
+    commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$", description="set by the first task")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        from pcflow.code.sources import check_git_url
+
+        return check_git_url(value)
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, value: str) -> str:
+        from pcflow.code.sources import check_ref
+
+        return check_ref(value)
+
+
+class CodeSettings(_Section):
+    """The run's own code (pcflow.code): exactly one of a git repository, a directory on the Airflow worker
+    (under a root the profile allows), or a tar in S3."""
+
+    git: GitCode | None = None
+    dir: str | None = Field(None, description="an absolute directory the profile allows")
+    s3: str | None = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/\S+$", description="a .tar/.tar.gz")
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_absolute():
+            raise ValueError(f"must be an absolute directory, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> CodeSettings:
+        given = [name for name in ("git", "dir", "s3") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"name exactly one of git, dir or s3 (got {', '.join(given) or 'none'})")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "git" if self.git else "dir" if self.dir else "s3"
+
+
+class BundleSettings(_Section):
+    """What a bundle of the run's code may be (the deployment admin's alone: trust.ADMIN_ALONE)."""
+
+    max_mib: float = Field(64, gt=0, le=4096, description="the cap on the code's file content, in MiB")
+    allow_secrets: bool = Field(False, description="ship code that looks like it holds a secret (pcflow.code.scan)")
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_mib * (1 << 20))
+
+
 class TrainingSettings(_Section):
     """The job: launcher, payload and program, its allocation and environment (secrets by reference only),
     restarts and pending timeout. pcflow's own hyperparameters (`data_dir`) cannot be set here."""
@@ -263,7 +329,12 @@ class TrainingSettings(_Section):
         pattern=r"^[a-z][a-z0-9_-]{0,40}$",
         description="a directory of include/payloads/, shipped with each run; program[0] is a script in it",
     )
-    program: list[str] = Field(min_length=1)
+    code: CodeSettings | None = Field(None, description="the run's own code instead of a payload (pcflow.code)")
+    bundle: BundleSettings = Field(default_factory=BundleSettings)
+    program: list[str] = Field(min_length=1, description="program[0]: a script in the code, or pkg.module:function")
+    hyperparameter_args: bool = Field(
+        False, description="also pass the hyperparameters as `--key value` arguments after the program's own"
+    )
     python: str = Field("python3", description="the environment's interpreter on the cluster (image or venv)")
     requirements: str | None = Field(
         None,
@@ -291,6 +362,17 @@ class TrainingSettings(_Section):
         if lines := reserved_hyperparameters(value, "hyperparameters"):
             raise ValueError("; ".join(lines))
         return value
+
+    @model_validator(mode="after")
+    def _code(self) -> TrainingSettings:
+        if self.code is None:
+            return self
+        if self.payload is not None:
+            raise ValueError("payload and code are two sources of the run's code: name one")
+        script = self.program[0]
+        if not ENTRY_POINT.fullmatch(script) and (script.startswith("/") or ".." in script.split("/")):
+            raise ValueError(f"program[0] must be a script inside the code or pkg.module:function, got {script!r}")
+        return self
 
     @model_validator(mode="after")
     def _payload(self) -> TrainingSettings:
@@ -592,10 +674,19 @@ def profile_rules(name: str) -> dict[str, Rule]:
     return parse_rules(expand_paths(load_profile(name).get("overridable")), name)
 
 
+def stack_dir() -> Path:
+    """The local stack's state directory (`PCFLOW_STACK_DIR`, else the checkout's `.stack`), where its
+    example repositories live: what `{stack}` in a profile stands for."""
+    import os
+
+    return Path(os.environ.get("PCFLOW_STACK_DIR") or include_dir().parent / ".stack")
+
+
 def expand_paths(value: Any) -> Any:
-    """`{include}` in a profile's strings stands for pcflow's include directory (payloads, scripts)."""
+    """`{include}` in a profile's strings stands for pcflow's include directory (payloads, scripts),
+    `{stack}` for the local stack's directory (stack_dir)."""
     if isinstance(value, str):
-        return value.replace("{include}", str(include_dir()))
+        return value.replace("{include}", str(include_dir())).replace("{stack}", str(stack_dir()))
     if isinstance(value, list):
         return [expand_paths(v) for v in value]
     if isinstance(value, dict):
@@ -620,12 +711,22 @@ def resolve_run_spec(profile: str, overrides: dict[str, Any] | None = None) -> R
     profile only, never in the overrides."""
     document = expand_paths(load_profile(profile))
     document.pop("overridable", None)
-    document = deep_merge(document, overrides or {})
+    document = deep_merge(one_code_source(document, overrides or {}), overrides or {})
     document["profile"] = profile
     try:
         return RunSpec.model_validate(document)
     except ValidationError as exc:
         raise RunSpecError(format_errors(exc, profile, profile_rules(profile))) from None
+
+
+def one_code_source(document: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The profile without its code source where the conf names one: a conf's `training.code` replaces the
+    profile's payload and its code (whichever form it was), rather than merging into a run with two."""
+    training = overrides.get("training") if isinstance(overrides.get("training"), dict) else {}
+    if "code" not in training or not isinstance(document.get("training"), dict):
+        return document
+    kept = {key: value for key, value in document["training"].items() if key not in ("code", "payload")}
+    return {**document, "training": kept}
 
 
 def check_conf(profile: str, *changes: dict[str, Any], labels: dict[str, str] | None = None) -> None:

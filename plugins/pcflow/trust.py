@@ -31,7 +31,10 @@ from pcflow.errors import ConfigurationError, profile_admin, refusal, trigger_us
 
 DOTTED_PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*$")
 #: Never overridable, whatever a profile lists: who may SSH to the head node (aws/ssh_ingress.py).
-ADMIN_ALONE = ("network.ssh_ingress_cidrs", "network.allow_ssh_from_anywhere")
+#: Nor what a bundle of a run's code may hold (its size cap, shipping what looks like a secret: pcflow.code).
+ADMIN_ALONE = ("network.ssh_ingress_cidrs", "network.allow_ssh_from_anywhere", "training.bundle")
+#: A URL with a scheme other than s3:// (a git repository's): `under` compares it by whole path segments.
+URL = re.compile(r"^(?!s3://)[a-z][a-z0-9+.-]*://")
 
 
 class ConfRefused(ConfigurationError):
@@ -46,7 +49,7 @@ class Rule(BaseModel):
     min: float | None = None
     max: float | None = None
     one_of: list[Any] | None = None
-    under: list[str] | None = None  # dataset roots: built-ins, local and S3 roots (pcflow.datasource)
+    under: list[str] | None = None  # roots: built-ins, local, S3 (pcflow.datasource) and URL prefixes
 
     def refuses(self, value: Any) -> str | None:
         """Why `value` is outside this rule's bounds, or None."""
@@ -146,9 +149,36 @@ def refusals(
 
 
 def _source_refused(source: Any, roots: list[str]) -> str | None:
-    """Why a dataset source is not under one of the profile's roots, or None (pcflow.datasource decides)."""
+    """Why a source (a dataset's, a run's code) is not under one of the profile's roots, or None: a URL by
+    `url_under`, everything else as pcflow.datasource decides for a dataset source."""
+    if isinstance(source, str) and URL.match(source):
+        if any(url_under(source, root) for root in roots):
+            return None
+        return f"{source!r} is not under a URL the profile allows ({', '.join(roots) or 'none'})"
     try:
         resolve_source(source, roots)
     except SourceRefused as exc:
         return str(exc)
     return None
+
+
+def url_under(url: str, root: str) -> bool:
+    """Whether `url` lies under `root`: the same scheme and host, then whole path segments (no `.` or `..`);
+    a file:// URL's path once symlinks and `..` are resolved (paths.within), as a directory's is."""
+    from urllib.parse import urlsplit
+
+    from pcflow.paths import within
+
+    if not URL.match(root):
+        return False
+    got, top = urlsplit(url), urlsplit(root)
+    if (got.scheme, got.netloc) != (top.scheme, top.netloc) or got.query or got.fragment:
+        return False
+    if got.scheme == "file":
+        try:
+            within(got.path, top.path)
+        except ValueError:
+            return False
+        return True
+    parts, prefix = got.path.rstrip("/").split("/"), top.path.rstrip("/").split("/")
+    return not any(part in (".", "..") for part in parts) and parts[: len(prefix)] == prefix

@@ -75,6 +75,8 @@ def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
     assert boto3.client("s3").head_object(Bucket=report[0], Key=report[1])["ContentLength"] > 0
     # The code ran from the payload this run shipped; the model outlived the run's teardown, in S3.
     assert out["ship_payload"]["dir"].endswith(f"/pcflow/payloads/{out['ship_payload']['digest']}")
+    code = out["metrics"]["code"]  # the run summary says which code it trained (pcflow.lineage.code_extra)
+    assert (code["source"], code["digest"], code["files"]) == ("payload", out["ship_payload"]["digest"], 13)
     model = out["metrics"]["model"]["model"]
     assert model == f"s3://{report[0]}/runs/{result.run_key}/model/model.pt"
     assert boto3.client("s3").head_object(Bucket=report[0], Key=model.split("/", 3)[3])["ContentLength"] > 0

@@ -59,6 +59,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param dataset: the dataset stage's XCom (DatasetLoadOperator): the partition the model event names.
     :param environment: the prepare_environment task's XCom: the run's environment (id, built or reused) in
         metrics.json and the summary (provenance).
+    :param code: the ship_payload task's XCom: the code the run trained (pcflow.lineage.code_extra), in the
+        run's document, report, summary and the model's event.
 
     The job's `model.pt` and newest checkpoint are copied to `s3://<bucket>/runs/<run key>/model/`
     (`outputs.py`) before the report, which links them. Outlets that are Assets get an event whose extra
@@ -87,6 +89,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         "cloudwatch",
         "dataset",
         "environment",
+        "code",
     )
     template_fields_renderers = {"job": "json", "metric_definitions": "json", "prices": "json"}  # noqa: RUF012
     operator_extra_links = (MetricsReportLink(), MetricsDashboardLink())
@@ -118,12 +121,14 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         host_key: str | None = None,
         dataset: Mapping[str, Any] | None = None,
         environment: Mapping[str, Any] | None = None,
+        code: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.job = job
         self.dataset = dataset
         self.environment = environment
+        self.code = code
         self.bucket = bucket
         self.stack = stack
         self.objective = objective
@@ -244,6 +249,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
 
     def harvest_one(self, context: Context, ref: JobRef, key: str, objective, definitions) -> dict[str, Any]:
         """Harvest one job and publish it under `runs/<key>/`; returns (document, summary)."""
+        from pcflow.lineage import code_extra
+
         ti = context["ti"]
         try:
             document = harvest_job(
@@ -251,7 +258,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             )
         except RequiredMetricMissing as exc:
             raise refused("required_metrics", str(exc), task_author(self.task_id), RequiredMetricMissing) from exc
-        document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id)
+        document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id, code=code_extra(self.code))
         document["environment"] = environment_provenance(self.environment)
         document["cost"] = self.cost_of(document, context)
         document |= self.cost_over_time(document, context)
@@ -273,7 +280,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         for item in document["missing"]:
             self.log.warning("Not harvested: %s (%s): %s", item["what"], item["path"], item["why"])
         model = {k: document["model"].get(k) for k in MODEL_SUMMARY}  # the hashes a later run loads them with
-        summary = {**xcom_summary(document, report_url=report_url), "model": model}
+        summary = {**xcom_summary(document, report_url=report_url), "model": model, "code": document["code"]}
         return document, {**summary, "environment": document["environment"]}
 
     def save_model(self, s3: Any, document: dict[str, Any], key: str) -> dict[str, Any]:

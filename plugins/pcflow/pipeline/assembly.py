@@ -238,6 +238,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         "early_stopping": RUN.early_stopping,
         "pending_timeout": RUN.training.pending_timeout_s,
         "payload_dir": payload["dir"],
+        "hyperparameter_args": RUN.training.hyperparameter_args,
         "budget": RUN.cost,  # the wait logs the cost so far and stops the job at the budget
         "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }
@@ -252,7 +253,8 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
             task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
         )
     [inputs, environment] >> train
-    metrics = metrics_stage(train, {**stages, "prepare_environment": prepared}, inputs["head_node"], sweep=sweep)
+    provenance = {"prepare_environment": prepared, "ship_payload": payload}
+    metrics = metrics_stage(train, {**stages, **provenance}, inputs["head_node"], sweep=sweep)
     # The account back to the pool once the run is done with the cluster, whatever became of training.
     release = release_job_account(cluster, account)
     metrics >> release.as_teardown(setups=account)
@@ -285,6 +287,7 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
         head_node=head_node,
         dataset=stages["dataset"].output,
         environment=stages["prepare_environment"],  # provenance: the environment's id, built or reused
+        code=stages["ship_payload"],  # the code it trained: in its summary, report and the model's event
         inlets=[DATASET],
         outlets=[PRETRAINED_ENCODER],
         **aws_args(),  # priced with the run's region's prices

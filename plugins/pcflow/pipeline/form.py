@@ -26,6 +26,8 @@ FORM_FIELDS = {
     "tasks_per_node": "training.tasks_per_node",
     "launcher": "training.launcher",
     "hyperparameters": "training.hyperparameters",
+    "code_git_url": "training.code.git.url",
+    "code_git_ref": "training.code.git.ref",
     "teardown_policy": "teardown.policy",
     "early_stopping_patience": "metrics.early_stopping.patience",
     "budget_usd": "budget.usd",
@@ -138,6 +140,21 @@ def training_fields() -> dict[str, Param]:
             None,
             **optional_choice("srun", "torchrun", "vissl", "mpirun"),
             title="Launcher",
+            section="Training",
+        ),
+        "code_git_url": Param(
+            None,
+            **optional("string", maxLength=1024),
+            title="Code: git repository",
+            description="Train this repository's code instead of the profile's (README, \"Your own code\"); "
+            "under a URL the profile allows. Empty: the profile's code.",
+            section="Training",
+        ),
+        "code_git_ref": Param(
+            None,
+            **optional("string", maxLength=200),
+            title="Code: branch, tag or commit",
+            description="Resolved to a commit when the run starts; every task then uses that commit. Empty: main.",
             section="Training",
         ),
         "hyperparameters": Param(

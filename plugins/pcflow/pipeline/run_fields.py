@@ -46,7 +46,23 @@ FIELDS: dict[str, Any] = {
     "training": {
         "launcher": None,
         "payload": None,
+        "code": {
+            "git": {
+                "url": None,
+                "ref": None,
+                "subdir": None,
+                "conn_id": None,
+                "commit": None,
+            },
+            "dir": None,
+            "s3": None,
+        },
+        "bundle": {
+            "max_mib": None,
+            "allow_secrets": None,
+        },
         "program": None,
+        "hyperparameter_args": None,
         "python": None,
         "requirements": None,
         "environment": {

@@ -122,20 +122,39 @@ def partition_view(head_node: HeadNode, shared_root: str | None, data_dir: str) 
         hook.close()
 
 
+#: What ship_payload returns when the run has neither a payload nor code of its own.
+NO_CODE = {
+    **{"name": None, "digest": None, "dir": None, "reused": False, "source": None, "url": None, "commit": None},
+    **{"dirty": None, "bytes": 0, "files": 0, "uploaded_bytes": 0},
+}
+
+
 @task(multiple_outputs=True)
 def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
-    """The run's code on the cluster: the profile's payload, shipped by content hash (reused when there)."""
-    if not run["training"]["payload"]:
-        return {"name": None, "digest": None, "dir": None, "reused": False}
+    """The run's code on the cluster, by content hash (reused when there), and its provenance for the run
+    summary: the profile's payload, or the run's own code (`training.code`: pcflow.code.deliver, which
+    also puts its bundle in the stack's bucket once)."""
+    training = run["training"]
+    if not training["payload"] and not training.get("code"):
+        return dict(NO_CODE)
     import logging
 
+    from pcflow.code.deliver import deliver, provenance
     from pcflow.slurm.hook import SlurmHook
     from pcflow.slurm.payload import build_archive, ship
 
+    log = logging.getLogger("airflow.task")
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
-        archive = build_archive(run["training"]["payload"])
-        return ship(hook, archive, shared_root=shared_root_of(cluster, hook), log=logging.getLogger("airflow.task"))
+        shared_root = shared_root_of(cluster, hook)
+        if training.get("code"):
+            from pcflow.aws.clients import aws_client
+
+            s3 = aws_client("s3", aws_conn_id=DEFAULT_AWS_CONN_ID, region_name=run["region"])
+            return deliver(run, hook, shared_root=shared_root, s3=s3, log=log)
+        archive = build_archive(training["payload"])
+        shipped = ship(hook, archive, shared_root=shared_root, log=log)
+        return {**shipped, **provenance(archive), "uploaded_bytes": 0}
     finally:
         hook.close()
 
@@ -173,7 +192,8 @@ def check_environment(run: dict[str, Any], cluster: dict[str, Any], prepared: di
     """The environment the job runs in (the run's own, `prepare_environment`'s, else `training.python`'s),
     verified against the record written when it was built (pcflow.slurm.environment), and a layered one's
     base too, whose packages it imports: a run whose environment does not match stops here, not retried."""
-    if not run["training"]["payload"]:  # `program` runs as given, interpreter included: no environment of ours
+    training = run["training"]
+    if not training["payload"] and not training.get("code"):  # `program` as given, interpreter included
         return {"dir": None, "record": None, "full_check": False, "check_s": 0.0}
     import logging
 
@@ -185,7 +205,7 @@ def check_environment(run: dict[str, Any], cluster: dict[str, Any], prepared: di
     try:
         shared_root = shared_root_of(cluster, hook)
         if prepared.get("id") and prepared.get("base") == "layered":
-            verify_environment(hook, run["training"]["python"], shared_root=shared_root, log=log)
+            verify_environment(hook, training["python"], shared_root=shared_root, log=log)
         return verify_environment(hook, prepared["python"], shared_root=shared_root, log=log)
     finally:
         hook.close()

@@ -100,7 +100,14 @@ def validate_run(
 ) -> dict[str, Any]:
     """Refuse bad settings before anything costs money; the resolved document is kept with the run.
     The checks run in order, those that ask nothing of AWS first; each names the field it refuses."""
-    from pcflow.checks import check_cost, check_dataset_source, check_job, check_network, check_static_cluster
+    from pcflow.checks import (
+        check_code,
+        check_cost,
+        check_dataset_source,
+        check_job,
+        check_network,
+        check_static_cluster,
+    )
 
     params = training_form(params or {}, context.get("dag"))
     document = resolve_for_run(params, context, dated_partitions=dated_partitions)
@@ -110,6 +117,7 @@ def validate_run(
         check_static_cluster,
         check_cluster_settings,
         check_dataset_source,
+        check_code,
         check_against_aws,
         account_preflight,
     )

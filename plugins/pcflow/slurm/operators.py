@@ -94,7 +94,10 @@ class SlurmJobOperator(BaseOperator):
     :param python: the environment's interpreter on the cluster (a baked venv's python): it runs the
         shipped payload's script under every launcher, and torchrun's per-node agent.
     :param payload_dir: the run's shipped payload on the cluster (`pcflow.slurm.payload`): `program[0]` is
-        then a script inside it, run with `python`; None runs `program` as it is, interpreter included.
+        then a script inside it (or `pkg.module:function` in it), run with `python`; None runs `program` as
+        it is, interpreter included.
+    :param hyperparameter_args: also pass the hyperparameters as `--key value` arguments (hparams.json and
+        `$PCFLOW_HPARAMS_JSON` have them always).
     :param head_node: the head node (`pcflow.slurm.head_node.HeadNode`, its dict, or an SSH connection id;
         connection extras: shared_root, slurm_bin): a cluster made by this run gives its address and
         pinned host key with the connection id. `ssh_conn_id`, `remote_host`, `host_key`: its parts, as
@@ -133,6 +136,7 @@ class SlurmJobOperator(BaseOperator):
         "pending_timeout",
         "early_stopping",
         "payload_dir",
+        "hyperparameter_args",
         "budget",
         "secret_env",
     )
@@ -159,6 +163,7 @@ class SlurmJobOperator(BaseOperator):
         max_restarts: int = 3,
         early_stopping: dict[str, Any] | None = None,
         payload_dir: str | None = None,
+        hyperparameter_args: bool = False,
         budget: dict[str, Any] | None = None,
         secret_env: dict[str, dict[str, str]] | None = None,
         outputs: Sequence[str] = (),
@@ -168,6 +173,7 @@ class SlurmJobOperator(BaseOperator):
         super().__init__(**kwargs)
         self.program = program
         self.payload_dir = payload_dir
+        self.hyperparameter_args = hyperparameter_args
         self.launcher = launcher
         self.allocation = allocation or {}
         self.hyperparameters = hyperparameters or {}
@@ -221,6 +227,7 @@ class SlurmJobOperator(BaseOperator):
                 python=self.python,
                 array=self.array_spec(),
                 payload_dir=self.payload_dir or None,
+                hyperparameter_args=bool(self.hyperparameter_args),
             )
         except ValidationError as exc:
             raise ConfigurationError(

@@ -20,16 +20,12 @@ admin to look at and remove), and the payload is staged again.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import io
 import posixpath
 import re
-import tarfile
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
-from pcflow.checksums import checksum_list, sha256_hex
+from pcflow.code.bundle import Bundle, BundleRefused, pack
 from pcflow.errors import ConfigurationError
 from pcflow.paths import include_dir, remote_within, within
 from pcflow.slurm.hook import SlurmHook
@@ -39,27 +35,14 @@ from pcflow.slurm.trees import TreeCheck, compare_tree
 PAYLOAD_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 #: A payload is code: data goes through the dataset stage. A larger one is refused rather than shipped.
 MAX_PAYLOAD_BYTES = 64 << 20
-DIGEST_LEN = 20
-SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache"})
-SKIPPED_SUFFIXES = (".pyc", ".pyo")
 #: Staged payloads that did not match their archive are moved to `<payloads>/rejected-<digest>-<time>-<id>`.
 REJECTED_PREFIX = "rejected-"
+#: A payload is packed as a run's own code is (pcflow.code.bundle): one archive format, one filter.
+PayloadArchive = Bundle
 
 
 class PayloadError(ConfigurationError):
     """The payload cannot be shipped as it is; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class PayloadArchive:
-    """A packed payload: the tar's bytes, their digest (the directory name on the cluster) and how many files it
-    holds."""
-
-    name: str
-    data: bytes  # an uncompressed tar: payloads are small and the SSH transport compresses nothing twice
-    digest: str
-    files: int
-    checksums: bytes  # every file's sha256, as `sha256sum` lists them (pcflow.checksums)
 
 
 def payloads_dir() -> Path:
@@ -81,48 +64,14 @@ def payload_source(name: str) -> Path:
         raise PayloadError(f"payload: {exc}") from None
 
 
-def _members(source: Path) -> list[Path]:
-    """Every file and directory to ship, in a stable order; symbolic links are refused."""
-    members = []
-    for path in sorted(source.rglob("*")):
-        relative = path.relative_to(source)
-        if SKIPPED_DIRS.intersection(relative.parts) or path.name.endswith(SKIPPED_SUFFIXES):
-            continue
-        if path.is_symlink() or not (path.is_file() or path.is_dir()):
-            raise PayloadError(f"payload {source.name}: {relative} is not a plain file or directory; ship real files")
-        members.append(path)
-    return members
-
-
 def build_archive(name: str) -> PayloadArchive:
-    """The payload's deterministic tar and its digest: the same files give the same bytes."""
+    """The payload's deterministic bundle and its digest: the same files give the same bytes
+    (pcflow.code.bundle: the admin's payloads and a run's own code are packed and filtered alike)."""
     source = payload_source(name)
-    buffer = io.BytesIO()
-    total, hashes = 0, {}
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in _members(source):
-            info = tarfile.TarInfo(path.relative_to(source).as_posix())
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            if path.is_dir():
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-                continue
-            data = path.read_bytes()
-            total += len(data)
-            if total > MAX_PAYLOAD_BYTES:
-                raise PayloadError(
-                    f"payload {name} is over {MAX_PAYLOAD_BYTES >> 20} MiB: keep data out of include/payloads/ "
-                    "(the dataset stage carries it)"
-                )
-            info.size, info.mode = len(data), 0o755 if path.stat().st_mode & 0o111 else 0o644
-            tar.addfile(info, io.BytesIO(data))
-            hashes[info.name] = sha256_hex(data)
-    data = buffer.getvalue()
     try:
-        checksums = checksum_list(hashes)
-    except ValueError as exc:
-        raise PayloadError(f"payload {name}: {exc}; rename the file") from None
-    return PayloadArchive(name, data, hashlib.sha256(data).hexdigest()[:DIGEST_LEN], len(hashes), checksums)
+        return pack(source, name=name, max_bytes=MAX_PAYLOAD_BYTES, allow_secrets=False)
+    except BundleRefused as exc:
+        raise PayloadError(f"payload {name}: {exc}") from None
 
 
 def payload_root(shared_root: str) -> str:
@@ -136,12 +85,23 @@ def payload_root(shared_root: str) -> str:
     return posixpath.join(shared_root, "pcflow", "payloads")
 
 
-def ship(hook: SlurmHook, archive: PayloadArchive, *, shared_root: str, log) -> dict[str, object]:
+def staged_check(hook: SlurmHook, digest: str, checksums: bytes, *, shared_root: str) -> TreeCheck:
+    """`<shared root>/pcflow/payloads/<digest>/` checked against `checksums` (one command): what `ship`
+    asks first, and what a caller that knows the bundle's id and files but not its bytes asks alone."""
+    root = payload_root(shared_root)
+    return compare_tree(hook, remote_within(posixpath.join(root, digest), root), checksums)
+
+
+def ship(
+    hook: SlurmHook, archive: Bundle, *, shared_root: str, log, found: TreeCheck | None = None
+) -> dict[str, object]:
     """`<shared root>/pcflow/payloads/<digest>/` holding exactly the archive's files: reused when the one
-    there matches (one check), else staged, a directory that does not match moved aside first."""
+    there matches (one check; `found` when the caller made it already), else staged, a directory that does
+    not match moved aside first."""
     root = payload_root(shared_root)
     final = remote_within(posixpath.join(root, archive.digest), root)
-    found = compare_tree(hook, final, archive.checksums)
+    if found is None or found.directory != final:
+        found = compare_tree(hook, final, archive.checksums)
     if found.ok:
         log.info(
             "payload %s %s is on the cluster already, every file as shipped: %s", archive.name, archive.digest, final

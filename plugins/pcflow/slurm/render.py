@@ -86,6 +86,7 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
         array=spec.array is not None,
         command=spec.command,
         payload_dir=spec.payload_dir,
+        hyperparameter_args=spec.hyperparameter_args,
         python=spec.python,
         procs_per_node=spec.resources.tasks_per_node,
         rdzv_port=spec.rdzv_port,

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pcflow.paths import remote_within
+from pcflow.patterns import ENTRY_POINT
 
 Launcher = Literal["srun", "torchrun", "vissl", "mpirun"]
 
@@ -63,6 +64,12 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 ABS_PATH = re.compile(r"^/[A-Za-z0-9_.@+/\-]{0,1023}$")
 TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,4}(:\d{2}){0,2}$|^UNLIMITED$|^INFINITE$")
 RESERVED_ENV_PREFIXES = ("SLURM_", "PCFLOW_")
+#: How `python` runs a `pkg.module:function` program: the shipped code first on the path, the function
+#: called with sys.argv its arguments, its int return (or None: 0) the exit status. Arguments, not shell.
+RUN_ENTRY_POINT = (
+    "import importlib,sys;sys.path.insert(0,sys.argv[1]);m,_,f=sys.argv[2].partition(':');"
+    "sys.argv=sys.argv[2:];r=getattr(importlib.import_module(m),f)();sys.exit(r if isinstance(r,int) else 0)"
+)
 
 
 def time_limit_seconds(text: str | None) -> int | None:
@@ -145,6 +152,9 @@ class JobSpec(BaseModel):
     payload_dir: Annotated[str, Field(pattern=ABS_PATH.pattern)] | None = Field(
         None, description="the shipped payload on the cluster: `program` is a script in it, run with `python`"
     )
+    hyperparameter_args: bool = Field(
+        False, description="the hyperparameters also as `--key value` arguments after the program's own"
+    )
 
     @field_validator("program")
     @classmethod
@@ -207,9 +217,12 @@ class JobSpec(BaseModel):
 
     @property
     def script(self) -> list[str]:
-        """The program with its script resolved in the shipped payload (what `python` runs)."""
+        """The program with its script resolved in the shipped payload (what `python` runs); a
+        `pkg.module:function` is imported from the payload and called (RUN_ENTRY_POINT)."""
         if self.payload_dir is None:
             return list(self.program)
+        if ENTRY_POINT.fullmatch(self.program[0]):
+            return ["-c", RUN_ENTRY_POINT, self.payload_dir, *self.program]
         return [posixpath.join(self.payload_dir, self.program[0]), *self.program[1:]]
 
     @property

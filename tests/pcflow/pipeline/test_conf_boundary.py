@@ -86,7 +86,7 @@ def test_what_the_profile_lets_a_trigger_user_change_passes(offline):
         ({"overrides": {"training": {"time_limit": "1:00:00\n#SBATCH --uid=0"}}}, f"training.time_limit: {ADMIN_ONLY}"),
         ({"overrides": {"training": {"env": {"A;touch /tmp/x": "1"}}}}, "training.env.A;touch /tmp/x: only the"),
         ({"overrides": {"training": {"python": "/tmp/evil/python"}}}, f"training.python: {ADMIN_ONLY}"),
-        ({"overrides": {"training": {"program": ["/bin/sh", "-c", "id"]}}}, f"training.program: {ADMIN_ONLY}"),
+        ({"overrides": {"training": {"python": "/bin/sh"}}}, f"training.python: {ADMIN_ONLY}"),
         ({"overrides": {"training": {"partition": "gpu; rm -rf /"}}}, f"training.partition: {ADMIN_ONLY}"),
         ({"overrides": {"dataset": {"prefix": "'..''/''..''/home'"}}}, f"dataset.prefix: {ADMIN_ONLY}"),
         # within the profile's bounds

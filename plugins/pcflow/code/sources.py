@@ -1,0 +1,186 @@
+"""Where a run's code comes from, read into a directory on this worker: a git commit, a directory the
+profile allows, or a tar in S3.
+
+A git source names a repository and a ref; the first task (`validate`) asks the repository once which
+commit the ref is (`resolve_commit`) and records it in the run document, so every later task, retry
+and backfill fetches exactly that commit (`fetch_commit`: one commit, no history, into a temporary
+directory), whatever the branch does meanwhile. A private repository is reached through an Airflow
+connection (`conn_id`: the git provider's GitHook, its key or token never in a URL, a log or XCom).
+A directory is read where it is; when it is a git checkout, its commit and whether it differs from it
+(`dirty`, ignored files aside) are recorded. An S3 bundle is downloaded (bounded by the size cap) and
+unpacked with tarfile's `data` filter, then packed again like any tree, so its id hashes what it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pcflow.code.bundle import BundleRefused
+from pcflow.errors import PcflowError
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+#: A ref as git spells one (git check-ref-format, roughly): no option, no `..`, no control characters.
+REF = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9._/@+-]{1,200}$")
+#: The URL forms pcflow fetches from: https, ssh (both spellings) and file:// (an absolute path).
+GIT_URL = re.compile(r"^(https://[^/@\s]+/\S+|ssh://[^\s]+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+|file:///\S*)$")
+GIT_TIMEOUT_S = 600
+#: Protocols git may use at all (no `ext::`, which runs a command; no plain http or git://).
+ALLOWED_PROTOCOLS = "file:https:ssh"
+
+
+class SourceFailed(PcflowError):
+    """The repository or bucket did not answer as expected (network, server): retried."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A source read into a directory: the tree to pack and what the provenance says of it."""
+
+    tree: Path
+    source: str
+    url: str | None = None
+    commit: str | None = None
+    dirty: bool | None = None
+
+
+def check_git_url(url: Any) -> str:
+    """`url` if it is a form pcflow fetches (GIT_URL), without credentials in it; else BundleRefused."""
+    if not isinstance(url, str) or not GIT_URL.fullmatch(url) or url.startswith("-"):
+        raise BundleRefused(
+            f"{url!r} is not a git URL pcflow fetches (https://host/repo, ssh://..., git@host:repo or file:///path)"
+        )
+    if re.match(r"^https://[^/]*@", url):
+        raise BundleRefused("a git URL carries no credentials: put the token in an Airflow connection (conn_id)")
+    return url
+
+
+def check_ref(ref: Any) -> str:
+    """`ref` if git could name a branch, tag or commit by it; else BundleRefused."""
+    if not isinstance(ref, str) or not REF.fullmatch(ref):
+        raise BundleRefused(f"{ref!r} is not a git branch, tag or commit")
+    return ref
+
+
+@contextlib.contextmanager
+def git_env(url: str, conn_id: str | None) -> Iterator[tuple[str, dict[str, str]]]:
+    """The URL and environment git runs with: the connection's key or token (GitHook) when `conn_id` names
+    one, prompts off, only ALLOWED_PROTOCOLS."""
+    base = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": ALLOWED_PROTOCOLS}
+    if not conn_id:
+        yield url, base
+        return
+    from airflow.providers.git.hooks.git import GitHook
+
+    hook = GitHook(git_conn_id=conn_id, repo_url=url)
+    with hook.configure_hook_env():
+        yield url, {**base, **os.environ, **hook.env, "GIT_ALLOW_PROTOCOL": ALLOWED_PROTOCOLS}
+
+
+def git(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """One git command, its output captured (never the environment, which may hold a token)."""
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False
+    )
+
+
+def resolve_commit(url: str, ref: str, conn_id: str | None = None) -> str:
+    """The commit `ref` names in the repository now (a branch, a tag, peeled, or a full commit id as given).
+    A ref the repository does not have is refused (BundleRefused); a repository that does not answer
+    is SourceFailed (retried)."""
+    check_git_url(url)
+    check_ref(ref)
+    if COMMIT.fullmatch(ref):
+        return ref
+    with git_env(url, conn_id) as (where, env):
+        listed = git(["ls-remote", "--", where, ref, f"{ref}^{{}}"], env)
+    if listed.returncode != 0:
+        raise SourceFailed(f"git ls-remote {url} failed: {listed.stderr.strip()[:500]}")
+    refs = dict(reversed(line.split("\t", 1)) for line in listed.stdout.splitlines() if "\t" in line)
+    for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref, f"{ref}^{{}}"):
+        if COMMIT.fullmatch(refs.get(name, "")):
+            return refs[name]
+    raise BundleRefused(f"{url} has no branch or tag {ref!r}: push it, or name one that exists")
+
+
+def fetch_commit(url: str, commit: str, dest: Path, conn_id: str | None = None) -> None:
+    """Exactly `commit` checked out in `dest` (an empty directory): one commit, no history, no tags."""
+    if not COMMIT.fullmatch(commit or ""):
+        raise BundleRefused(f"{commit!r} is not a commit id (the first task resolves the ref to one)")
+    with git_env(url, conn_id) as (where, env):
+        steps = (
+            ["init", "-q", str(dest)],
+            ["-C", str(dest), "fetch", "-q", "--depth", "1", "--no-tags", "--", where, commit],
+            ["-C", str(dest), "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", "FETCH_HEAD"],
+        )
+        for step in steps:
+            done = git(step, env)
+            if done.returncode != 0:
+                raise SourceFailed(
+                    f"git {step[2] if step[0] == '-C' else step[0]} of {url} at {commit}: {done.stderr.strip()[:500]}"
+                )
+    got = git(["-C", str(dest), "rev-parse", "HEAD"], dict(os.environ)).stdout.strip()
+    if got != commit:
+        raise SourceFailed(f"fetched {got!r} from {url}, not the commit {commit} the run was resolved to")
+
+
+def checkout_state(directory: Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of a directory that is a git checkout (dirty: a tracked change or an untracked file
+    that is not ignored); (None, None) for one that is not."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    safe = ["-c", f"safe.directory={directory}", "-C", str(directory)]
+    head = git([*safe, "rev-parse", "--verify", "-q", "HEAD"], env)
+    top = git([*safe, "rev-parse", "--show-toplevel"], env)
+    if head.returncode != 0 or top.returncode != 0:
+        return None, None
+    status = git([*safe, "status", "--porcelain", "--untracked-files=normal", "--", "."], env)
+    return head.stdout.strip(), bool(status.stdout.strip())
+
+
+def subdir_of(tree: Path, subdir: str | None) -> Path:
+    """`tree/subdir` (the project inside a repository), refused unless it is a directory inside the tree."""
+    if not subdir:
+        return tree
+    from pcflow.paths import within
+
+    if subdir.startswith("/") or ".." in subdir.split("/"):
+        raise BundleRefused(f"subdir {subdir!r} must be a relative path inside the repository")
+    try:
+        path = within(tree / subdir, tree)
+    except ValueError as exc:
+        raise BundleRefused(f"subdir {subdir!r}: {exc}") from None
+    if not path.is_dir():
+        raise BundleRefused(f"subdir {subdir!r} is not a directory of the repository")
+    return path
+
+
+def download_bundle(s3: Any, uri: str, dest: Path, *, max_bytes: int) -> None:
+    """The tar (plain or compressed) at `uri` unpacked into `dest`: at most `max_bytes` read, members
+    that would land outside `dest` or are devices refused by tarfile's `data` filter."""
+    from pcflow.datasource import split_s3_uri
+
+    bucket, key = split_s3_uri(uri)
+    key = key.rstrip("/")
+    head = s3.head_object(Bucket=bucket, Key=key)
+    if head["ContentLength"] > max_bytes:
+        raise BundleRefused(f"{uri} is {head['ContentLength']} bytes, over the code's cap of {max_bytes}")
+    with tempfile.TemporaryFile() as spool:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+        while chunk := body.read(1 << 20):
+            spool.write(chunk)
+            if spool.tell() > max_bytes:
+                raise BundleRefused(f"{uri} is over the code's cap of {max_bytes} bytes")
+        spool.seek(0)
+        try:
+            with tarfile.open(fileobj=spool, mode="r:*") as tar:
+                tar.extractall(dest, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise BundleRefused(f"{uri} is not a tar archive pcflow unpacks: {exc}") from None

@@ -1,0 +1,113 @@
+"""Where a run's code comes from (pcflow.code.sources, deliver.pin_code): a git ref resolved once to a
+commit, which is what is fetched even after the branch moves; a ref that does not exist refused by the
+first task; a checkout's dirty flag; a tar in S3 hashed by what it holds."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from pcflow.code.bundle import BundleRefused, pack
+from pcflow.code.deliver import build, pin_code
+from pcflow.code.sources import check_git_url, checkout_state, resolve_commit
+
+LIMITS = {"max_mib": 1, "allow_secrets": False}
+
+
+def sh(*args: str, cwd: Path) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(
+        args, cwd=cwd, env={**env, "PATH": "/usr/bin:/bin"}, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def commit(work: Path, name: str, text: str) -> str:
+    (work / name).parent.mkdir(parents=True, exist_ok=True)
+    (work / name).write_text(text)
+    sh("git", "add", "-A", cwd=work)
+    sh("git", "commit", "-qm", name, cwd=work)
+    return sh("git", "rev-parse", "HEAD", cwd=work)
+
+
+@pytest.fixture
+def repo(tmp_path) -> tuple[Path, str]:
+    """A working copy and its bare remote (file://), one commit on main with a project in `proj/`."""
+    work = tmp_path / "work"
+    work.mkdir()
+    sh("git", "init", "-q", "-b", "main", cwd=work)
+    commit(work, "proj/train.py", "print(1)\n")
+    sh("git", "clone", "-q", "--bare", str(work), str(tmp_path / "remote.git"), cwd=tmp_path)
+    sh("git", "remote", "add", "origin", str(tmp_path / "remote.git"), cwd=work)
+    return work, f"file://{tmp_path / 'remote.git'}"
+
+
+def test_a_ref_that_does_not_exist_is_refused_by_the_first_task(repo):
+    _, url = repo
+    run = {"training": {"code": {"git": {"url": url, "ref": "no-such-branch"}}}}
+    with pytest.raises(
+        BundleRefused,
+        match=r"training\.code\.git\.ref: .* has no branch or tag 'no-such-branch'.*"
+        r"; whoever",
+    ):
+        pin_code(run, lambda path: "whoever")
+
+
+def test_the_commit_pinned_first_is_what_is_fetched_after_the_branch_moves(repo):
+    work, url = repo
+    run = {"training": {"code": {"git": {"url": url, "ref": "main", "subdir": "proj"}}}}
+    pin_code(run, str)
+    pinned = run["training"]["code"]["git"]["commit"]
+    first, fetched = build(run["training"]["code"], LIMITS, s3=None)
+    assert (fetched.source, fetched.commit, fetched.dirty) == ("git", pinned, False)
+    commit(work, "proj/train.py", "print(2)\n")
+    sh("git", "push", "-q", "origin", "main", cwd=work)
+    assert resolve_commit(url, "main") != pinned  # the branch moved...
+    again, _ = build(run["training"]["code"], LIMITS, s3=None)
+    assert again.digest == first.digest  # ...the run's code did not
+
+
+def test_a_tag_resolves_to_its_commit_and_bad_urls_are_refused(repo):
+    work, url = repo
+    head = sh("git", "rev-parse", "HEAD", cwd=work)
+    sh("git", "tag", "-a", "v1", "-m", "v1", cwd=work)
+    sh("git", "push", "-q", "origin", "v1", cwd=work)
+    assert resolve_commit(url, "v1") == head
+    for bad in ("ext::sh -c id", "--upload-pack=id", "http://plain/repo.git", "https://user:tok@host/r.git"):
+        with pytest.raises(BundleRefused):
+            check_git_url(bad)
+
+
+def test_a_checkout_directory_reports_its_commit_and_whether_it_is_dirty(repo, tmp_path):
+    work, _ = repo
+    head = sh("git", "rev-parse", "HEAD", cwd=work)
+    assert checkout_state(work / "proj") == (head, False)
+    (work / ".gitignore").write_text("*.log\n")
+    sh("git", "add", ".gitignore", cwd=work)
+    sh("git", "commit", "-qm", "ignore", cwd=work)
+    (work / "proj" / "run.log").write_text("ignored: not dirty\n")
+    assert checkout_state(work / "proj")[1] is False
+    (work / "proj" / "train.py").write_text("print('edited')\n")
+    assert checkout_state(work / "proj")[1] is True
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert checkout_state(plain) == (None, None)
+
+
+def test_an_s3_bundle_is_unpacked_and_hashed_by_what_it_holds(tmp_path, s3):
+    s3.create_bucket(Bucket="code-bucket")
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        data = b"print('from s3')\n"
+        info = tarfile.TarInfo("train.py")
+        info.size, info.mtime = len(data), 12345  # another packer's times: not part of the id
+        tar.addfile(info, io.BytesIO(data))
+    s3.put_object(Bucket="code-bucket", Key="proj/v1.tar.gz", Body=raw.getvalue())
+    bundle, fetched = build({"s3": "s3://code-bucket/proj/v1.tar.gz"}, LIMITS, s3=s3)
+    (tmp_path / "same").mkdir()
+    (tmp_path / "same" / "train.py").write_bytes(data)
+    assert bundle.digest == pack(tmp_path / "same", name="x", max_bytes=1 << 20).digest
+    assert (fetched.source, fetched.url, fetched.commit) == ("s3", "s3://code-bucket/proj/v1.tar.gz", None)
