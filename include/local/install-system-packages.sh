@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs the local stack's system packages (Slurm, munge, MariaDB, sshd, Open MPI for the `mpirun`
 # launcher and its test's mpicc; PostgreSQL and Redis for the deployment tests; sudo, through which the SSH
-# user submits jobs as the job account) when any is missing.
+# user submits jobs as the job account; runc, umoci and debootstrap for containers: Slurm's OCI runtime, the
+# one import of an image, the local image's build) when any is missing.
 # Debian/Ubuntu as root: apt-get. Anywhere else: a message that lists what to install.
 set -euo pipefail
 
 packages=(slurm-wlm slurmdbd munge openssh-server openssh-client mariadb-server mariadb-client chromium fonts-dejavu-core postgresql redis-server
-          openmpi-bin libopenmpi-dev sudo)
+          openmpi-bin libopenmpi-dev sudo runc umoci debootstrap)
 programs=(slurmctld slurmd slurmdbd sbatch munged sshd ssh-keygen mariadbd mariadb-install-db chromium pg_ctlcluster redis-server
-          mpirun mpicc sudo)
+          mpirun mpicc sudo runc umoci debootstrap)
 
 missing=()
 for prog in "${programs[@]}"; do

@@ -100,6 +100,42 @@ class AmiSettings(_Section):
             raise ValueError(f"{value!r} is not a file of include/payloads/") from None
 
 
+class ContainerRuntimeSettings(_Section):
+    """How the profile's clusters run a container a run names (the deployment admin's): the runtime, where
+    OCI image layouts may be read from, the directories every container also sees, and the AWS connection
+    whose credentials pull from ECR (pcflow.slurm.images)."""
+
+    runtime: Literal["oci", "pyxis"] | None = Field(
+        None,
+        description="oci: Slurm's own OCI support (oci.conf, srun --container); pyxis: Pyxis/Enroot "
+        "(srun --container-image); empty: the clusters run no containers",
+    )
+    layouts: list[str] = Field(
+        default_factory=list, description="directories an oci:/layout:tag reference must lie under (oci only)"
+    )
+    mounts: list[str] = Field(
+        default_factory=list, description="directories every container also sees, read-only, at the same path"
+    )
+    registry_conn_id: str = Field(
+        "aws_default",
+        pattern=r"^[A-Za-z0-9_.-]{1,250}$",
+        description="the AWS connection whose credentials read the image's digest and pull token from ECR",
+    )
+
+    @field_validator("layouts", "mounts")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        import posixpath
+
+        from pcflow.slurm.spec import ABS_PATH
+
+        normal = [posixpath.normpath(path) if path.startswith("/") else path for path in value]
+        bad = [path for path in normal if not ABS_PATH.fullmatch(path)]
+        if bad:
+            raise ValueError(f"must be absolute paths of letters, digits and _.@+-/, not {bad}")
+        return normal
+
+
 class ClusterSettings(_Section):
     """Which cluster provider runs the job, the SSH connection to its head node, and the provider's own settings
     (checked by that provider's spec)."""
@@ -119,6 +155,7 @@ class ClusterSettings(_Section):
         "while it runs, so runs sharing the cluster cannot reach each other's files",
     )
     config: dict[str, Any] = Field(default_factory=dict, description="the provider's own settings")
+    containers: ContainerRuntimeSettings = Field(default_factory=ContainerRuntimeSettings)
     suppress_validators: list[str] = Field(default_factory=list)
 
     @field_validator("job_user")
@@ -206,6 +243,37 @@ def secret_references(env: Any) -> list[str]:
     ]
 
 
+class ContainerSettings(_Section):
+    """The image a run's job runs in (`training.container`: a reference, or this object), and the
+    interpreter inside it that runs the code. The payload contract holds inside: the same PCFLOW_*
+    variables, the run's, code and data directories at the paths they have outside, the run's account."""
+
+    image: str = Field(description="oci:/abs/layout:tag (oci runtime) or registry/repository[:tag][@sha256:...]")
+    python: str = Field("python3", description="the image's interpreter that runs the code")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference(cls, value: Any) -> Any:
+        return {"image": value} if isinstance(value, str) else value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        from pcflow.slurm.images import parse_image
+
+        parse_image(value)
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str) -> str:
+        from pcflow.slurm.spec import ABS_PATH, NAME
+
+        if not (ABS_PATH.fullmatch(value) or NAME.fullmatch(value)):
+            raise ValueError(f"must be a command name or an absolute path, got {value!r}")
+        return value
+
+
 class TrainingSettings(_Section):
     """The job: launcher, payload and program, its allocation and environment (secrets by reference only),
     restarts and pending timeout. pcflow's own hyperparameters (`data_dir`) cannot be set here."""
@@ -218,6 +286,9 @@ class TrainingSettings(_Section):
     )
     program: list[str] = Field(min_length=1)
     python: str = Field("python3", description="the environment's interpreter on the cluster (image or venv)")
+    container: ContainerSettings | None = Field(
+        None, description="the image the job runs in (cluster.containers says how); empty: on the nodes themselves"
+    )
     nodes: int = Field(1, ge=1, le=512)
     tasks_per_node: int = Field(1, ge=1, le=128)
     gpus_per_node: int = Field(0, ge=0, le=16)
@@ -250,6 +321,15 @@ class TrainingSettings(_Section):
             script = self.program[0]
             if script.startswith("/") or ".." in script.split("/"):
                 raise ValueError(f"program[0] must be a script inside the payload (e.g. train.py), got {script!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _container_launcher(self) -> TrainingSettings:
+        if self.container is not None and self.launcher not in ("srun", "torchrun"):
+            raise ValueError(
+                f"container: the {self.launcher} launcher starts its workers outside Slurm's steps, so not in the "
+                "container; use srun or torchrun with a container"
+            )
         return self
 
     def env_values(self) -> dict[str, str]:
@@ -499,6 +579,20 @@ class RunSpec(_Section):
             requirements = include_dir() / "payloads" / self.training.payload / "requirements.txt"
             if requirements.is_file():
                 self.ami.environment = str(requirements)
+        return self
+
+    @model_validator(mode="after")
+    def _container_fits(self) -> RunSpec:
+        """A named image the profile's clusters can run: their runtime's kind of reference, a layout where
+        the admin allows one (pcflow.slurm.images.check_fits)."""
+        if self.training.container is not None:
+            from pcflow.slurm.images import check_fits, parse_image
+
+            settings = self.cluster.containers
+            try:
+                check_fits(parse_image(self.training.container.image), settings.runtime, settings.layouts)
+            except ValueError as exc:
+                raise ValueError(f"training.container: {exc}") from None
         return self
 
     @property

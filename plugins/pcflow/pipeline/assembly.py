@@ -2,7 +2,7 @@
 as a task group inside someone else's DAG.
 
 validate -> approve_cost (skipped below the profile's cost threshold) -> (network, bucket -> dataset)
--> image -> cluster -> (stage_in, ship_payload, check_environment) -> train -> metrics, with the cluster
+-> image -> cluster -> (stage_in, ship_payload, check_environment, prepare_image) -> train -> metrics, with the cluster
 and (for run-scoped infrastructure) the network as setups whose teardowns run even when training fails.
 Each phase is a function below; nothing here does I/O when a DAG file is parsed: the functions only
 declare tasks.
@@ -26,6 +26,7 @@ from pcflow.pipeline.tasks import (
     dataset_source,
     ensure_dataset_bucket,
     lease_job_account,
+    prepare_image,
     release_job_account,
     ship_payload,
     stage_in,
@@ -55,6 +56,7 @@ STAGE_TIMEOUTS = {
     "cluster": dt.timedelta(hours=2),  # ParallelCluster takes 15-40 minutes
     "stage_in": dt.timedelta(hours=6),
     "check_environment": dt.timedelta(minutes=45),  # a first full check hashes a CUDA environment's GiBs
+    "prepare_image": dt.timedelta(hours=2),  # a first import of a CUDA image: GiBs pulled and squashed
     "metrics": dt.timedelta(hours=1),
     "delete_cluster": dt.timedelta(hours=6),  # includes the FSx export of the checkpoints
     "teardown": dt.timedelta(hours=2),
@@ -219,12 +221,13 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     data_dir = stage_in(run, cluster, stages["dataset"].output)
     payload = ship_payload(run, cluster)
     environment = check_environment(run, cluster)
+    image = prepare_image(run, cluster, data_dir)  # the run's container, imported once per digest; the preflight
     account = lease_job_account(run, cluster)
     inputs = training_inputs(run, cluster, data_dir, RUN.trials if sweep else None, account)
     job = {
         "program": RUN.training.program,
         "launcher": RUN.training.launcher,
-        "python": RUN.training.python,
+        "python": image["python"],  # the image's interpreter with a container, else training.python
         "allocation": RUN.training.allocation,
         "env": RunEnv(),
         "secret_env": RUN.training.secrets,  # references: the trigger hides their values in the log
@@ -234,6 +237,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         "early_stopping": RUN.early_stopping,
         "pending_timeout": RUN.training.pending_timeout_s,
         "payload_dir": payload["dir"],
+        "container": image,
         "budget": RUN.cost,  # the wait logs the cost so far and stops the job at the budget
         "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }
@@ -247,13 +251,14 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         train = SlurmJobOperator(
             task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
         )
-    [inputs, environment] >> train
+    [inputs, environment, image] >> train
     metrics = metrics_stage(train, stages, inputs["head_node"], sweep=sweep)
     # The account back to the pool once the run is done with the cluster, whatever became of training.
     release = release_job_account(cluster, account)
     metrics >> release.as_teardown(setups=account)
     return {
         **{"stage_in": data_dir, "ship_payload": payload, "check_environment": environment, "training_inputs": inputs},
+        "prepare_image": image,
         **{"lease_job_account": account, "train": train, "metrics": metrics, "release_job_account": release},
     }
 

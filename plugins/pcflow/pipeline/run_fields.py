@@ -37,6 +37,12 @@ FIELDS: dict[str, Any] = {
         "job_user": None,
         "job_accounts": None,
         "config": None,
+        "containers": {
+            "runtime": None,
+            "layouts": None,
+            "mounts": None,
+            "registry_conn_id": None,
+        },
         "suppress_validators": None,
     },
     "training": {
@@ -44,6 +50,10 @@ FIELDS: dict[str, Any] = {
         "payload": None,
         "program": None,
         "python": None,
+        "container": {
+            "image": None,
+            "python": None,
+        },
         "nodes": None,
         "tasks_per_node": None,
         "gpus_per_node": None,
