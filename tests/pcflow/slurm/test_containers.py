@@ -159,3 +159,29 @@ def test_a_container_the_cluster_cannot_run_is_refused_before_submit(local_stack
     document = run_document(local_image, runtime="pyxis")
     with pytest.raises(ConfigurationError, match=r"no --container-image option.*Pyxis is not enabled"):
         prepare_image.function(document, cluster, str(local_stack.shared_root / "pcflow" / "datasets"))
+
+
+@pytest.mark.stack
+def test_an_ecr_image_is_pinned_to_its_digest_and_pulled_with_the_connections_token(local_stack: LocalStack):
+    """The moto server's ECR: the tag's digest and a pull token through the `aws_default` connection; a tag
+    ECR does not know is refused (not retried), and an image outside ECR must be named by digest."""
+    from pcflow.aws.clients import aws_client
+    from pcflow.pipeline.tasks import registry_pull
+    from pcflow.slurm.images import parse_image
+
+    ecr = aws_client("ecr", region_name="us-east-1")
+    repository = "pcflow-container-test"
+    ecr.create_repository(repositoryName=repository)
+    try:
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}
+        pushed = ecr.put_image(repositoryName=repository, imageManifest=json.dumps(manifest), imageTag="v1")
+        account = pushed["image"]["registryId"]
+        host = f"{account}.dkr.ecr.us-east-1.amazonaws.com"
+        digest, token = registry_pull(parse_image(f"{host}/{repository}:v1"), "aws_default")
+        assert digest == pushed["image"]["imageId"]["imageDigest"] and token
+        with pytest.raises(ConfigurationError, match="ECR has no image pcflow-container-test:v2"):
+            registry_pull(parse_image(f"{host}/{repository}:v2"), "aws_default")
+    finally:
+        ecr.delete_repository(repositoryName=repository, force=True)
+    with pytest.raises(ConfigurationError, match="outside ECR, name the image by digest"):
+        registry_pull(parse_image("registry.example.com/team/train:v1"), "aws_default")
