@@ -593,6 +593,12 @@ class RunSpec(_Section):
                 check_fits(parse_image(self.training.container.image), settings.runtime, settings.layouts)
             except ValueError as exc:
                 raise ValueError(f"training.container: {exc}") from None
+            training = self.training
+            if settings.runtime == "oci" and training.launcher == "srun" and training.tasks_per_node > 1:
+                raise ValueError(
+                    "training.container: Slurm's OCI support runs one task per node in a container (22.05 refuses "
+                    "more): tasks_per_node 1, or the torchrun launcher, which starts the node's workers itself"
+                )
         return self
 
     @property

@@ -166,6 +166,7 @@ def prepare_image(run: dict[str, Any], cluster: dict[str, Any], data_dir: str) -
         if settings["runtime"] == "oci":
             digest = images.layout_digest(hook, ref)
             found = images.import_oci(hook, ref, digest, shared_root, log)
+            images.ensure_mount_points(hook, found["path"], [shared_root, *settings["mounts"]])
             found["env"] = images.image_env(hook, found["path"])
         else:
             digest, password = registry_pull(ref, settings["registry_conn_id"])

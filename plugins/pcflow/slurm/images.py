@@ -169,7 +169,8 @@ def _owner() -> str:
 
 def import_oci(hook: Any, ref: ImageRef, digest: str, shared_root: str, log: Any) -> dict[str, Any]:
     """`<images>/<digest hex>/` (rootfs and umoci's config.json) made once: reused when its marker is
-    there, else unpacked into a temporary directory, made read-only and renamed into place."""
+    there, else unpacked into a temporary directory, made read-only without set-uid bits and renamed
+    into place."""
     root = images_root(shared_root)
     final = posixpath.join(root, digest.split(":", 1)[1])
     if hook.read_json(posixpath.join(final, MARKER)) is not None:
@@ -181,10 +182,10 @@ def import_oci(hook: Any, ref: ImageRef, digest: str, shared_root: str, log: Any
         unpacked = hook.run(["umoci", "unpack", "--rootless", "--image", f"{ref.layout}:{ref.tag}", tmp], check=False)
         if unpacked.exit_code != 0:
             raise ImageError(f"umoci could not unpack {ref.text}: {unpacked.stderr.strip()[-800:]}")
-        # The mount point of the shared root (each job's tmpfs, its directories bound below it).
-        hook.run(["mkdir", "-p", "--", posixpath.join(tmp, "rootfs", shared_root.lstrip("/"))])
         hook.write_file(posixpath.join(tmp, MARKER), _marker(ref, digest), mode=0o644)
-        hook.run(["chmod", "-R", "a-w,a+rX", "--", tmp])
+        # Read-only, and no set-uid or set-gid file: a job account on the node could run one outside the
+        # container, as the image's owner (the SSH user, root on the local stack).
+        hook.run(["chmod", "-R", "a-w,u-s,g-s,a+rX", "--", tmp])
         moved = hook.run(["mv", "-T", "--", tmp, final], check=False)
         if moved.exit_code != 0 and hook.read_json(posixpath.join(final, MARKER)) is None:
             raise ImageError(f"could not move the unpacked image into {final}: {moved.stderr.strip()[:500]}")
@@ -192,6 +193,40 @@ def import_oci(hook: Any, ref: ImageRef, digest: str, shared_root: str, log: Any
         hook.run(["sh", "-c", 'test ! -e "$1" || { chmod -R u+w "$1"; rm -rf "$1"; }', "sh", tmp], check=False)
     log.info("image %s (%s) imported to %s", ref.text, digest, final)
     return {"path": final, "imported": True}
+
+
+#: Makes each missing mount point in an unpacked image, read-only like the rest: a directory, or an empty
+#: file for an argument ending in `:file`; refuses (exit 3) a path that crosses a link there: an image's
+#: absolute link would lead the mkdir out of its rootfs onto the head node. Paths arrive as arguments
+#: (absolute, checked, without spaces or glob characters).
+MOUNT_POINTS = r"""set -f; root=$1; shift
+for p; do
+  file=; case $p in *:file) file=${p%:file}; p=${file%/*} ;; esac
+  cur=$root
+  for part in $(printf '%s' "$p" | tr / ' ') ${file:+"${file##*/}"}; do
+    cur=$cur/$part
+    if [ -L "$cur" ]; then echo "$p crosses the link ${cur#"$root"} in the image" >&2; exit 3; fi
+    [ -e "$cur" ] && continue
+    parent=$(dirname "$cur"); mode=$(stat -c %a "$parent")
+    if [ -n "$file" ] && [ "$cur" = "$root$file" ]; then made=": > \"\$1\" && chmod 444 \"\$1\""
+    else made='mkdir "$1" && chmod 555 "$1"'; fi
+    chmod u+w "$parent" && sh -c "$made" sh "$cur" && chmod "$mode" "$parent" || exit 1
+  done
+done"""
+#: Files every container gets from its node (bound read-only): the node names, as the cluster's DNS.
+NODE_FILES = ("/etc/hosts",)
+
+
+def ensure_mount_points(hook: Any, image: str, points: list[str]) -> None:
+    """Mount points in the unpacked image for the shared root, the admin's mounts and the node's files
+    (runc cannot make them in a read-only rootfs); made once, checked by every run (an admin may add a
+    mount later)."""
+    argv = ["sh", "-c", MOUNT_POINTS, "sh", posixpath.join(image, "rootfs"), *points]
+    done = hook.run([*argv, *(f"{path}:file" for path in NODE_FILES)], check=False)
+    if done.exit_code == 3:
+        raise refused("training.container", f"the image cannot take a mount: {done.stderr.strip()[:300]}", _owner())
+    if done.exit_code != 0:
+        raise ImageError(f"could not make the mount points {points} in {image}: {done.stderr.strip()[:500]}")
 
 
 def _marker(ref: ImageRef, digest: str) -> str:
@@ -315,10 +350,10 @@ def bundle_config(container: dict[str, Any], shared_root: str, mounts: list[Moun
             "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
         },
         "root": {"path": "rootfs", "readonly": True},
-        "hostname": "pcflow",
         "mounts": [*_system_mounts(shared_root), *binds],
         "linux": {
-            "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "user")],
+            # The node's own hostname and network (HPC containers' way): torchrun and gloo meet by node name.
+            "namespaces": [{"type": t} for t in ("pid", "ipc", "mount", "user")],
             "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
             "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
         },
@@ -326,7 +361,8 @@ def bundle_config(container: dict[str, Any], shared_root: str, mounts: list[Moun
 
 
 def _system_mounts(shared_root: str) -> list[dict[str, Any]]:
-    """/proc, /dev, /sys (read-only) as runc's default spec has them; a private /tmp; the shared root empty."""
+    """/proc, /dev, /sys (read-only) as runc's default spec has them; the node's /etc/hosts; a private
+    /tmp; the shared root empty."""
 
     def mount(destination: str, kind: str, source: str, *options: str) -> dict[str, Any]:
         return {"destination": destination, "type": kind, "source": source, "options": list(options)}
@@ -337,6 +373,7 @@ def _system_mounts(shared_root: str) -> list[dict[str, Any]]:
         mount("/dev/pts", "devpts", "devpts", "nosuid", "noexec"),
         mount("/dev/shm", "tmpfs", "shm", "nosuid", "noexec", "nodev"),
         mount("/sys", "none", "/sys", "rbind", "nosuid", "noexec", "ro"),
+        *(mount(path, "none", path, "bind", "ro") for path in NODE_FILES),
         mount("/tmp", "tmpfs", "tmpfs", "nosuid", "nodev", "mode=1777"),
         mount(shared_root, "tmpfs", "tmpfs", "nosuid", "nodev", "mode=755"),
     ]

@@ -27,15 +27,14 @@ from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.slurm.payload import build_archive, ship
 
 REPO = Path(__file__).resolve().parents[3]
-LAYOUT = REPO / ".stack-images" / "debian-python3"
-IMAGE = f"oci:{LAYOUT}:bookworm-python3"
+LAYOUT = REPO / ".stack-images" / "debian-python3"  # the session's `local_image` (tests/conftest.py)
 HEAD_NODE = HeadNode(job_user=DEFAULT_JOB_USER)
 FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
 
 #: What the job reports from inside its container (the payload contract's variables and directories).
 INSIDE = r"""
 import json, os, sys
-code, data = sys.argv[1], sys.argv[2]
+code, data, admin = sys.argv[1], sys.argv[2], sys.argv[3]
 def writes(path):
     try:
         open(path, "w").close()
@@ -49,25 +48,20 @@ facts = {
     "hparams": json.load(open(os.environ["PCFLOW_HPARAMS"])),
     "code": sorted(os.listdir(code)),
     "data": sorted(os.listdir(data)),
+    "admin": sorted(os.listdir(admin)),
+    "admin_writable": writes(os.path.join(admin, "planted.py")),
     "code_writable": writes(os.path.join(code, "planted.py")),
     "image_writable": writes("/etc/planted"),
+    "rank": os.environ["SLURM_PROCID"],
+    "node": os.environ["SLURMD_NODENAME"],
     "runs": sorted(os.listdir(os.path.dirname(os.path.dirname(os.environ["PCFLOW_RUN_DIR"])))),
 }
-with open(os.environ["PCFLOW_METRICS_FILE"], "a") as f:
-    f.write(json.dumps({"step": 1, "loss": 0.25, "fewshot_accuracy": 0.5}) + "\n")
-open(os.path.join(os.environ["PCFLOW_RUN_DIR"], "model.pt"), "wb").write(b"weights")
+if os.environ["SLURM_PROCID"] == "0":
+    with open(os.environ["PCFLOW_METRICS_FILE"], "a") as f:
+        f.write(json.dumps({"step": 1, "loss": 0.25, "fewshot_accuracy": 0.5}) + "\n")
+    open(os.path.join(os.environ["PCFLOW_RUN_DIR"], "model.pt"), "wb").write(b"weights")
 print("FACTS " + json.dumps(facts, sort_keys=True))
 """
-
-
-@pytest.fixture(scope="module")
-def local_image() -> str:
-    """The local image, built once (about a minute, needs the Debian mirror) and kept in .stack-images/
-    for every later session; its digest stays the same as long as it is kept."""
-    if shutil.which("debootstrap") is None and not Path("/usr/sbin/debootstrap").exists():
-        pytest.fail("debootstrap is missing: `make system-deps` installs it (the local image's build)")
-    subprocess.run([str(REPO / "include" / "local" / "build-image.sh"), str(LAYOUT)], check=True, timeout=900)
-    return IMAGE
 
 
 def run_document(image: str, **containers) -> dict:
@@ -106,7 +100,8 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
     digest = index["manifests"][0]["digest"]
     forget_image(local_stack.shared_root, digest)
 
-    document = run_document(local_image)
+    admin = str(REPO / "include" / "payloads")  # an admin's mount outside the shared root: its mount point is made
+    document = run_document(local_image, mounts=[admin])
     first = prepare_image.function(document, cluster, str(data))
     second = prepare_image.function(document, cluster, str(data))
     assert (first["digest"], first["imported"], second["imported"]) == (digest, True, False)
@@ -114,14 +109,17 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
     assert first["python"] == "python3" and any(e.startswith("PATH=") for e in first["env"])
     rootfs = Path(first["path"]) / "rootfs"
     assert oct((rootfs / "etc").stat().st_mode & 0o222) == "0o0"
+    found = subprocess.run(["find", str(rootfs), "-perm", "/6000"], capture_output=True, text=True, check=True)
+    assert found.stdout == ""  # Debian's su, mount, passwd...: no set-uid file a job could run on the node
 
     second["mounts"].append({"path": code})  # the run's code, as ship_payload's directory is mounted
     op = SlurmJobOperator(
         task_id="train",
-        program=["python3", "-c", INSIDE, code, str(data)],
+        program=["python3", "-c", INSIDE, code, str(data), admin],
         python=second["python"],
         head_node=HEAD_NODE,
         hyperparameters={"lr": 0.1},
+        allocation={"nodes": 2},  # one task on each of two nodes, each knowing its own rank
         container=second,
         outputs=("model.pt", "metrics.jsonl"),
         **FAST,
@@ -130,12 +128,15 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
     assert result["state"] == "COMPLETED", result
     run_dir = Path(result["run_dir"])
     log = (run_dir / "job.log").read_text()
-    facts = json.loads(next(line for line in log.splitlines() if line.startswith("FACTS "))[6:])
+    ranks = [json.loads(line[6:]) for line in log.splitlines() if line.startswith("FACTS ")]
+    assert sorted((f["rank"], f["node"]) for f in ranks) == [("0", "node1"), ("1", "node2")], log
+    facts = ranks[0]
     assert facts["image"].startswith("pcflow local image bookworm-python3"), log
     assert "bookworm" in facts["os"] and facts["run_dir"] == str(run_dir)
     assert facts["hparams"] == {"lr": 0.1}
     assert "train.py" in facts["code"] and facts["data"] == ["shard-0.txt"]
     assert facts["code_writable"] is False and facts["image_writable"] is False
+    assert "simclr" in facts["admin"] and facts["admin_writable"] is False
     assert facts["runs"] == [run_dir.parent.name]  # other runs' directories are not in its shared root
     # What the job wrote is the job account's on the host: the container's root is that account, no more.
     job_account = pwd.getpwnam(DEFAULT_JOB_USER)
@@ -146,6 +147,7 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
     assert [m["destination"] for m in bundle["mounts"] if m["type"] == "bind" and m["source"] != "/sys"] == [
         str(run_dir),
         str(data),
+        admin,
         code,
     ]
 

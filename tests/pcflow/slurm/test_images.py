@@ -14,6 +14,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.errors import ConfigurationError
+from pcflow.paths import include_dir
 from pcflow.profiles import RunSpecError
 from pcflow.runspec import resolve_run_spec
 from pcflow.slurm import images
@@ -90,6 +91,11 @@ def test_the_first_task_refuses_a_container_the_profile_cannot_run(tmp_path):
     for (profile, image, launcher), message in cases.items():
         with pytest.raises(RunSpecError, match=message):
             resolve_run_spec(profile, {"training": {"container": image, "launcher": launcher}})
+    layout = f"oci:{include_dir().parent}/.stack-images/debian-python3:bookworm-python3"
+    with pytest.raises(RunSpecError, match="one task per node in a container"):
+        resolve_run_spec("local", {"training": {"container": layout, "launcher": "srun", "tasks_per_node": 2}})
+    for launcher, tasks in (("srun", 1), ("torchrun", 2)):
+        resolve_run_spec("local", {"training": {"container": layout, "launcher": launcher, "tasks_per_node": tasks}})
     spec = resolve_run_spec(
         "aws-gpu-rehearsal", {"training": {"container": {"image": f"{ECR}:v1", "python": "python"}}}
     )
@@ -217,3 +223,41 @@ def test_a_local_jobs_bundle_mounts_only_its_directories():
         "--container=/s/pcflow/runs/k/train/bundle"
     ]
     json.dumps(config)  # what write_bundle writes
+
+
+def test_mount_points_are_made_in_the_image_but_never_through_its_links(tmp_path):
+    """The admin's mounts need a directory in the read-only image: made (read-only), and refused where
+    the image has a link on the way (an absolute one would lead the mkdir onto the head node)."""
+    rootfs, outside = tmp_path / "image" / "rootfs", tmp_path / "outside"
+    (rootfs / "usr").mkdir(parents=True)
+    outside.mkdir()
+    (rootfs / "fsx").symlink_to(outside)
+    (rootfs / "usr").chmod(0o555)
+    run = ["sh", "-c", images.MOUNT_POINTS, "sh", str(rootfs)]
+    points = ["/usr/share/models", "/opt/cache", "/etc/hosts:file"]
+    made = subprocess.run([*run, *points], capture_output=True, text=True, check=False)
+    assert made.returncode == 0, made.stderr
+    assert (rootfs / "usr/share/models").is_dir() and (rootfs / "opt/cache").is_dir()
+    assert (rootfs / "etc/hosts").is_file() and (rootfs / "etc/hosts").read_bytes() == b""
+    assert oct((rootfs / "etc/hosts").stat().st_mode & 0o777) == "0o444"
+    again = subprocess.run([*run, *points], capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stderr  # made once: a second run changes nothing
+    assert oct((rootfs / "usr").stat().st_mode & 0o777) == "0o555"  # the image's own modes kept
+    assert oct((rootfs / "usr/share/models").stat().st_mode & 0o777) == "0o555"
+    refused = subprocess.run([*run, "/fsx/pcflow"], capture_output=True, text=True, check=False)
+    assert refused.returncode == 3 and "crosses the link /fsx" in refused.stderr
+    assert list(outside.iterdir()) == []
+
+
+def test_a_local_srun_job_names_its_bundle_and_the_rendezvous_host():
+    """Slurm's `--container=<the job's bundle>` on the step; the image has no scontrol, so the batch script
+    (outside it) names the first node as MASTER_ADDR, where torch and the payloads look for it."""
+    run_dir = RunDir("/s/pcflow/runs/k/train")
+    container = {**pyxis_container(), "runtime": "oci", "path": f"/s/pcflow/images/{DIGEST[7:]}", "shared_root": "/s"}
+    job = JobSpec(program=["python3", "train.py"], container=container)
+    script = render_batch_script(job, run_dir, job_name="k.train", run_key="k")
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "srun --kill-on-bad-exit=1 --container=/s/pcflow/runs/k/train/bundle python3 train.py &" in script
+    assert 'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in script
+    plain = render_batch_script(job.model_copy(update={"container": None}), run_dir, job_name="k.train", run_key="k")
+    assert "MASTER_ADDR" not in plain and "srun --kill-on-bad-exit=1 python3 train.py &" in plain
