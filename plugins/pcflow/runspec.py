@@ -116,10 +116,11 @@ class ContainerRuntimeSettings(_Section):
     mounts: list[str] = Field(
         default_factory=list, description="directories every container also sees, read-only, at the same path"
     )
-    registry_conn_id: str = Field(
-        "aws_default",
+    registry_conn_id: str | None = Field(
+        None,
         pattern=r"^[A-Za-z0-9_.-]{1,250}$",
-        description="the AWS connection whose credentials read the image's digest and pull token from ECR",
+        description="the AWS connection whose credentials read the image's digest and pull token from ECR; "
+        "empty: pcflow's AWS connection",
     )
 
     @field_validator("layouts", "mounts")

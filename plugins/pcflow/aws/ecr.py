@@ -33,16 +33,15 @@ def ecr_image(ref: Any, aws_conn_id: str, *, host_match: Any) -> tuple[str, str]
 
 
 def _digest_of_tag(ecr: Any, account: str, ref: Any) -> str:
+    """The digest ECR's manifest of the tag has (BatchGetImage: what a pull reads first)."""
     try:
-        found = ecr.describe_images(registryId=account, repositoryName=ref.repository, imageIds=[{"imageTag": ref.tag}])
-    except ecr.exceptions.ImageNotFoundException:
-        found = {"imageDetails": []}
+        found = ecr.batch_get_image(registryId=account, repositoryName=ref.repository, imageIds=[{"imageTag": ref.tag}])
     except ecr.exceptions.RepositoryNotFoundException:
         raise refused("training.container", f"ECR has no repository {ref.repository!r} in {account}", _who()) from None
-    details = found.get("imageDetails") or []
-    if not details:
+    images = found.get("images") or []
+    if not images:
         raise refused("training.container", f"ECR has no image {ref.repository}:{ref.tag} in {account}", _who())
-    return details[0]["imageDigest"]
+    return images[0]["imageId"]["imageDigest"]
 
 
 def _who() -> str:

@@ -169,7 +169,7 @@ def prepare_image(run: dict[str, Any], cluster: dict[str, Any], data_dir: str) -
             images.ensure_mount_points(hook, found["path"], [shared_root, *settings["mounts"]])
             found["env"] = images.image_env(hook, found["path"])
         else:
-            digest, password = registry_pull(ref, settings["registry_conn_id"])
+            digest, password = registry_pull(ref, settings["registry_conn_id"] or DEFAULT_AWS_CONN_ID)
             credentials = images.enroot_credentials(ref.registry, password) if password else None
             found = images.import_sqsh(hook, ref, digest, shared_root, credentials=credentials, log=log)
     finally:
