@@ -103,10 +103,15 @@ def container_options(spec: JobSpec, run_dir: RunDir) -> list[str]:
 
 
 def container_mounts(spec: JobSpec, run_dir: RunDir) -> list:
-    """The directories the job's container sees: its run's, its code, its data and the admin's."""
+    """The directories the job's container sees: its run's, its code, its data (the `data_dir` the train
+    task sets) and the admin's."""
+    from pcflow.runspec import DATA_DIR
     from pcflow.slurm.images import job_mounts
+    from pcflow.slurm.spec import ABS_PATH
 
-    extra = [m.model_dump() for m in spec.container.mounts] if spec.container else []
+    data = spec.hyperparameters.get(DATA_DIR)
+    extra = [{"path": data}] if isinstance(data, str) and ABS_PATH.fullmatch(data) else []
+    extra += [m.model_dump() for m in spec.container.mounts] if spec.container else []
     return job_mounts(run_dir.root, spec.payload_dir, extra)
 
 

@@ -102,8 +102,8 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
 
     admin = str(REPO / "include" / "payloads")  # an admin's mount outside the shared root: its mount point is made
     document = run_document(local_image, mounts=[admin])
-    first = prepare_image.function(document, cluster, str(data))
-    second = prepare_image.function(document, cluster, str(data))
+    first = prepare_image.function(document, cluster, {"python": "unused: the image's"})
+    second = prepare_image.function(document, cluster, {"python": "unused: the image's"})
     assert (first["digest"], first["imported"], second["imported"]) == (digest, True, False)
     assert first["path"] == second["path"] == str(local_stack.shared_root / "pcflow" / "images" / digest[7:])
     assert first["python"] == "python3" and any(e.startswith("PATH=") for e in first["env"])
@@ -118,7 +118,7 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
         program=["python3", "-c", INSIDE, code, str(data), admin],
         python=second["python"],
         head_node=HEAD_NODE,
-        hyperparameters={"lr": 0.1},
+        hyperparameters={"lr": 0.1, "data_dir": str(data)},  # what training_inputs sets: mounted read-only
         allocation={"nodes": 2},  # one task on each of two nodes, each knowing its own rank
         container=second,
         outputs=("model.pt", "metrics.jsonl"),
@@ -133,7 +133,7 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
     facts = ranks[0]
     assert facts["image"].startswith("pcflow local image bookworm-python3"), log
     assert "bookworm" in facts["os"] and facts["run_dir"] == str(run_dir)
-    assert facts["hparams"] == {"lr": 0.1}
+    assert facts["hparams"] == {"lr": 0.1, "data_dir": str(data)}
     assert "train.py" in facts["code"] and facts["data"] == ["shard-0.txt"]
     assert facts["code_writable"] is False and facts["image_writable"] is False
     assert "simclr" in facts["admin"] and facts["admin_writable"] is False
@@ -160,7 +160,7 @@ def test_a_container_the_cluster_cannot_run_is_refused_before_submit(local_stack
     cluster = {"ssh_conn_id": "slurm_default", "shared_root": str(local_stack.shared_root)}
     document = run_document(local_image, runtime="pyxis")
     with pytest.raises(ConfigurationError, match=r"no --container-image option.*Pyxis is not enabled"):
-        prepare_image.function(document, cluster, str(local_stack.shared_root / "pcflow" / "datasets"))
+        prepare_image.function(document, cluster, {"python": "python3"})
 
 
 @pytest.mark.stack
