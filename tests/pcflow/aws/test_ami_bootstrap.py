@@ -248,9 +248,9 @@ def test_the_bake_enables_pyxis_from_parallelclusters_examples(builder):
     the bake puts them where Slurm and enroot read them, and has the runtime directories made at boot. An
     image without them bakes as before, saying so."""
     builder.base_os("ubuntu2204")
-    builder.curl(None)
+    script = builder.stand_in_uv()
     builder.good_python()
-    without = builder.run()
+    without = builder.run(script=script)
     assert without.returncode == 0, without.stderr[-3000:]
     assert "no Pyxis in this image" in without.stdout + without.stderr
     assert not (builder.root / "opt/slurm/etc/plugstack.conf").exists()
@@ -261,7 +261,7 @@ def test_the_bake_enables_pyxis_from_parallelclusters_examples(builder):
     for name, text in files.items():
         (examples / name).parent.mkdir(parents=True, exist_ok=True)
         (examples / name).write_text(text)
-    result = builder.run()
+    result = builder.run(script=script)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (builder.root / "opt/slurm/etc/plugstack.conf.d/pyxis.conf").read_text() == files["pyxis/pyxis.conf"]
     assert (builder.root / "opt/slurm/etc/plugstack.conf").read_text() == files["spank/plugstack.conf"]
