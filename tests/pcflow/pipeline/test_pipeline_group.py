@@ -77,7 +77,7 @@ def test_a_stage_reads_its_own_groups_results(dags):
     task = host.get_task("training.dataset")
     returned = {
         "training.validate": {
-            **{"dataset": {"bucket": "b", "prefix": "p", "partition": "x", "mode": "m"}},
+            **{"dataset": {"bucket": "b", "prefix": "p", "partition": "x", "mode": "m", "fsx_owner": None}},
             **{"stack": "s", "region": "eu-west-1"},
         },
         "training.dataset_source": "/data",
