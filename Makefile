@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 PAYLOAD_VENV := .venv-payload
 
-.PHONY: help setup system-deps venv payload-env pcluster iam-simulator lock lint test demo rehearsal airflow airflow-down stack-up stack-down stack-status stack-clean clean
+.PHONY: help setup system-deps venv payload-env local-image pcluster iam-simulator lock lint test demo rehearsal airflow airflow-down stack-up stack-down stack-status stack-clean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproj
 
 payload-env:  ## the training payload's environment (PyTorch CPU build), as a baked image holds it
 	@bash include/payloads/install-payload-env.sh $(PAYLOAD_VENV)
+
+local-image:  ## the local stack's container image (Debian + python3, an OCI layout in .stack-images/), once
+	include/local/build-image.sh $(CURDIR)/.stack-images/debian-python3
 
 pcluster:  ## the AWS ParallelCluster CLI in its own environment (needs Node.js; only for aws-gpu)
 	@bash include/cluster/install-pcluster.sh

@@ -94,6 +94,24 @@ def moto_state_per_module(request):
         pytest.fail(f"left on the moto server by this module (tests delete what they create):\n  {listing}")
 
 
+#: The local stack's container image (include/local/build-image.sh), as a run names it (training.container).
+LOCAL_IMAGE_LAYOUT = REPO / ".stack-images" / "debian-python3"
+LOCAL_IMAGE = f"oci:{LOCAL_IMAGE_LAYOUT}:bookworm-python3"
+
+
+@pytest.fixture(scope="session")
+def local_image() -> str:
+    """The local container image, built once (about a minute, from the Debian mirror) and kept in
+    .stack-images/ for every later session and stack (its digest stays the same while it is kept)."""
+    import shutil
+
+    if shutil.which("debootstrap") is None and not Path("/usr/sbin/debootstrap").exists():
+        pytest.fail("debootstrap is missing: `make system-deps` installs it (the local image's build)")
+    build = REPO / "include" / "local" / "build-image.sh"
+    subprocess.run([str(build), str(LOCAL_IMAGE_LAYOUT)], check=True, timeout=900)
+    return LOCAL_IMAGE
+
+
 @pytest.fixture(scope="module")
 def airflow(local_stack, tmp_path_factory):
     """For tests that run DAGs (`dagrun.run_dag`): the session's Airflow home with its metadata database

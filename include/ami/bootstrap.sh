@@ -119,6 +119,27 @@ set -x
 # GPU telemetry for the metrics sampler, when the image has NVIDIA drivers.
 command -v nvidia-smi && nvidia-smi -L || true
 
+# Pyxis/Enroot, which run a run's container (training.container: srun --container-image): ParallelCluster's
+# images have both since 3.11 but since 3.11.1 leave them disabled, their settings kept in
+# /opt/parallelcluster/examples. Enabled here as ParallelCluster's guide ("Running containerized jobs with
+# Pyxis") enables them on each node: enroot's settings, Slurm's plugstack (every slurmd and srun reads it),
+# enroot's persistent directory, and its and Pyxis's runtime directories, made again at every boot
+# (systemd-tmpfiles: /run is a tmpfs). An image without them is left as it is: the preflight of a run
+# naming a container then refuses it (`srun --help` has no --container-image).
+examples=$root/opt/parallelcluster/examples
+if [[ -f $examples/pyxis/pyxis.conf && -f $examples/spank/plugstack.conf && -f $examples/enroot/enroot.conf ]]; then
+  mkdir -p "$root/etc/enroot" "$root/opt/slurm/etc/plugstack.conf.d" "$root/etc/tmpfiles.d" "$root/var/enroot"
+  cp "$examples/enroot/enroot.conf" "$root/etc/enroot/enroot.conf"
+  cp "$examples/spank/plugstack.conf" "$root/opt/slurm/etc/plugstack.conf"
+  cp "$examples/pyxis/pyxis.conf" "$root/opt/slurm/etc/plugstack.conf.d/pyxis.conf"
+  chmod 0644 "$root/etc/enroot/enroot.conf" "$root/opt/slurm/etc/plugstack.conf" "$root/opt/slurm/etc/plugstack.conf.d/pyxis.conf"
+  chmod 1777 "$root/var/enroot"
+  printf '%s\n' 'd /run/enroot 1777 root root -' 'd /run/pyxis 1777 root root -' >"$root/etc/tmpfiles.d/pcflow-pyxis.conf"
+  echo "Pyxis enabled: srun --container-image runs a run's container"
+else
+  echo "no Pyxis in this image ($examples/pyxis/pyxis.conf absent): a run naming a container is refused"
+fi
+
 # Clean up what must not be baked into an image: cloud-init state, SSH host keys, shell history.
 rm -rf "$root"/var/lib/cloud/instances/*
 rm -f "$root"/etc/ssh/ssh_host_* "$root"/root/.bash_history "$root"/home/*/.bash_history

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs the local stack's system packages (Slurm, munge, MariaDB, sshd, Open MPI for the `mpirun`
 # launcher and its test's mpicc; PostgreSQL and Redis for the deployment tests; sudo, through which the SSH
-# user submits jobs as the job account; rsync, the peer benchmarks/code_shipping.py measures) when any is missing.
+# user submits jobs as the job account; rsync, the peer benchmarks/code_shipping.py measures; git for code
+# from repositories; runc, umoci and debootstrap for containers: Slurm's OCI runtime, the one import of an
+# image, the local image's build) when any is missing.
 # Debian/Ubuntu as root: apt-get. Anywhere else: a message that lists what to install.
 set -euo pipefail
 
 packages=(slurm-wlm slurmdbd munge openssh-server openssh-client mariadb-server mariadb-client chromium fonts-dejavu-core postgresql redis-server
-          openmpi-bin libopenmpi-dev sudo rsync git)
+          openmpi-bin libopenmpi-dev sudo rsync git runc umoci debootstrap)
 programs=(slurmctld slurmd slurmdbd sbatch munged sshd ssh-keygen mariadbd mariadb-install-db chromium pg_ctlcluster redis-server
-          mpirun mpicc sudo rsync git)
+          mpirun mpicc sudo rsync git runc umoci debootstrap)
 
 missing=()
 for prog in "${programs[@]}"; do

@@ -113,6 +113,43 @@ class AmiSettings(_Section):
             raise ValueError(f"{value!r} is not a file of include/payloads/") from None
 
 
+class ContainerRuntimeSettings(_Section):
+    """How the profile's clusters run a container a run names (the deployment admin's): the runtime, where
+    OCI image layouts may be read from, the directories every container also sees, and the AWS connection
+    whose credentials pull from ECR (pcflow.slurm.images)."""
+
+    runtime: Literal["oci", "pyxis"] | None = Field(
+        None,
+        description="oci: Slurm's own OCI support (oci.conf, srun --container); pyxis: Pyxis/Enroot "
+        "(srun --container-image); empty: the clusters run no containers",
+    )
+    layouts: list[str] = Field(
+        default_factory=list, description="directories an oci:/layout:tag reference must lie under (oci only)"
+    )
+    mounts: list[str] = Field(
+        default_factory=list, description="directories every container also sees, read-only, at the same path"
+    )
+    registry_conn_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]{1,250}$",
+        description="the AWS connection whose credentials read the image's digest and pull token from ECR; "
+        "empty: pcflow's AWS connection",
+    )
+
+    @field_validator("layouts", "mounts")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        import posixpath
+
+        from pcflow.slurm.spec import ABS_PATH
+
+        normal = [posixpath.normpath(path) if path.startswith("/") else path for path in value]
+        bad = [path for path in normal if not ABS_PATH.fullmatch(path)]
+        if bad:
+            raise ValueError(f"must be absolute paths of letters, digits and _.@+-/, not {bad}")
+        return normal
+
+
 class ClusterSettings(_Section):
     """Which cluster provider runs the job, the SSH connection to its head node, and the provider's own settings
     (checked by that provider's spec)."""
@@ -132,6 +169,7 @@ class ClusterSettings(_Section):
         "while it runs, so runs sharing the cluster cannot reach each other's files",
     )
     config: dict[str, Any] = Field(default_factory=dict, description="the provider's own settings")
+    containers: ContainerRuntimeSettings = Field(default_factory=ContainerRuntimeSettings)
     suppress_validators: list[str] = Field(default_factory=list)
 
     @field_validator("job_user")
@@ -217,6 +255,37 @@ def secret_references(env: Any) -> list[str]:
         for name, value in env.items()
         if isinstance(value, dict)
     ]
+
+
+class ContainerSettings(_Section):
+    """The image a run's job runs in (`training.container`: a reference, or this object), and the
+    interpreter inside it that runs the code. The payload contract holds inside: the same PCFLOW_*
+    variables, the run's, code and data directories at the paths they have outside, the run's account."""
+
+    image: str = Field(description="oci:/abs/layout:tag (oci runtime) or registry/repository[:tag][@sha256:...]")
+    python: str = Field("python3", description="the image's interpreter that runs the code")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference(cls, value: Any) -> Any:
+        return {"image": value} if isinstance(value, str) else value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        from pcflow.slurm.images import parse_image
+
+        parse_image(value)
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str) -> str:
+        from pcflow.slurm.spec import ABS_PATH, NAME
+
+        if not (ABS_PATH.fullmatch(value) or NAME.fullmatch(value)):
+            raise ValueError(f"must be a command name or an absolute path, got {value!r}")
+        return value
 
 
 #: `training.requirements`: a relative path inside the run's code (no leading `/` or `.`; no `..` part).
@@ -336,6 +405,9 @@ class TrainingSettings(_Section):
         False, description="also pass the hyperparameters as `--key value` arguments after the program's own"
     )
     python: str = Field("python3", description="the environment's interpreter on the cluster (image or venv)")
+    container: ContainerSettings | None = Field(
+        None, description="the image the job runs in (cluster.containers says how); empty: on the nodes themselves"
+    )
     requirements: str | None = Field(
         None,
         pattern=REQUIREMENTS_PATH,
@@ -386,6 +458,20 @@ class TrainingSettings(_Section):
             script = self.program[0]
             if script.startswith("/") or ".." in script.split("/"):
                 raise ValueError(f"program[0] must be a script inside the payload (e.g. train.py), got {script!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _container_launcher(self) -> TrainingSettings:
+        if self.container is not None and self.launcher not in ("srun", "torchrun"):
+            raise ValueError(
+                f"container: the {self.launcher} launcher starts its workers outside Slurm's steps, so not in the "
+                "container; use srun or torchrun with a container"
+            )
+        if self.container is not None and self.requirements is not None:
+            raise ValueError(
+                "container: an environment from training.requirements is built on the nodes, not in an image; "
+                "install the requirements in the image, or run without a container"
+            )
         return self
 
     @field_validator("requirements")
@@ -651,6 +737,26 @@ class RunSpec(_Section):
             requirements = include_dir() / "payloads" / self.training.payload / "requirements.txt"
             if requirements.is_file():
                 self.ami.environment = str(requirements)
+        return self
+
+    @model_validator(mode="after")
+    def _container_fits(self) -> RunSpec:
+        """A named image the profile's clusters can run: their runtime's kind of reference, a layout where
+        the admin allows one (pcflow.slurm.images.check_fits)."""
+        if self.training.container is not None:
+            from pcflow.slurm.images import check_fits, parse_image
+
+            settings = self.cluster.containers
+            try:
+                check_fits(parse_image(self.training.container.image), settings.runtime, settings.layouts)
+            except ValueError as exc:
+                raise ValueError(f"training.container: {exc}") from None
+            training = self.training
+            if settings.runtime == "oci" and training.launcher == "srun" and training.tasks_per_node > 1:
+                raise ValueError(
+                    "training.container: Slurm's OCI support runs one task per node in a container (22.05 refuses "
+                    "more): tasks_per_node 1, or the torchrun launcher, which starts the node's workers itself"
+                )
         return self
 
     @property

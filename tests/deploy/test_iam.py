@@ -42,17 +42,23 @@ PCFLOW_SERVICES = {
     "sns",
     "service-quotas",
     "pricing",
+    "ecr",  # a run's container image: its digest and a pull token (pcflow.aws.ecr)
 }
 #: What s3transfer's TransferManager calls for an upload (multipart above its threshold, abort on failure).
 TRANSFER_MANAGER_CALLS = {
     ("s3", op) for op in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")
 } | {("s3", "AbortMultipartUpload")}
 #: Provider classes that make AWS calls themselves, and the calls: the failure alert's notifier publishes.
-PROVIDER_CALLS = {"SnsNotifier": {("sns", "Publish")}}
+PROVIDER_CALLS = {
+    "SnsNotifier": {("sns", "Publish")},
+    # enroot pulls a run's image on the head node with the token GetAuthorizationToken issued to pcflow's
+    # credentials (pcflow.slurm.images.import_sqsh): what a registry pull calls, on those credentials.
+    "enroot_import_argv": {("ecr", "BatchCheckLayerAvailability"), ("ecr", "GetDownloadUrlForLayer")},
+}
 #: Method names that are AWS operations but are called on something else here.
 NOT_AWS_CALLS = {"get_template": "jinja2.Environment.get_template (report and batch templates)"}
 #: Operation names two services share: the one pcflow calls.
-SHARED_NAMES = {"delete_snapshot": "ec2", "describe_snapshots": "ec2"}
+SHARED_NAMES = {"delete_snapshot": "ec2", "describe_snapshots": "ec2", "describe_images": "ec2"}
 
 
 @cache

@@ -92,3 +92,19 @@ def test_renderer_refuses_bad_input(monkeypatch, capsys):
         SlurmSite(controller="c", nodes=(), cpus=1, memory_mb=64)
     dbd = render_slurmdbd_conf(SlurmdbdSite(dbd_host="d", storage_host="m", storage_pass="p", dbd_port=7))
     assert "DbdPort=7" in dbd and "DbdAddr" not in dbd
+
+
+def test_oci_conf_runs_every_step_through_the_sites_runtime():
+    """oci.conf in Slurm 22.05's keys and patterns (no %U there: slurmstepd dies on it), the run through the
+    stack's runtime wrapper, the other operations through runc with the same state; bad paths refused."""
+    from slurmconf import render_oci_conf
+
+    text = render_oci_conf("/opt/pcflow/oci-runtime.sh", "/var/lib/pcflow/runc")
+    keys = dict(line.split("=", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert set(keys) == {"RunTimeQuery", "RunTimeKill", "RunTimeDelete", "RunTimeRun"}
+    assert keys["RunTimeRun"] == '"/opt/pcflow/oci-runtime.sh /var/lib/pcflow/runc %b %n.%u.%j.%s.%t"'
+    assert keys["RunTimeQuery"] == '"runc --rootless=true --root=/var/lib/pcflow/runc/%u state %n.%u.%j.%s.%t"'
+    assert "%U" not in text
+    for runtime, state in (("relative.sh", "/s"), ("/a b.sh", "/s"), ("/r.sh", '/s"x'), ("/r.sh", "/s%U")):
+        with pytest.raises(ValueError, match="absolute path"):
+            render_oci_conf(runtime, state)

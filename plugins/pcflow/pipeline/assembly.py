@@ -2,10 +2,10 @@
 as a task group inside someone else's DAG.
 
 validate -> approve_cost (skipped below the profile's cost threshold) -> (network, bucket -> dataset)
--> image -> cluster -> (stage_in, ship_payload -> prepare_environment -> check_environment) -> train
--> metrics, with the cluster and (for run-scoped infrastructure) the network as setups whose teardowns
-run even when training fails. Each phase is a function below; nothing here does I/O when a DAG file is
-parsed: the functions only declare tasks.
+-> image -> cluster -> (stage_in, ship_payload -> prepare_environment -> check_environment, prepare_image)
+-> train -> metrics, with the cluster and (for run-scoped infrastructure) the network as setups whose
+teardowns run even when training fails. Each phase is a function below; nothing here does I/O when a DAG
+file is parsed: the functions only declare tasks.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pcflow.pipeline.tasks import (
     ensure_dataset_bucket,
     lease_job_account,
     prepare_environment,
+    prepare_image,
     release_job_account,
     ship_payload,
     stage_in,
@@ -57,6 +58,7 @@ STAGE_TIMEOUTS = {
     "stage_in": dt.timedelta(hours=6),
     "prepare_environment": dt.timedelta(hours=2),  # a first build downloads and installs the requirements
     "check_environment": dt.timedelta(minutes=45),  # a first full check hashes a CUDA environment's GiBs
+    "prepare_image": dt.timedelta(hours=2),  # a first import of a CUDA image: GiBs pulled and squashed
     "metrics": dt.timedelta(hours=1),
     "delete_cluster": dt.timedelta(hours=6),  # includes the FSx export of the checkpoints
     "teardown": dt.timedelta(hours=2),
@@ -223,12 +225,13 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     payload = ship_payload(run, cluster)
     prepared = prepare_environment(run, cluster, payload)
     environment = check_environment(run, cluster, prepared)
+    image = prepare_image(run, cluster, prepared)  # the run's container, imported once per digest; the preflight
     account = lease_job_account(run, cluster)
     inputs = training_inputs(run, cluster, data_dir, RUN.trials if sweep else None, account)
     job = {
         "program": RUN.training.program,
         "launcher": RUN.training.launcher,
-        "python": prepared["python"],  # the run's own environment's, else training.python
+        "python": image["python"],  # the image's with a container, else the run's own environment's or training.python
         "allocation": RUN.training.allocation,
         "env": RunEnv(),
         "secret_env": RUN.training.secrets,  # references: the trigger hides their values in the log
@@ -239,6 +242,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         "pending_timeout": RUN.training.pending_timeout_s,
         "payload_dir": payload["dir"],
         "hyperparameter_args": RUN.training.hyperparameter_args,
+        "container": image,
         "budget": RUN.cost,  # the wait logs the cost so far and stops the job at the budget
         "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }
@@ -252,7 +256,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         train = SlurmJobOperator(
             task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
         )
-    [inputs, environment] >> train
+    [inputs, environment, image] >> train
     provenance = {"prepare_environment": prepared, "ship_payload": payload}
     metrics = metrics_stage(train, {**stages, **provenance}, inputs["head_node"], sweep=sweep)
     # The account back to the pool once the run is done with the cluster, whatever became of training.
@@ -260,7 +264,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     metrics >> release.as_teardown(setups=account)
     return {
         **{"stage_in": data_dir, "ship_payload": payload, "prepare_environment": prepared},
-        **{"check_environment": environment, "training_inputs": inputs},
+        **{"check_environment": environment, "training_inputs": inputs, "prepare_image": image},
         **{"lease_job_account": account, "train": train, "metrics": metrics, "release_job_account": release},
     }
 

@@ -41,6 +41,12 @@ FIELDS: dict[str, Any] = {
         "job_user": None,
         "job_accounts": None,
         "config": None,
+        "containers": {
+            "runtime": None,
+            "layouts": None,
+            "mounts": None,
+            "registry_conn_id": None,
+        },
         "suppress_validators": None,
     },
     "training": {
@@ -64,6 +70,10 @@ FIELDS: dict[str, Any] = {
         "program": None,
         "hyperparameter_args": None,
         "python": None,
+        "container": {
+            "image": None,
+            "python": None,
+        },
         "requirements": None,
         "environment": {
             "builder": None,

@@ -211,6 +211,66 @@ def check_environment(run: dict[str, Any], cluster: dict[str, Any], prepared: di
         hook.close()
 
 
+@task(multiple_outputs=True)
+def prepare_image(run: dict[str, Any], cluster: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
+    """The run's container image on the cluster, once per digest (pcflow.slurm.images): first the
+    preflight (the cluster's srun must know the runtime's option; a cluster that cannot run it refuses
+    the run here, not retried), then the digest the reference names now and its import, or the one an
+    earlier run left. Returns what the train task puts in its srun, and the provenance (digest, imported).
+    No container: the interpreter of `environment` (prepare_environment's: the run's own, else
+    `training.python`), nothing else."""
+    container = run["training"].get("container")
+    if not container:
+        return {"reference": None, "digest": None, "imported": False, "python": environment["python"]}
+    import logging
+    import time
+
+    from pcflow.slurm import images
+    from pcflow.slurm.hook import SlurmHook
+
+    settings = run["cluster"]["containers"]
+    ref = images.parse_image(container["image"])
+    log = logging.getLogger("airflow.task")
+    hook = SlurmHook(HeadNode.from_cluster(cluster))
+    try:
+        images.check_cluster_runs(hook, settings["runtime"])
+        shared_root = shared_root_of(cluster, hook)
+        started = time.monotonic()
+        if settings["runtime"] == "oci":
+            digest = images.layout_digest(hook, ref)
+            found = images.import_oci(hook, ref, digest, shared_root, log)
+            images.ensure_mount_points(hook, found["path"], [shared_root, *settings["mounts"]])
+            found["env"] = images.image_env(hook, found["path"])
+        else:
+            digest, password = registry_pull(ref, settings["registry_conn_id"] or DEFAULT_AWS_CONN_ID)
+            credentials = images.enroot_credentials(ref.registry, password) if password else None
+            found = images.import_sqsh(hook, ref, digest, shared_root, credentials=credentials, log=log)
+    finally:
+        hook.close()
+    mounts = [{"path": path} for path in settings["mounts"]]  # the run's own directories: the train task's
+    return {
+        **found,
+        **{"reference": ref.text, "digest": digest, "runtime": settings["runtime"], "python": container["python"]},
+        **{"shared_root": shared_root, "mounts": mounts, "import_s": round(time.monotonic() - started, 3)},
+    }
+
+
+def registry_pull(ref: Any, aws_conn_id: str) -> tuple[str, str | None]:
+    """The digest a registry reference names now, and a pull token: ECR's from the Airflow AWS connection;
+    another registry's image must be pinned by digest (@sha256:...) and is pulled without credentials."""
+    from pcflow.slurm.images import ECR_HOST
+
+    if match := ECR_HOST.fullmatch(ref.registry or ""):
+        from pcflow.aws.ecr import ecr_image
+
+        return ecr_image(ref, aws_conn_id, host_match=match)
+    if not ref.digest:
+        from pcflow.errors import profile_setting, refused
+
+        raise refused("training.container", f"{ref.text}: outside ECR, name the image by digest", profile_setting())
+    return ref.digest, None
+
+
 #: A run whose cluster has no free job account waits for one, up to an hour (NoJobAccount is retried).
 ACCOUNT_WAIT = {"retries": 60, "retry_delay": dt.timedelta(minutes=1)}
 

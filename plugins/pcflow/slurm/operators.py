@@ -117,6 +117,9 @@ class SlurmJobOperator(BaseOperator):
     :param outputs: files (relative to the run directory, e.g. `model.pt`, `metrics.jsonl`) a job that
         completed must have left: each present, not empty, and of the size the job's exit marker recorded
         (the wrapper records model.pt's and metrics.jsonl's). Checked for a single job; an array's trials are not.
+    :param container: the run's image as the prepare_image task imported it (pcflow.slurm.images): each task
+        of the job runs in it, seeing its run, code and data directories at their own paths; None (or a
+        dict without an image): on the nodes themselves. The result records its reference and digest.
     :param secret_env: the references (`{name: {"variable": key}}`, pcflow.runspec.SecretReference) of the
         secrets among `env`: the trigger reads them again so the log lines it streams show `***` instead.
     :param deferrable: wait in the triggerer, or in this worker with the same semantics; the default is
@@ -139,6 +142,7 @@ class SlurmJobOperator(BaseOperator):
         "hyperparameter_args",
         "budget",
         "secret_env",
+        "container",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -166,6 +170,7 @@ class SlurmJobOperator(BaseOperator):
         hyperparameter_args: bool = False,
         budget: dict[str, Any] | None = None,
         secret_env: dict[str, dict[str, str]] | None = None,
+        container: dict[str, Any] | None = None,
         outputs: Sequence[str] = (),
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
@@ -188,6 +193,7 @@ class SlurmJobOperator(BaseOperator):
         self.early_stopping = early_stopping
         self.budget = budget
         self.secret_env = secret_env
+        self.container = container
         self.outputs = tuple(outputs)
         self.deferrable = deferrable
         self.job_id: str | None = None
@@ -228,6 +234,7 @@ class SlurmJobOperator(BaseOperator):
                 array=self.array_spec(),
                 payload_dir=self.payload_dir or None,
                 hyperparameter_args=bool(self.hyperparameter_args),
+                container=self.container if (self.container or {}).get("digest") else None,
             )
         except ValidationError as exc:
             raise ConfigurationError(
@@ -417,6 +424,7 @@ class SlurmJobOperator(BaseOperator):
         # them; the environment (tokens, keys) goes with sbatch, not in a file.
         self.hook.make_run_dirs(run_dir.parent, run_dir.root)
         self.write_inputs(spec, run_dir)
+        self.write_bundle(spec, run_dir)
         self.hook.write_file(run_dir.sampler, sampler_source(), mode=JOB_READS)  # the wrapper runs python3 <file>
         self.hook.write_file(run_dir.root + "/spec.json", spec_record(spec), mode=JOB_READS)
         self.hook.write_file(run_dir.script, script, mode=JOB_READS)  # sbatch reads it, as the job user
@@ -428,6 +436,18 @@ class SlurmJobOperator(BaseOperator):
             store.set(STATE_KEY, {"job_id": job_id, "log_offset": log_offset})
         self.log.info("Submitted Slurm job %s (%s) in %s", job_id, self.job_name(context), run_dir.root)
         return job_id, log_offset
+
+    def write_bundle(self, spec: JobSpec, run_dir: RunDir) -> None:
+        """The job's OCI bundle, for Slurm's `--container` (pcflow.slurm.images): its mounts are this job's
+        directories only. Nothing for Pyxis (its options carry the mounts) or without a container."""
+        if spec.container is None or spec.container.runtime != "oci":
+            return
+        from pcflow.slurm.images import bundle_config, write_bundle
+        from pcflow.slurm.render import container_mounts
+
+        c = spec.container
+        config = bundle_config(c.model_dump(), c.shared_root, container_mounts(spec, run_dir), run_dir.root)
+        write_bundle(self.hook, run_dir.bundle, config, c.path + "/rootfs")
 
     def log_paths(self, run_dir: RunDir) -> list[str]:
         """Where Slurm writes the job's log (an array: each element's, `SlurmArrayJobOperator`)."""
@@ -504,6 +524,7 @@ class SlurmJobOperator(BaseOperator):
             "run_dir": run_dir.root,
             "log": run_dir.log,
             "metrics_file": run_dir.metrics,
+            "container": image.provenance() if (image := self.job_spec().container) else None,
         }
 
     def on_kill(self) -> None:

@@ -90,7 +90,30 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
         python=spec.python,
         procs_per_node=spec.resources.tasks_per_node,
         rdzv_port=spec.rdzv_port,
+        container_args=container_options(spec, run_dir),
     )
+
+
+def container_options(spec: JobSpec, run_dir: RunDir) -> list[str]:
+    """The srun options that run each task in the run's image (pcflow.slurm.images); none without one."""
+    if spec.container is None:
+        return []
+    from pcflow.slurm.images import srun_options
+
+    return srun_options(spec.container.model_dump(), run_dir.bundle, container_mounts(spec, run_dir), run_dir.root)
+
+
+def container_mounts(spec: JobSpec, run_dir: RunDir) -> list:
+    """The directories the job's container sees: its run's, its code, its data (the `data_dir` the train
+    task sets) and the admin's."""
+    from pcflow.runspec import DATA_DIR
+    from pcflow.slurm.images import job_mounts
+    from pcflow.slurm.spec import ABS_PATH
+
+    data = spec.hyperparameters.get(DATA_DIR)
+    extra = [{"path": data}] if isinstance(data, str) and ABS_PATH.fullmatch(data) else []
+    extra += [m.model_dump() for m in spec.container.mounts] if spec.container else []
+    return job_mounts(run_dir.root, spec.payload_dir, extra)
 
 
 def render_hparams(spec: JobSpec) -> str:

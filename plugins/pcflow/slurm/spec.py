@@ -136,6 +136,34 @@ class ArraySpec(BaseModel):
         return f"0-{self.size - 1}{throttle}"
 
 
+class ContainerMount(BaseModel):
+    """A directory a container sees at the path it has outside (pcflow.slurm.images.Mount)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    path: Annotated[str, Field(pattern=ABS_PATH.pattern)]
+    writable: bool = False
+
+
+class ContainerLaunch(BaseModel):
+    """The run's image as the prepare_image task left it on the cluster: how each task runs in it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    runtime: Literal["oci", "pyxis"]
+    path: Annotated[str, Field(pattern=ABS_PATH.pattern)]  # the unpacked image (oci) or its squashfs (pyxis)
+    shared_root: Annotated[str, Field(pattern=ABS_PATH.pattern)]
+    reference: str
+    digest: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+    imported: bool = False
+    env: list[str] = Field(default_factory=list, max_length=256)
+    mounts: list[ContainerMount] = Field(default_factory=list, max_length=64)
+
+    def provenance(self) -> dict[str, Any]:
+        """What the run records of its image: reference, digest, whether this run imported it."""
+        return {"reference": self.reference, "digest": self.digest, "imported": self.imported, "runtime": self.runtime}
+
+
 class JobSpec(BaseModel):
     """One job: a launcher, a program (argument list) and its resources, environment, hyperparameters."""
 
@@ -155,6 +183,7 @@ class JobSpec(BaseModel):
     hyperparameter_args: bool = Field(
         False, description="the hyperparameters also as `--key value` arguments after the program's own"
     )
+    container: ContainerLaunch | None = Field(None, description="the imported image each task runs in")
 
     @field_validator("program")
     @classmethod
@@ -307,6 +336,11 @@ class RunDir:
     @property
     def checkpoints(self) -> str:
         return self._path("checkpoints")
+
+    @property
+    def bundle(self) -> str:
+        """The job's OCI bundle (config.json, rootfs link) when it runs in a container (pcflow.slurm.images)."""
+        return self._path("bundle")
 
     def element(self, index: int | str) -> RunDir:
         """The directory of one element of a job array."""

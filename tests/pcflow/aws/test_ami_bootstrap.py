@@ -243,6 +243,34 @@ def test_a_good_python_on_path_makes_the_payload_environment(builder):
     assert check.stdout.splitlines()[0] == "full" and check.stdout.splitlines()[1].startswith("record "), check.stdout
 
 
+def test_the_bake_enables_pyxis_from_parallelclusters_examples(builder):
+    """ParallelCluster's images (3.11.1+) keep Pyxis disabled, its settings in /opt/parallelcluster/examples:
+    the bake puts them where Slurm and enroot read them, and has the runtime directories made at boot. An
+    image without them bakes as before, saying so."""
+    builder.base_os("ubuntu2204")
+    script = builder.stand_in_uv()
+    builder.good_python()
+    without = builder.run(script=script)
+    assert without.returncode == 0, without.stderr[-3000:]
+    assert "no Pyxis in this image" in without.stdout + without.stderr
+    assert not (builder.root / "opt/slurm/etc/plugstack.conf").exists()
+    examples = builder.root / "opt/parallelcluster/examples"
+    files = {"pyxis/pyxis.conf": "required /usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis\n",
+             "spank/plugstack.conf": "include /opt/slurm/etc/plugstack.conf.d/*\n",
+             "enroot/enroot.conf": "ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\n"}  # fmt: skip
+    for name, text in files.items():
+        (examples / name).parent.mkdir(parents=True, exist_ok=True)
+        (examples / name).write_text(text)
+    result = builder.run(script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (builder.root / "opt/slurm/etc/plugstack.conf.d/pyxis.conf").read_text() == files["pyxis/pyxis.conf"]
+    assert (builder.root / "opt/slurm/etc/plugstack.conf").read_text() == files["spank/plugstack.conf"]
+    assert (builder.root / "etc/enroot/enroot.conf").read_text() == files["enroot/enroot.conf"]
+    assert oct((builder.root / "var/enroot").stat().st_mode & 0o7777) == "0o1777"
+    tmpfiles = (builder.root / "etc/tmpfiles.d/pcflow-pyxis.conf").read_text().splitlines()
+    assert tmpfiles == ["d /run/enroot 1777 root root -", "d /run/pyxis 1777 root root -"]
+
+
 def test_the_command_is_one_posix_line_that_runs_the_script_with_bash():
     """Nothing before the script but `exec env NAME=... bash -c`: dash parses it, bash runs the script."""
     text = rendered(REQUIREMENTS)
