@@ -79,7 +79,8 @@ def conf_for(name: str, repo: Path, profile: str = "local") -> dict[str, Any]:
         raise SystemExit(f"examples/{name}/{RUNS_FILE} has no settings for profile {profile!r}: {sorted(runs)}")
     overrides = json.loads(json.dumps(runs[profile]))
     training = overrides.setdefault("training", {})
-    training.update(payload=None, code={"git": {"url": repo.resolve().as_uri(), "ref": "main"}})
+    # The conf's `training.code` replaces the profile's payload (runspec.one_code_source): no `payload: null`.
+    training["code"] = {"git": {"url": repo.resolve().as_uri(), "ref": "main"}}
     return {"profile": profile, "overrides": overrides}
 
 

@@ -48,13 +48,14 @@ def test_a_changed_folder_is_a_new_commit_on_top_and_ignored_files_stay_out(tmp_
     assert example.publish(folder, repo) == after
 
 
-def test_the_conf_is_the_shared_shape_and_the_local_profile_lets_a_user_send_it(tmp_path: Path):
+def test_the_conf_is_the_shared_shape_and_the_local_profile_lets_a_user_send_it(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("PCFLOW_STACK_DIR", str(tmp_path))  # `{stack}`: where the profile lets git code come from
     repo = tmp_path / "examples" / "resnet.git"
     example.publish(example.EXAMPLES / "resnet", repo)
     conf = example.conf_for("resnet", repo)
     training = conf["overrides"]["training"]
     assert conf["profile"] == "local"
-    assert training["payload"] is None and training["code"] == {"git": {"url": repo.resolve().as_uri(), "ref": "main"}}
+    assert "payload" not in training and training["code"] == {"git": {"url": repo.resolve().as_uri(), "ref": "main"}}
     assert training["program"] == ["train.py"] and training["requirements"] == "requirements.txt"
     assert conf["overrides"]["dataset"]["mode"] == "shard" and conf["overrides"]["metrics"]["objective"] == "accuracy"
     ours = {**conf["overrides"], "training": {"hyperparameters": training["hyperparameters"]}}
