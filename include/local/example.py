@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ IDENTITY = {
     "GIT_COMMITTER_EMAIL": "examples@pcflow.invalid",
     "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
 }
-#: The tasks of the code path: resolving the ref (validate), bundle + upload + stage, the environment.
-CODE_PATH_TASKS = ("validate", "ship_payload", "prepare_environment", "check_environment")
+#: The tasks of the code path after the ref's resolution: bundle + upload + stage, the environment.
+CODE_PATH_TASKS = ("ship_payload", "prepare_environment", "check_environment")
 
 
 def git(*args: str, git_dir: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
@@ -84,6 +85,14 @@ def conf_for(name: str, repo: Path, profile: str = "local") -> dict[str, Any]:
     return {"profile": profile, "overrides": overrides}
 
 
+def resolve_seconds(repo: Path, ref: str = "main") -> float:
+    """How long resolving `ref` takes: the `git ls-remote` the first task runs (pcflow.code.sources), timed
+    here because `validate`'s own duration is mostly its AWS checks (network, cost, the cluster's preflight)."""
+    started = time.perf_counter()
+    git("ls-remote", "--", repo.resolve().as_uri(), ref, git_dir=repo)
+    return round(time.perf_counter() - started, 2)
+
+
 def task_seconds(dag_id: str, run_id: str) -> dict[str, float]:
     """How long each task instance of the run took (its last try), from the metadata database."""
     from airflow.models.taskinstance import TaskInstance
@@ -94,13 +103,14 @@ def task_seconds(dag_id: str, run_id: str) -> dict[str, float]:
         return {ti.task_id: round(ti.duration or 0.0, 2) for ti in rows}
 
 
-def summarize_code(result: DagRunResult, seconds: dict[str, float], wall: float) -> dict[str, Any]:
-    """What the code path did (from the tasks' returned values and durations), and how the run ended."""
+def summarize_code(result: DagRunResult, seconds: dict[str, float], wall: float, resolve_s: float) -> dict[str, Any]:
+    """What the code path did (from the tasks' returned values and durations, and the ref's resolution
+    `resolve_s`), and how the run ended."""
     out = result.returned
     code = out.get("ship_payload") or {}
     env = out.get("prepare_environment") or {}
     objective = (out.get("metrics") or {}).get("objective")
-    overhead = {task: seconds[task] for task in CODE_PATH_TASKS if task in seconds}
+    overhead = {"resolve": resolve_s, **{task: seconds[task] for task in CODE_PATH_TASKS if task in seconds}}
     leftover = tagged_resources("pcflow:run", result.run_key) if result.run_key else ["(no run key)"]
     return {
         "dag_run": result.run_id,
@@ -113,6 +123,7 @@ def summarize_code(result: DagRunResult, seconds: dict[str, float], wall: float)
         "environment": {k: env.get(k) for k in ("id", "built", "build_s")} if env else None,
         "image_imported": bool((out.get("prepare_container") or {}).get("imported")),
         "code_path_s": {**overhead, "total": round(sum(overhead.values()), 2)},
+        "validate_s": seconds.get("validate"),  # all of the first task's checks, the resolution among them
         "objective": objective,
         "left_tagged_with_run_key": leftover,
     }
@@ -150,7 +161,7 @@ def main(argv: list[str]) -> int:
 
     def summarize(result: DagRunResult, wall: float) -> dict[str, Any]:
         """The summary of this run, with its tasks' durations."""
-        return summarize_code(result, task_seconds(result.dag_id, result.run_id), wall)
+        return summarize_code(result, task_seconds(result.dag_id, result.run_id), wall, resolve_seconds(repo))
 
     summary = run_with_progress(f"example-{name}", "pretrain", conf, summarize)
     print(json.dumps(summary, indent=2, default=str))

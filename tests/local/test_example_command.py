@@ -25,6 +25,10 @@ def test_an_unchanged_folder_is_the_same_commit_in_any_repository(tmp_path: Path
     elsewhere = example.publish(example.EXAMPLES / "resnet", tmp_path / "b" / "resnet.git")
     assert first == again == elsewhere, "fixed author, committer and date: same content, same commit"
     assert example.git("symbolic-ref", "HEAD", git_dir=tmp_path / "a" / "resnet.git") == "refs/heads/main"
+    assert example.git(
+        "ls-remote", "--", (tmp_path / "a" / "resnet.git").as_uri(), "main", git_dir=tmp_path / "a" / "resnet.git"
+    ).startswith(first)
+    assert 0 <= example.resolve_seconds(tmp_path / "a" / "resnet.git") < 60
     assert {"train.py", "requirements.txt", "hparams.schema.json", "README.md"} <= set(
         tree_of(tmp_path / "a" / "resnet.git")
     )
@@ -118,21 +122,23 @@ def test_the_summary_says_what_the_code_path_did_and_cost(monkeypatch):
         "check_environment": 0.25,
         "train": 40.0,
     }
-    first = example.summarize_code(recorded(30720, built=True), seconds, 61.0)
-    assert first["code_path_s"] == {**{t: seconds[t] for t in example.CODE_PATH_TASKS}, "total": 4.25}, (
-        "train not counted"
-    )
+    first = example.summarize_code(recorded(30720, built=True), seconds, 61.0, 0.05)
+    assert first["code_path_s"] == {
+        **{"resolve": 0.05, "ship_payload": 2.0, "prepare_environment": 0.5, "check_environment": 0.25},
+        "total": 2.8,
+    }, "train not counted, validate's AWS checks not counted"
+    assert first["validate_s"] == 1.5
     assert first["code"]["commit"] == "08d57f2f" * 5 and first["uploaded_bytes"] == 30720
     ok, line = example.verdict("resnet", first)
-    assert ok and "30720 bytes uploaded, environment built, image not imported, code path 4.25 s" in line
+    assert ok and "30720 bytes uploaded, environment built, image not imported, code path 2.8 s" in line
     assert "accuracy 0.97" in line and "code sha256-ababa" in line
-    ok, line = example.verdict("resnet", example.summarize_code(recorded(0, built=False), seconds, 30.0))
+    ok, line = example.verdict("resnet", example.summarize_code(recorded(0, built=False), seconds, 30.0, 0.05))
     assert ok and "0 bytes uploaded, environment reused" in line
 
 
 def test_a_run_that_left_resources_is_not_ok(monkeypatch):
     monkeypatch.setattr(example, "tagged_resources", lambda key, value: ["vpc vpc-1"])
-    ok, line = example.verdict("resnet", example.summarize_code(recorded(0, built=False), {}, 1.0))
+    ok, line = example.verdict("resnet", example.summarize_code(recorded(0, built=False), {}, 1.0, 0.05))
     assert not ok and line.startswith("pcflow example resnet: FAILED") and "1 resources left" in line
 
 
