@@ -16,9 +16,19 @@ class FakeTI:
     map_index: int = -1
     try_number: int = 1
     xcoms: dict[str, Any] = field(default_factory=dict)
+    #: What Airflow's execution API says of this task instance's state (get_task_states): a test sets it as
+    #: a person's action would ("failed", None: cleared); an exception stands for no answer.
+    state: str | Exception | None = "running"
 
     def xcom_push(self, key: str, value: Any) -> None:
         self.xcoms[key] = value
+
+    def get_task_states(self, dag_id: str, task_ids: list[str], run_ids: list[str], map_index: int | None = None):
+        """The Task SDK's answer shape: {run_id: {task_id: state}}, for this one task instance."""
+        if isinstance(self.state, Exception):
+            raise self.state
+        assert (dag_id, task_ids, run_ids) == (self.dag_id, [self.task_id], [self.run_id])
+        return {self.run_id: {self.task_id: self.state}}
 
 
 @dataclass

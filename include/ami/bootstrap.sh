@@ -12,8 +12,12 @@
 #   PCFLOW_TREE_RECORD           include/ami/tree-record.sh, which writes the environment's integrity record
 # PCFLOW_ROOT (tests only, unset on a builder): a directory that stands for / in every system path.
 #
+# The pinned uv goes to /opt/pcflow/bin/uv (UV_VERSION, checked against its wheel's sha256): a run whose
+# code names requirements gets its own environment built with it on the cluster (pcflow.slurm.envs, the
+# profile's training.environment.builder), layered on the payload environment below.
+#
 # The interpreter: the newest python3.X >= PCFLOW_PYTHON_MIN on PATH that can make a venv, else a
-# standalone CPython of that version installed by a pinned uv (the images' own python3 is 3.10 on
+# standalone CPython of that version installed by the pinned uv (the images' own python3 is 3.10 on
 # Ubuntu 22.04, 3.9 on Amazon Linux 2023 and RHEL 9; 3.12 on Ubuntu 24.04, without ensurepip unless
 # python3-venv is installed).
 set -euxo pipefail
@@ -62,28 +66,40 @@ find_python() { # sets `python` to the newest usable interpreter on PATH
   candidate=$(command -v python3) && usable "$candidate" && python=$candidate
 }
 
-install_python() { # a standalone CPython 3.$need under $PCFLOW_HOME/python, by uv checked against its pin
-  local arch wheel sha candidate
+install_uv() { # the pinned uv at $PCFLOW_HOME/bin/uv, checked against its pin: it builds the runs' own environments
+  # (a profile's training.environment.builder) and, where the image has no usable Python, installs one
+  local arch wheel sha
+  [ ! -x "$PCFLOW_HOME/bin/uv" ] || return 0
   arch=$(uname -m)
   wheel=UV_WHEEL_$arch sha=UV_SHA256_$arch
   [[ -n ${!wheel:-} ]] || fail "no pinned uv for $arch on $(os_name)"
-  tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT || return 1 # global: the trap runs after this returns
   curl --fail --silent --show-error --location --retry 3 -o "$tmp/uv.whl" \
     "https://files.pythonhosted.org/packages/${!wheel}" || return 1
   echo "${!sha}  $tmp/uv.whl" | sha256sum --check --status ||
     fail "the uv $UV_VERSION wheel downloaded does not have its pinned sha256 (${!sha}); nothing installed"
-  python3 -m zipfile -e "$tmp/uv.whl" "$tmp/uv" && chmod +x "$tmp/uv/uv-$UV_VERSION.data/scripts/uv" || return 1
-  local uv=("$tmp/uv/uv-$UV_VERSION.data/scripts/uv" --no-config --cache-dir "$tmp/cache")
+  "${python:-python3}" -m zipfile -e "$tmp/uv.whl" "$tmp/uv" || return 1
+  mkdir -p "$PCFLOW_HOME/bin" && cp "$tmp/uv/uv-$UV_VERSION.data/scripts/uv" "$PCFLOW_HOME/bin/uv" &&
+    chmod 755 "$PCFLOW_HOME/bin/uv"
+}
+
+install_python() { # a standalone CPython 3.$need under $PCFLOW_HOME/python, by the pinned uv
+  local candidate
+  install_uv || return 1
+  local uv=("$PCFLOW_HOME/bin/uv" --no-config --cache-dir "$tmp/cache")
   UV_PYTHON_INSTALL_DIR=$PCFLOW_HOME/python "${uv[@]}" python install --no-bin "3.$need" || return 1
   candidate=$(UV_PYTHON_INSTALL_DIR=$PCFLOW_HOME/python "${uv[@]}" python find --managed-python --no-project "3.$need") &&
     usable "$candidate" && python=$candidate
 }
 
+tmp=$(mktemp -d) # the uv wheel and its cache: not baked into the image
+trap 'rm -rf "$tmp"' EXIT
 python=""
 find_python || install_python ||
   fail "no Python >= $PCFLOW_PYTHON_MIN for the payload's requirements on $(os_name): found ${found:-no python3 on PATH}," \
     "and installing CPython $PCFLOW_PYTHON_MIN with uv $UV_VERSION failed (see above)"
 echo "payload environment on $("$python" -c 'import sys; print(sys.version.split()[0])') ($python) on $(os_name)"
+install_uv || fail "the pinned uv $UV_VERSION could not be installed at $PCFLOW_HOME/bin/uv (see above): runs build their" \
+  "own environments with it"
 
 # The payload's Python environment (PyTorch with CUDA on GPU images), pinned by its requirements. No pip
 # cache: its wheels (gigabytes of CUDA libraries) would be baked into the image.

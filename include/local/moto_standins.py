@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shutil
 import sys
 import threading
@@ -131,15 +132,31 @@ def import_objects(backend: FSxBackend, fs_id: str, paths: list[str] | None = No
         bucket, prefix = split_s3(link["s3"])
         wanted = [split_s3(p)[1] for p in paths or [link["s3"]]]
         for key in s3_objects(bucket, prefix):
-            if key.name.endswith("/") or not any(key.name.startswith(w) for w in wanted):
+            if not any(key.name.startswith(w) for w in wanted) or key.name.rstrip("/") == prefix:
                 continue
             target = local_path(link, key.name)
+            if key.name.endswith("/"):  # a directory, with its own metadata (FSx stores directories so)
+                target.mkdir(parents=True, exist_ok=True)
+                apply_posix_metadata(target, key.metadata)
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(key.value)
+            apply_posix_metadata(target, key.metadata)
             stat = target.stat()
             synced[str(target)] = (stat.st_size, stat.st_mtime_ns)
             copied += 1
     return copied
+
+
+def apply_posix_metadata(path: Path, metadata: Any) -> None:
+    """Mode, owner and group from an object's `x-amz-meta-file-permissions`, `-file-owner` and `-file-group`,
+    as FSx for Lustre imports them ("POSIX metadata support for data repositories"); without them FSx
+    leaves root's ownership and its default modes, as this does."""
+    meta = {str(k).lower().removeprefix("x-amz-meta-"): v for k, v in dict(metadata or {}).items()}
+    if "file-permissions" in meta:
+        path.chmod(int(meta["file-permissions"], 8) & 0o7777)
+    if ("file-owner" in meta or "file-group" in meta) and os.geteuid() == 0:  # as FSx, which runs as root
+        os.chown(path, int(meta.get("file-owner", -1)), int(meta.get("file-group", -1)))
 
 
 def export_changes(backend: FSxBackend, fs_id: str) -> int:

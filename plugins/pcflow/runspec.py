@@ -41,6 +41,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class FsxOwnerSettings(_Section):
+    """Whom FSx for Lustre makes the owner of the files it imports from the dataset's prefix: the cluster's
+    SSH user (pcflow.dataset.posix), so the partitions are its own and a job reads only its run's."""
+
+    uid: int = Field(ge=0, le=2**31 - 1)
+    gid: int = Field(ge=0, le=2**31 - 1)
+
+
 class DatasetSettings(_Section):
     """Where the run's data comes from and where in S3 its partition goes; the prefix is checked by the dataset
     stage's own rule."""
@@ -50,6 +58,10 @@ class DatasetSettings(_Section):
     prefix: str = "datasets/digits"
     mode: Literal["sync", "shard"] = "sync"
     partition: str | None = Field(None, pattern=PARTITION.pattern)
+    fsx_owner: FsxOwnerSettings | None = Field(
+        None,
+        description="the cluster's SSH user's uid and gid, given to what FSx imports; none: root's, readable by all",
+    )
 
     @field_validator("bucket")
     @classmethod
@@ -206,6 +218,41 @@ def secret_references(env: Any) -> list[str]:
     ]
 
 
+#: `training.requirements`: a relative path inside the run's code (no leading `/` or `.`; no `..` part).
+REQUIREMENTS_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_./+-]{0,199}$"
+
+
+class EnvironmentSettings(_Section):
+    """How the cluster builds a run's environment from `training.requirements` (pcflow.slurm.envs): the
+    deployment admin's, never a trigger user's (not in any profile's `overridable`)."""
+
+    builder: str | None = Field(
+        None,
+        pattern=r"^/[A-Za-z0-9_.@+/-]{1,254}$",
+        description="uv on the cluster (an absolute path); null: this cluster builds no environments",
+    )
+    base: Literal["layered", "isolated"] = Field(
+        "layered", description="layered: the base environment's packages are seen and not installed again"
+    )
+    quota_gib: float = Field(100, gt=0, description="all built environments together; least recently used evicted")
+    in_use_hours: float = Field(
+        72, gt=0, description="an environment prepared within this many hours is never evicted (a run may use it)"
+    )
+    index_url: str | None = Field(
+        None, pattern=r"^https?://[^@\s]{1,500}$", description="no credentials in it: it reaches the head node's `ps`"
+    )
+    find_links: list[str] = Field(default_factory=list, description="wheel directories or pages on the cluster")
+    no_index: bool = False
+    build_timeout_s: float = Field(3600, gt=0, le=6 * 3600)
+
+    def index_options(self) -> list[str]:
+        """uv's options for where packages come from, as separate arguments (values passed as data)."""
+        options = ["--index-url", self.index_url] if self.index_url else []
+        for link in self.find_links:
+            options += ["--find-links", link]
+        return options + (["--no-index"] if self.no_index else [])
+
+
 class TrainingSettings(_Section):
     """The job: launcher, payload and program, its allocation and environment (secrets by reference only),
     restarts and pending timeout. pcflow's own hyperparameters (`data_dir`) cannot be set here."""
@@ -218,6 +265,13 @@ class TrainingSettings(_Section):
     )
     program: list[str] = Field(min_length=1)
     python: str = Field("python3", description="the environment's interpreter on the cluster (image or venv)")
+    requirements: str | None = Field(
+        None,
+        pattern=REQUIREMENTS_PATH,
+        description="a requirements file (or a pinned lock) in the run's code; its environment is built once "
+        "per cluster and `python`'s environment is its base; null: the code runs in `python` as it is",
+    )
+    environment: EnvironmentSettings = Field(default_factory=EnvironmentSettings)
     nodes: int = Field(1, ge=1, le=512)
     tasks_per_node: int = Field(1, ge=1, le=128)
     gpus_per_node: int = Field(0, ge=0, le=16)
@@ -250,6 +304,22 @@ class TrainingSettings(_Section):
             script = self.program[0]
             if script.startswith("/") or ".." in script.split("/"):
                 raise ValueError(f"program[0] must be a script inside the payload (e.g. train.py), got {script!r}")
+        return self
+
+    @field_validator("requirements")
+    @classmethod
+    def _inside_the_code(cls, value: str | None) -> str | None:
+        if value is not None and ".." in value.split("/"):
+            raise ValueError(f"must be a path inside the run's code, without `..` (got {value!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _requirements(self) -> TrainingSettings:
+        if self.requirements is not None and self.environment.builder is None:
+            raise ValueError(
+                "requirements need a cluster that builds environments: the profile sets no "
+                "training.environment.builder (uv's path on the cluster)"
+            )
         return self
 
     def env_values(self) -> dict[str, str]:

@@ -52,9 +52,16 @@ def test_params_defaults_are_valid_and_bad_values_refused():
 
 
 def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
-    result = run_dag("pretrain", {"partition": PARTITION, **FAST})
+    # The payload's requirements as the run's own: an environment layered on .venv-payload, which holds them
+    # all (nothing is downloaded), verified with its base, and the job runs its python.
+    overrides = {"training": {"requirements": "requirements.txt"}}
+    result = run_dag("pretrain", {"partition": PARTITION, **FAST, "overrides": overrides})
     assert result.state == "success", result.task_states
     out = result.returned
+    prepared = out["prepare_environment"]
+    assert prepared["dir"].endswith(f"/pcflow/envs/{prepared['id']}")
+    assert out["check_environment"]["dir"] == prepared["dir"]
+    assert out["metrics"]["environment"] == {key: prepared[key] for key in ("id", "built", "build_s", "python")}
     assert out["train"]["state"] == "COMPLETED"
     objective, finals = out["metrics"]["objective"], out["metrics"]["metrics"]
     assert objective["name"] == "fewshot_accuracy" and objective["value"] > 0.3  # 10 classes: chance is 0.1

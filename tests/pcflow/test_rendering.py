@@ -93,9 +93,11 @@ def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_pro
     }
     digest = "0123456789abcdef0123"
     shipped = {"name": "simclr", "digest": digest, "dir": f"/shared/pcflow/payloads/{digest}"}
-    returned = {"validate": run, "training_inputs": inputs, "ship_payload": shipped}
+    prepared = {"id": "e" * 20, "python": f"/shared/pcflow/envs/{'e' * 20}/bin/python", "built": False}
+    returned = {"validate": run, "training_inputs": inputs, "ship_payload": shipped, "prepare_environment": prepared}
     task = rendered(dags["pretrain"], "train", returned, params=form(conf))
     assert task.payload_dir == shipped["dir"]
+    assert task.python == prepared["python"]  # the run's own environment's, not training.python
     assert task.env == {"MODE": "0x10", "EMPTY": "None"}
     assert task.hyperparameters["tag"] == "1e5" and task.hyperparameters["data_dir"] == "/shared/20261129"
     assert task.allocation == run["training"]["allocation"] and task.program == run["training"]["program"]

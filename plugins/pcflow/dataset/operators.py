@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from airflow.sdk import Context, conf
 
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.dataset.partition import resolve_partition, validate_prefix
+from pcflow.dataset.posix import FsxOwner
 from pcflow.errors import ServiceFailed
 from pcflow.events import validate_event
 from pcflow.naming import Component, run_key_from_context, standard_tags, validate_stack_name
@@ -50,7 +51,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
     """
 
     template_fields: Sequence[str] = aws_template_fields(
-        "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id", "stack"
+        "source", "bucket", "prefix", "partition", "mode", "fsx_file_system_id", "fsx_owner", "stack"
     )
     ui_color = "#c9e4f5"
 
@@ -69,6 +70,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
         prune: bool | None = None,
         ttl: dt.timedelta | None = None,
         fsx_file_system_id: str | None = None,
+        fsx_owner: Mapping[str, int] | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         waiter_delay: int = 30,
         waiter_max_attempts: int = 240,
@@ -87,6 +89,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
         self.workers, self.target_shard_bytes, self.shuffle_seed = workers, target_shard_bytes, shuffle_seed
         self.prune, self.ttl = prune, ttl
         self.fsx_file_system_id = fsx_file_system_id
+        self.fsx_owner = fsx_owner  # {uid, gid}: whom FSx makes the loaded files' owner (pcflow.dataset.posix)
         self.deferrable, self.waiter_delay, self.waiter_max_attempts = deferrable, waiter_delay, waiter_max_attempts
         self.progress_interval_s = progress_interval_s
 
@@ -125,6 +128,7 @@ class DatasetLoadOperator(PcflowAwsOperator):
             "workers": self.workers,
             "progress_interval_s": self.progress_interval_s,
             "logger": self.log,
+            "fsx_owner": FsxOwner(self.fsx_owner["uid"], self.fsx_owner["gid"]) if self.fsx_owner else None,
         }
         self.log.info(
             "loading %s into s3://%s/%s (partition %s, mode %s)",

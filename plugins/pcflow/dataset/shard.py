@@ -27,6 +27,7 @@ from boto3.s3.transfer import TransferConfig
 
 from pcflow.dataset.errors import SourceChangedError
 from pcflow.dataset.manifest import build_manifest, partition_root
+from pcflow.dataset.posix import FsxOwner
 from pcflow.dataset.progress import Progress
 from pcflow.dataset.sources import Source, SourceFile, open_source
 from pcflow.dataset.writer import DEFAULT_TRANSFER, PartitionWriter
@@ -183,6 +184,7 @@ def shard_to_s3(
     prune: bool = True,
     progress_interval_s: float = 15.0,
     logger: logging.Logger = log,
+    fsx_owner: FsxOwner | None = None,
 ) -> dict[str, Any]:
     """Pack `source` into tar shards under `s3://bucket/prefix/partition/`; returns a summary.
 
@@ -195,7 +197,9 @@ def shard_to_s3(
     files = src.list()
     samples, classes = group_samples(files)
     shards = plan_shards(samples, target_bytes=target_shard_bytes, seed=shuffle_seed)
-    writer = PartitionWriter(client, bucket, root, tags=tags, workers=workers, transfer_config=transfer_config)
+    writer = PartitionWriter(
+        client, bucket, root, tags=tags, workers=workers, transfer_config=transfer_config, fsx_owner=fsx_owner
+    )
     progress = Progress(
         total_files=len(files),
         total_bytes=sum(f.size for f in files),

@@ -19,6 +19,7 @@ from boto3.s3.transfer import TransferConfig
 
 from pcflow.dataset.errors import SourceChangedError
 from pcflow.dataset.manifest import build_manifest, partition_root
+from pcflow.dataset.posix import FsxOwner
 from pcflow.dataset.progress import Progress
 from pcflow.dataset.sources import LocalDirectorySource, Source, SourceFile, iter_chunks, open_source
 from pcflow.dataset.writer import DEFAULT_TRANSFER, HashingReader, PartitionWriter
@@ -40,6 +41,7 @@ def sync_to_s3(
     prune: bool = False,
     progress_interval_s: float = 15.0,
     logger: logging.Logger = log,
+    fsx_owner: FsxOwner | None = None,
 ) -> dict[str, Any]:
     """Mirror `source` to `s3://bucket/prefix/partition/`; returns a summary (see manifest.summary).
 
@@ -49,7 +51,9 @@ def sync_to_s3(
     src = open_source(source, client) if isinstance(source, str) else source
     root = partition_root(prefix, partition)
     files = src.list()
-    writer = PartitionWriter(client, bucket, root, tags=tags, workers=workers, transfer_config=transfer_config)
+    writer = PartitionWriter(
+        client, bucket, root, tags=tags, workers=workers, transfer_config=transfer_config, fsx_owner=fsx_owner
+    )
     progress = Progress(
         total_files=len(files),
         total_bytes=sum(f.size for f in files),

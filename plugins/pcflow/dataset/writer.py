@@ -28,6 +28,7 @@ from s3transfer.subscribers import BaseSubscriber
 
 from pcflow.dataset.errors import DestinationError
 from pcflow.dataset.manifest import FORMAT, JOURNAL_KEY, MANIFEST_NAME, read_json_object, read_manifest, summary
+from pcflow.dataset.posix import FsxOwner, directory_metadata, object_metadata
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,16 @@ class PartitionWriter:
         workers: int = 16,
         transfer_config: TransferConfig = DEFAULT_TRANSFER,
         journal_interval_s: float = JOURNAL_INTERVAL_S,
+        fsx_owner: FsxOwner | None = None,
     ):
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.client, self.bucket, self.root = client, bucket, root
         self.tagging = urllib.parse.urlencode(dict(tags or {}))
+        # What FSx gives each object when it imports it (pcflow.dataset.posix); recorded with each entry.
+        self.fsx_owner = fsx_owner
+        self.metadata = object_metadata(fsx_owner)
+        self.owned = {"fsx_owner": fsx_owner.tag()} if fsx_owner else {}
         self.workers = workers
         self.transfer_config = transfer_config
         self.journal_interval_s = journal_interval_s
@@ -127,7 +133,8 @@ class PartitionWriter:
         self.remote = self._list_remote()
         candidates = [*(self.previous or {}).get("objects", []), *journal.get("objects", [])]
         for entry in candidates:
-            if self.remote.get(entry["key"]) == (entry["size"], entry.get("etag")):
+            same_owner = entry.get("fsx_owner") == self.owned.get("fsx_owner")
+            if same_owner and self.remote.get(entry["key"]) == (entry["size"], entry.get("etag")):
                 self.known[entry["key"]] = entry
         log.info(
             "partition s3://%s/%s: %s, %d journaled, %d objects confirmed by listing",
@@ -169,9 +176,10 @@ class PartitionWriter:
             if err.response["Error"]["Code"] in ("NoSuchKey", "404"):
                 return None  # deleted since the listing
             raise self._explain(err, "read", key) from err
-        if head["ETag"] != listed[1]:
-            return None  # replaced since the listing
-        return {"key": key, "size": len(data), "sha256": sha256, "etag": head["ETag"], **_version(head), **extra}
+        if head["ETag"] != listed[1] or head.get("Metadata", {}) != self.metadata:
+            return None  # replaced since the listing, or written for another owner
+        entry = {"key": key, "size": len(data), "sha256": sha256, "etag": head["ETag"], **_version(head)}
+        return {**entry, **self.owned, **extra}
 
     # -- uploads ----------------------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes, sha256: str, **extra: Any) -> dict[str, Any]:
@@ -183,10 +191,12 @@ class PartitionWriter:
                 Body=data,
                 ChecksumSHA256=sha256_b64(sha256),
                 Tagging=self.tagging,
+                Metadata=self.metadata,
             )
         except ClientError as err:
             raise self._explain(err, "write", key) from err
-        return {"key": key, "size": len(data), "sha256": sha256, "etag": resp["ETag"], **_version(resp), **extra}
+        entry = {"key": key, "size": len(data), "sha256": sha256, "etag": resp["ETag"], **_version(resp)}
+        return {**entry, **self.owned, **extra}
 
     def upload_bytes(self, key: str, data: bytes, sha256: str, **extra: Any) -> tuple[dict[str, Any], bool]:
         """(entry, uploaded): `put_bytes`, unless the listing shows these very bytes already there."""
@@ -206,7 +216,7 @@ class PartitionWriter:
             fileobj,
             self.bucket,
             self.root + key,
-            extra_args={"Tagging": self.tagging},
+            extra_args={"Tagging": self.tagging, "Metadata": self.metadata},
             subscribers=[_KnownSize(size)],  # multipart decided (and parts sized) without reading ahead
         )
         try:
@@ -214,7 +224,8 @@ class PartitionWriter:
             head = self.client.head_object(Bucket=self.bucket, Key=self.root + key)
         except ClientError as err:
             raise self._explain(err, "write", key) from err
-        return {"key": key, "size": size, "sha256": sha256, "etag": head["ETag"], **_version(head), **extra}
+        entry = {"key": key, "size": size, "sha256": sha256, "etag": head["ETag"], **_version(head)}
+        return {**entry, **self.owned, **extra}
 
     def _transfer_manager(self) -> TransferManager:
         with self._lock:
@@ -261,7 +272,9 @@ class PartitionWriter:
                 body = json.dumps({"format": FORMAT, "objects": list(self.entries.values())}).encode()
                 self._journal_dirty = False
             started = time.monotonic()
-            self.client.put_object(Bucket=self.bucket, Key=self.root + JOURNAL_KEY, Body=body, Tagging=self.tagging)
+            self.client.put_object(
+                Bucket=self.bucket, Key=self.root + JOURNAL_KEY, Body=body, Tagging=self.tagging, Metadata=self.metadata
+            )
             with self._lock:
                 self._last_journal = time.monotonic()
                 self._journal_seconds = self._last_journal - started
@@ -303,6 +316,7 @@ class PartitionWriter:
         Returns False when the manifest already committed holds the same content: nothing is written.
         """
         self.drain()
+        self.put_directory()
         with self._lock:
             self._journal_dirty = False  # the manifest supersedes the journal from here on
         unchanged = bool(self.previous) and self.previous.get("content_hash") == manifest["content_hash"]
@@ -316,6 +330,7 @@ class PartitionWriter:
                     ContentType="application/json",
                     ChecksumSHA256=sha256_b64(hashlib.sha256(body).hexdigest()),
                     Tagging=self.tagging,
+                    Metadata=self.metadata,
                 )
             except ClientError as err:
                 raise self._explain(err, "write", MANIFEST_NAME) from err
@@ -332,9 +347,22 @@ class PartitionWriter:
         counters = summary(manifest, uploaded=self.uploaded, skipped=self.skipped)
         return {**counters, "manifest_written": committed, "committed_by": current.get("run")}
 
+    def put_directory(self) -> None:
+        """The partition's directory object (its key the partition's, ending in `/`), with the metadata that
+        makes FSx import the directory as the SSH user's alone; none without an owner. Put before the
+        manifest: FSx imports the partition once its manifest is there."""
+        if self.fsx_owner is None:
+            return
+        metadata = directory_metadata(self.fsx_owner)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self.root, Body=b"", Tagging=self.tagging, Metadata=metadata)
+        except ClientError as err:
+            raise self._explain(err, "write") from err
+
     def prune(self, keep: set[str]) -> int:
         """Delete objects of the partition the committed manifest does not list (older shards, removed files)."""
-        stale = [k for k in self._list_remote() if k not in keep and k not in (MANIFEST_NAME, JOURNAL_KEY)]
+        # "": the partition's own directory object (put_directory)
+        stale = [k for k in self._list_remote() if k not in keep and k not in (MANIFEST_NAME, JOURNAL_KEY, "")]
         for start in range(0, len(stale), 1000):
             batch = [{"Key": self.root + k} for k in stale[start : start + 1000]]
             self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})

@@ -57,6 +57,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param head_node: the head node, as for SlurmJobOperator (or its parts, `ssh_conn_id`, `remote_host`,
         `host_key`, as before HeadNode).
     :param dataset: the dataset stage's XCom (DatasetLoadOperator): the partition the model event names.
+    :param environment: the prepare_environment task's XCom: the run's environment (id, built or reused) in
+        metrics.json and the summary (provenance).
 
     The job's `model.pt` and newest checkpoint are copied to `s3://<bucket>/runs/<run key>/model/`
     (`outputs.py`) before the report, which links them. Outlets that are Assets get an event whose extra
@@ -84,6 +86,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         "cost_before",
         "cloudwatch",
         "dataset",
+        "environment",
     )
     template_fields_renderers = {"job": "json", "metric_definitions": "json", "prices": "json"}  # noqa: RUF012
     operator_extra_links = (MetricsReportLink(), MetricsDashboardLink())
@@ -114,11 +117,13 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         remote_host: str | None = None,
         host_key: str | None = None,
         dataset: Mapping[str, Any] | None = None,
+        environment: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.job = job
         self.dataset = dataset
+        self.environment = environment
         self.bucket = bucket
         self.stack = stack
         self.objective = objective
@@ -247,6 +252,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         except RequiredMetricMissing as exc:
             raise refused("required_metrics", str(exc), task_author(self.task_id), RequiredMetricMissing) from exc
         document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id)
+        document["environment"] = environment_provenance(self.environment)
         document["cost"] = self.cost_of(document, context)
         document |= self.cost_over_time(document, context)
         s3 = self.client("s3")
@@ -267,7 +273,8 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         for item in document["missing"]:
             self.log.warning("Not harvested: %s (%s): %s", item["what"], item["path"], item["why"])
         model = {k: document["model"].get(k) for k in MODEL_SUMMARY}  # the hashes a later run loads them with
-        return document, {**xcom_summary(document, report_url=report_url), "model": model}
+        summary = {**xcom_summary(document, report_url=report_url), "model": model}
+        return document, {**summary, "environment": document["environment"]}
 
     def save_model(self, s3: Any, document: dict[str, Any], key: str) -> dict[str, Any]:
         """The job's model and newest checkpoint, from the cluster to `s3://<bucket>/runs/<key>/model/`."""
@@ -428,3 +435,11 @@ def _parse_time(text: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC) if text else None
     except ValueError:
         return None
+
+
+def environment_provenance(prepared: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What the run's summary and metrics.json say of its environment (prepare_environment's result): its id
+    (None: `training.python` as it is), whether this run built it and how long that took."""
+    if not prepared:
+        return None
+    return {key: prepared.get(key) for key in ("id", "built", "build_s", "python")}

@@ -2,10 +2,10 @@
 as a task group inside someone else's DAG.
 
 validate -> approve_cost (skipped below the profile's cost threshold) -> (network, bucket -> dataset)
--> image -> cluster -> (stage_in, ship_payload, check_environment) -> train -> metrics, with the cluster
-and (for run-scoped infrastructure) the network as setups whose teardowns run even when training fails.
-Each phase is a function below; nothing here does I/O when a DAG file is parsed: the functions only
-declare tasks.
+-> image -> cluster -> (stage_in, ship_payload -> prepare_environment -> check_environment) -> train
+-> metrics, with the cluster and (for run-scoped infrastructure) the network as setups whose teardowns
+run even when training fails. Each phase is a function below; nothing here does I/O when a DAG file is
+parsed: the functions only declare tasks.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pcflow.pipeline.tasks import (
     dataset_source,
     ensure_dataset_bucket,
     lease_job_account,
+    prepare_environment,
     release_job_account,
     ship_payload,
     stage_in,
@@ -54,6 +55,7 @@ STAGE_TIMEOUTS = {
     "image": dt.timedelta(hours=3),  # builder, bootstrap, AMI snapshot
     "cluster": dt.timedelta(hours=2),  # ParallelCluster takes 15-40 minutes
     "stage_in": dt.timedelta(hours=6),
+    "prepare_environment": dt.timedelta(hours=2),  # a first build downloads and installs the requirements
     "check_environment": dt.timedelta(minutes=45),  # a first full check hashes a CUDA environment's GiBs
     "metrics": dt.timedelta(hours=1),
     "delete_cluster": dt.timedelta(hours=6),  # includes the FSx export of the checkpoints
@@ -162,6 +164,7 @@ def dataset_stage(source: Any) -> Any:
         mode=RUN.dataset.mode,
         # A cluster kept from an earlier run already has its file system: import the new partition.
         fsx_file_system_id=EXISTING_FILE_SYSTEM,
+        fsx_owner=RUN.dataset.fsx_owner,  # FSx makes the SSH user the owner of what it imports
         outlets=[DATASET],  # new content in the partition: an event of the stack's dataset (pcflow.lineage)
         **aws_args(),
     )
@@ -218,13 +221,14 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     cluster = stages["cluster"].output
     data_dir = stage_in(run, cluster, stages["dataset"].output)
     payload = ship_payload(run, cluster)
-    environment = check_environment(run, cluster)
+    prepared = prepare_environment(run, cluster, payload)
+    environment = check_environment(run, cluster, prepared)
     account = lease_job_account(run, cluster)
     inputs = training_inputs(run, cluster, data_dir, RUN.trials if sweep else None, account)
     job = {
         "program": RUN.training.program,
         "launcher": RUN.training.launcher,
-        "python": RUN.training.python,
+        "python": prepared["python"],  # the run's own environment's, else training.python
         "allocation": RUN.training.allocation,
         "env": RunEnv(),
         "secret_env": RUN.training.secrets,  # references: the trigger hides their values in the log
@@ -248,12 +252,13 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
             task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
         )
     [inputs, environment] >> train
-    metrics = metrics_stage(train, stages, inputs["head_node"], sweep=sweep)
+    metrics = metrics_stage(train, {**stages, "prepare_environment": prepared}, inputs["head_node"], sweep=sweep)
     # The account back to the pool once the run is done with the cluster, whatever became of training.
     release = release_job_account(cluster, account)
     metrics >> release.as_teardown(setups=account)
     return {
-        **{"stage_in": data_dir, "ship_payload": payload, "check_environment": environment, "training_inputs": inputs},
+        **{"stage_in": data_dir, "ship_payload": payload, "prepare_environment": prepared},
+        **{"check_environment": environment, "training_inputs": inputs},
         **{"lease_job_account": account, "train": train, "metrics": metrics, "release_job_account": release},
     }
 
@@ -279,6 +284,7 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
         cloudwatch=RUN.metrics.publish_cloudwatch,
         head_node=head_node,
         dataset=stages["dataset"].output,
+        environment=stages["prepare_environment"],  # provenance: the environment's id, built or reused
         inlets=[DATASET],
         outlets=[PRETRAINED_ENCODER],
         **aws_args(),  # priced with the run's region's prices

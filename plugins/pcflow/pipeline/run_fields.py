@@ -18,6 +18,10 @@ FIELDS: dict[str, Any] = {
         "prefix": None,
         "mode": None,
         "partition": None,
+        "fsx_owner": {
+            "uid": None,
+            "gid": None,
+        },
     },
     "ami": {
         "enabled": None,
@@ -44,6 +48,17 @@ FIELDS: dict[str, Any] = {
         "payload": None,
         "program": None,
         "python": None,
+        "requirements": None,
+        "environment": {
+            "builder": None,
+            "base": None,
+            "quota_gib": None,
+            "in_use_hours": None,
+            "index_url": None,
+            "find_links": None,
+            "no_index": None,
+            "build_timeout_s": None,
+        },
         "nodes": None,
         "tasks_per_node": None,
         "gpus_per_node": None,

@@ -82,12 +82,13 @@ def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, An
     import logging
 
     from pcflow.aws.clients import aws_client
-    from pcflow.dataset.stage_in import copy_partition, data_dir_on_cluster
+    from pcflow.dataset.stage_in import copy_partition, data_dir_on_cluster, datasets_root
     from pcflow.slurm.hook import SlurmHook
 
     data_dir = data_dir_on_cluster(run, cluster, dataset)
     if cluster["provider"] == "static":
         hook = SlurmHook(HeadNode.from_cluster(cluster))
+        hook.make_private_dirs(datasets_root(cluster))  # the copies: jobs read theirs through their run's view
         s3 = aws_client("s3", aws_conn_id=DEFAULT_AWS_CONN_ID, region_name=run["region"])
         log = logging.getLogger("airflow.task")
         copy_partition(s3, hook, bucket=dataset["bucket"], root=dataset["root"], dest=data_dir, log=log)
@@ -97,7 +98,28 @@ def stage_in(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, An
 
 def shared_root_of(cluster: dict[str, Any], hook: Any) -> str | None:
     """Where the cluster keeps pcflow's files: what its ensure task found, else the SSH connection's extra."""
-    return cluster.get("shared_root") or hook.shared_root
+    return cluster.get("shared_root") or (hook.shared_root if hook is not None else None)
+
+
+def partition_view(head_node: HeadNode, shared_root: str | None, data_dir: str) -> str:
+    """The run's view of its staged partition in its run directory (pcflow.dataset.stage_in.link_partition),
+    the run's directory made first, in its job account's group."""
+    from airflow.sdk import get_current_context
+
+    from pcflow.dataset.stage_in import link_partition
+    from pcflow.naming import run_key_from_context
+    from pcflow.slurm.hook import SlurmHook
+    from pcflow.slurm.spec import under_runs
+
+    hook = SlurmHook(head_node)
+    try:
+        run_dir = under_runs(
+            shared_root_of({"shared_root": shared_root}, hook), run_key_from_context(get_current_context())
+        )
+        hook.make_run_dirs(run_dir)
+        return link_partition(hook, data_dir, run_dir)
+    finally:
+        hook.close()
 
 
 @task(multiple_outputs=True)
@@ -119,9 +141,38 @@ def ship_payload(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]
 
 
 @task(multiple_outputs=True)
-def check_environment(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
-    """The environment `training.python` runs the payload in, verified against the record written when it
-    was built (pcflow.slurm.environment): a run whose environment does not match stops here, not retried."""
+def prepare_environment(run: dict[str, Any], cluster: dict[str, Any], code: dict[str, Any]) -> dict[str, Any]:
+    """The run's own environment, from `training.requirements` in its staged code: built once per cluster
+    and reused by every later run whose inputs hash the same (pcflow.slurm.envs); without requirements,
+    `training.python` as it is, nothing built."""
+    training = run["training"]
+    if not training.get("requirements"):
+        return {"id": None, "dir": None, "python": training["python"], "built": False, "build_s": 0.0}
+    import logging
+
+    from pcflow.slurm.envs import prepare
+    from pcflow.slurm.hook import SlurmHook
+
+    hook = SlurmHook(HeadNode.from_cluster(cluster))
+    try:
+        return prepare(
+            hook,
+            code_dir=code["dir"],
+            requirements=training["requirements"],
+            python=training["python"],
+            settings=training["environment"],
+            shared_root=shared_root_of(cluster, hook),
+            log=logging.getLogger("airflow.task"),
+        )
+    finally:
+        hook.close()
+
+
+@task(multiple_outputs=True)
+def check_environment(run: dict[str, Any], cluster: dict[str, Any], prepared: dict[str, Any]) -> dict[str, Any]:
+    """The environment the job runs in (the run's own, `prepare_environment`'s, else `training.python`'s),
+    verified against the record written when it was built (pcflow.slurm.environment), and a layered one's
+    base too, whose packages it imports: a run whose environment does not match stops here, not retried."""
     if not run["training"]["payload"]:  # `program` runs as given, interpreter included: no environment of ours
         return {"dir": None, "record": None, "full_check": False, "check_s": 0.0}
     import logging
@@ -130,11 +181,12 @@ def check_environment(run: dict[str, Any], cluster: dict[str, Any]) -> dict[str,
     from pcflow.slurm.hook import SlurmHook
 
     hook = SlurmHook(HeadNode.from_cluster(cluster))
+    log = logging.getLogger("airflow.task")
     try:
-        python = run["training"]["python"]
-        return verify_environment(
-            hook, python, shared_root=shared_root_of(cluster, hook), log=logging.getLogger("airflow.task")
-        )
+        shared_root = shared_root_of(cluster, hook)
+        if prepared.get("id") and prepared.get("base") == "layered":
+            verify_environment(hook, run["training"]["python"], shared_root=shared_root, log=log)
+        return verify_environment(hook, prepared["python"], shared_root=shared_root, log=log)
     finally:
         hook.close()
 
@@ -147,21 +199,32 @@ ACCOUNT_WAIT = {"retries": 60, "retry_delay": dt.timedelta(minutes=1)}
 def lease_job_account(run: dict[str, Any], cluster: dict[str, Any]) -> str | None:
     """The account this run's jobs run as, leased from the cluster's pool for as long as the run runs
     (pcflow.slurm.accounts); None when the profile runs jobs as the SSH user (no `cluster.job_user`). With
-    every account held by other running runs, it waits for one (ACCOUNT_WAIT)."""
+    every account held by other running runs, it waits for one (ACCOUNT_WAIT); one held by a run that is
+    over (Airflow says so) without having released it is reclaimed."""
     settings = run["cluster"]
     if not settings.get("job_user"):
         return None
     from airflow.sdk import get_current_context
 
-    from pcflow.naming import run_key_from_context
+    from pcflow.aws.janitor import UNFINISHED, task_run_state
+    from pcflow.naming import dag_run_of, run_key_from_context
     from pcflow.patterns import job_account_names
     from pcflow.slurm.accounts import lease
     from pcflow.slurm.hook import SlurmHook
 
+    context = get_current_context()
+    run_state = task_run_state(context["ti"])
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:
         names = job_account_names(settings["job_user"], settings.get("job_accounts", 1))
-        return lease(hook, shared_root_of(cluster, hook), run_key_from_context(get_current_context()), names)
+        return lease(
+            hook,
+            shared_root_of(cluster, hook),
+            run_key_from_context(context),
+            names,
+            dag_run=dag_run_of(context),
+            run_is_over=lambda dag_id, run_id: run_state(dag_id, run_id) not in UNFINISHED,
+        )
     finally:
         hook.close()
 
@@ -208,10 +271,13 @@ def training_inputs(
     of runspec.RESERVED_HYPERPARAMETERS: the first task refused it in the profile, conf, trials and grid)."""
     from pcflow.runspec import DATA_DIR
 
+    head_node = HeadNode.from_cluster(cluster).running_jobs_as(job_account)
+    if job_account:  # the partition, seen through its run's directory (the partitions are the SSH user's)
+        data_dir = partition_view(head_node, shared_root_of(cluster, None), data_dir)
     hyperparameters = {**run["training"]["hyperparameters"], DATA_DIR: data_dir}
     return {
         # Its jobs run as the account it leased from the cluster's pool (lease_job_account).
-        "head_node": HeadNode.from_cluster(cluster).running_jobs_as(job_account).as_dict(),
+        "head_node": head_node.as_dict(),
         "shared_root": cluster.get("shared_root"),
         "hyperparameters": hyperparameters,
         "trials": [{**hyperparameters, **trial} for trial in (trials or [])],

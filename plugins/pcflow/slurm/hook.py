@@ -551,7 +551,8 @@ class SlurmHook(BaseHook):
             self.make_private_dirs(run, *jobs)
             return
         self._make_group_dirs("2750", run)
-        self.make_job_dirs(*jobs)
+        if jobs:
+            self.make_job_dirs(*jobs)
 
     def make_job_dirs(self, *paths: str) -> None:
         """Directories a job writes in. Without a job user, private to the SSH user (0700). With one, in its

@@ -34,6 +34,7 @@ from pcflow.errors import (
 from pcflow.events import validate_event
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.head_node import HeadNode, head_node_argument
+from pcflow.slurm.kills import kill_verdict
 from pcflow.slurm.outcomes import (
     BUDGET_SIGNAL,
     ENDED_ON_PURPOSE,
@@ -185,6 +186,7 @@ class SlurmJobOperator(BaseOperator):
         self.deferrable = deferrable
         self.job_id: str | None = None
         self.run_started: float | None = None
+        self.task_instance: Any = None
 
     @cached_property
     def hook(self) -> SlurmHook:
@@ -320,6 +322,7 @@ class SlurmJobOperator(BaseOperator):
     # -- execute -----------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
+        self.task_instance = context.get("ti")  # on_kill asks Airflow what became of it
         spec = self.job_spec()
         run_dir = self.run_dir(context)
         previous, log_offset = self.find_previous_job(context, run_dir)
@@ -497,10 +500,27 @@ class SlurmJobOperator(BaseOperator):
         }
 
     def on_kill(self) -> None:
-        """Killed while waiting in this worker: cancel the job (deferred waits use the trigger's on_kill)."""
-        if self.job_id:
-            self.log.info("Cancelling Slurm job %s because the task was killed", self.job_id)
+        """Killed in this worker (while submitting, or waiting with deferrable=False): the job is cancelled
+        only when a person stopped the task (pcflow.slurm.kills); a worker shutting down or losing its
+        heartbeat leaves it running for the next try to adopt. A deferred wait's kill is its trigger's."""
+        if not self.job_id:
+            return
+        verdict = kill_verdict(self.task_instance)
+        if verdict.by_person:
+            self.log.info(
+                "Cancelling Slurm job %s: a person stopped this task (Airflow has it as %s now)",
+                self.job_id,
+                verdict.said,
+            )
             self.hook.cancel(self.job_id)
+            return
+        self.log.warning(
+            "Slurm job %s keeps running: this task was killed, but not by a person (%s), so the worker or "
+            "Airflow went away; the next try of this task adopts the job. To stop it, mark the task failed "
+            "or clear it.",
+            self.job_id,
+            verdict.said,
+        )
 
 
 class SlurmArrayJobOperator(SlurmJobOperator):

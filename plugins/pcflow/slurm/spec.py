@@ -218,6 +218,10 @@ class JobSpec(BaseModel):
         return [self.python, *self.script] if self.payload_dir is not None else list(self.program)
 
 
+#: In a run's directory: its view of the staged data partition (pcflow.dataset.stage_in.link_partition).
+RUN_DATA = "data"
+
+
 def under_runs(shared_root: str, *names: str) -> str:
     """`<shared root>/pcflow/runs/<names...>`: a run's directory (its key) or a job's (key, task). Refuses a
     shared root that is not a plain absolute path and a run key or task that is not a plain name, so the

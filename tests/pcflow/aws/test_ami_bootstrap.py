@@ -12,6 +12,7 @@ few lines (the real one is gigabytes from PyPI) whose `torch.distributed.is_avai
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -42,13 +43,13 @@ RECORD_TOOLS = ("id", "find", "sort", "xargs", "grep", "cp", "mv", "wc", "cut", 
 REQUIREMENTS = "# requires-python: >=3.11\n# quoted as given: 'it''s' $(touch /tmp/pcflow-pwned) `id`\ntorch==2.13.0\n"
 
 
-def rendered(requirements: str) -> str:
+def rendered(requirements: str, script: str | None = None) -> str:
     """The text aws:runShellScript runs: the `commands` parameter's lines joined by newlines."""
     spec = AmiSpec(
         stack="bake",
         region="us-east-1",
         pcluster_version="3.16.1",
-        bootstrap_script=load_script("ami/bootstrap.sh"),
+        bootstrap_script=script or load_script("ami/bootstrap.sh"),
         instance_profile="pcflow-ami-builder",
         subnet_id="subnet-0123456789abcdef0",
         os="ubuntu2204",
@@ -122,11 +123,13 @@ def builder(tmp_path):
             base_python(bin_dir, version, venv)
             return version
 
-        def curl(self, body: str | None) -> None:
-            """curl that logs its arguments, then fails as without a network (None) or writes `body`."""
+        def curl(self, body: str | None, file: Path | None = None) -> None:
+            """curl that logs its arguments, then fails as without a network (None), writes `body` or copies `file`."""
             serve = 'echo "curl: (6) Could not resolve host: files.pythonhosted.org" >&2; exit 6'
             if body is not None:
                 serve = f'while [ "$1" != -o ]; do shift; done; printf %s {body!r} > "$2"'
+            if file is not None:
+                serve = f'while [ "$1" != -o ]; do shift; done; exec cat {shlex.quote(str(file))} > "$2"'
             log = shlex.quote(str(self.curl_log))
             executable(bin_dir / "curl", f'#!/bin/sh\nprintf "%s\\n" "$@" >> {log}\n{serve}\n')
 
@@ -136,7 +139,21 @@ def builder(tmp_path):
             os.symlink(os.path.realpath(sys.executable), bin_dir / name)
             return name
 
-        def run(self, requirements: str = REQUIREMENTS) -> subprocess.CompletedProcess:
+        def stand_in_uv(self) -> str:
+            """The uv wheel served by curl: a script that runs this machine's pinned uv, with the bake's pin of its
+            sha256 set to this wheel's (the real pins: test_the_bootstrap_pins_the_projects_uv)."""
+            wheel = tmp_path / "uv.whl"
+            with zipfile.ZipFile(wheel, "w") as archive:
+                archive.writestr(
+                    "uv-0.13.9.data/scripts/uv", f'#!/bin/sh\nexec {Path(sys.executable).with_name("uv")} "$@"\n'
+                )
+            self.curl(None, file=wheel)
+            pin = f"UV_SHA256_{platform.machine()}="
+            lines = load_script("ami/bootstrap.sh").splitlines(keepends=True)
+            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            return "".join(f"{pin}{digest}\n" if line.startswith(pin) else line for line in lines)
+
+        def run(self, requirements: str = REQUIREMENTS, script: str | None = None) -> subprocess.CompletedProcess:
             env = {
                 "PATH": str(bin_dir),
                 "HOME": str(tmp_path / "home"),
@@ -145,7 +162,7 @@ def builder(tmp_path):
                 "PIP_FIND_LINKS": str(wheels),
                 "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             }
-            text = rendered(requirements)
+            text = rendered(requirements, script)
             # It may run as root on a test machine: every path its clean-up removes must be under the fake root,
             # or a mistake in it would delete this machine's SSH host keys.
             removals = [line.split()[2:] for line in text.splitlines() if line.startswith("rm -")]
@@ -191,11 +208,12 @@ def test_a_uv_wheel_without_its_pinned_hash_is_refused(builder):
 def test_a_good_python_on_path_makes_the_payload_environment(builder):
     """The newest python3.X >= the payload's need is taken before the image's python3 (first on PATH and
     too old); the venv is built on it, the requirements arrive byte for byte (quotes, `$(...)` and
-    backquotes included) and are installed, and the image is cleaned. No download is tried."""
+    backquotes included) and are installed, and the image is cleaned. The one download is the pinned uv,
+    installed at /opt/pcflow/bin/uv (what the aws-gpu profile's training.environment.builder names)."""
     builder.base_os("ubuntu2204")
-    builder.curl(None)
+    script = builder.stand_in_uv()
     name = builder.good_python()
-    result = builder.run()
+    result = builder.run(script=script)
     assert result.returncode == 0, result.stderr[-3000:]
     venv_python = builder.venv / "bin/python"
     probe = "import sys, torch.distributed as d; print('%d.%d' % sys.version_info[:2], d.is_available())"
@@ -205,7 +223,13 @@ def test_a_good_python_on_path_makes_the_payload_environment(builder):
     assert f"home = {builder.bin}\n" in config and f"/{name} -m venv --clear " in config  # not python3
     assert (builder.root / "opt/pcflow/payload-requirements.txt").read_text() == REQUIREMENTS + "\n"
     assert not Path("/tmp/pcflow-pwned").exists()
-    assert not builder.curl_log.exists()
+    url = [line for line in builder.curl_log.read_text().splitlines() if line.startswith("https://")]
+    assert len(url) == 1 and f"/uv-0.13.9-py3-none-manylinux_2_17_{platform.machine()}" in url[0]
+    uv = builder.root / "opt/pcflow/bin/uv"
+    assert oct(uv.stat().st_mode & 0o777) == "0o755"
+    assert subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout.startswith("uv 0.13.9")
+    profile = (include_dir() / "profiles/aws-gpu.yaml").read_text()
+    assert "builder: /opt/pcflow/bin/uv " in profile
     assert not any((builder.root / "var/lib/cloud/instances").iterdir())
     for leftover in ("etc/ssh/ssh_host_ed25519_key", "root/.bash_history", "home/ubuntu/.bash_history"):
         assert not (builder.root / leftover).exists()

@@ -160,3 +160,32 @@ def test_fsx_not_linked_to_the_prefix_standin_leaves_it_to_the_link(case):
     link(case, f"s3://{case.bucket}/other")
     result = loader(case).execute(context())
     assert result["fsx_import_task_id"] is None and import_tasks(case) == []
+
+
+def test_fsx_import_standin_gives_the_partition_to_the_ssh_user_alone(case, local_stack):
+    """dataset.fsx_owner: every object carries the POSIX metadata FSx imports (pcflow.dataset.posix), the
+    partition a directory object of its own, 0700: on the cluster the partition is its owner's alone, so
+    a job reads it only through its run's view. Loaded again for another owner, every object is written
+    again (the metadata is part of what is loaded)."""
+    uid, gid = 2957, 2957  # any numbers: the stand-in, like FSx, gives what the metadata says
+    link(case, f"s3://{case.bucket}/datasets")
+    op = loader(case, deferrable=False, fsx_owner={"uid": uid, "gid": gid})
+    result = op.execute(context())
+    assert result["uploaded"] == 6
+    head = case.s3.head_object(Bucket=case.bucket, Key=result["root"] + "cat/cat1.txt")
+    assert head["Metadata"] == {"file-permissions": "0100644", "file-owner": str(uid), "file-group": str(gid)}
+    directory = case.s3.head_object(Bucket=case.bucket, Key=result["root"])
+    assert directory["Metadata"]["file-permissions"] == "040700" and directory["ContentLength"] == 0
+    partition = local_stack.state_dir / "fsx" / "pets" / "2026-11-29"
+    stat = partition.stat()
+    assert (oct(stat.st_mode & 0o7777), stat.st_uid, stat.st_gid) == ("0o700", uid, gid)
+    mounted = (partition / "cat" / "cat1.txt").stat()
+    assert (oct(mounted.st_mode & 0o7777), mounted.st_uid) == ("0o644", uid)
+
+    again = loader(case, deferrable=False, fsx_owner={"uid": uid, "gid": gid}).execute(context())
+    assert again["uploaded"] == 0  # the same owner: nothing written twice
+    other = loader(case, deferrable=False, fsx_owner={"uid": uid - 1, "gid": gid - 1}).execute(context())
+    assert other["uploaded"] == 6
+    plain = loader(case, deferrable=False).execute(context())  # no owner (the local profile): no metadata
+    assert plain["uploaded"] == 6
+    assert case.s3.head_object(Bucket=case.bucket, Key=result["root"] + "cat/cat1.txt")["Metadata"] == {}

@@ -14,6 +14,7 @@ import pytest
 from stacktools import LocalStack
 from taskcontext import make_context, run_to_end
 
+from pcflow.dataset.stage_in import link_partition
 from pcflow.naming import run_key_from_context
 from pcflow.patterns import DEFAULT_JOB_USER, job_account_names
 from pcflow.slurm.accounts import NoJobAccount, lease, lease_path, release
@@ -83,6 +84,38 @@ def test_leases_are_one_per_run_kept_on_retry_refused_when_all_are_held_and_free
 
 
 @pytest.mark.stack
+def test_an_account_held_by_a_run_that_is_over_is_reclaimed_and_no_other(hook):
+    """A run that never released its account (its teardown never ran) loses it to the next run once Airflow
+    says it is over; one still running, one whose state Airflow does not give, keep theirs."""
+    root = hook.shared_root
+    pool = [f"{DEFAULT_JOB_USER}-{i}" for i in (3, 4)]
+    keys = {name: f"test-{name}-{uuid.uuid4().hex[:8]}" for name in ("over", "running", "next", "unknown")}
+    states = {"over": "failed", "running": "running"}
+    held = {name: lease(hook, root, keys[name], pool, dag_run=("pretrain", name)) for name in ("over", "running")}
+    run_dir = f"{root}/pcflow/runs/{keys['over']}"
+    hook.makedirs(run_dir)
+
+    def run_is_over(dag_id: str, run_id: str) -> bool:
+        assert dag_id == "pretrain"
+        if run_id not in states:
+            raise RuntimeError("the execution API did not answer")
+        return states[run_id] not in ("queued", "running")
+
+    with pytest.raises(NoJobAccount):  # without Airflow's word nothing is reclaimed
+        lease(hook, root, keys["next"], pool, dag_run=("pretrain", "next"))
+    assert lease(hook, root, keys["next"], pool, dag_run=("pretrain", "next"), run_is_over=run_is_over) == held["over"]
+    assert hook.run(["stat", "-c", "%a", run_dir]).stdout.strip() == "700"  # closed, as its release would have
+    assert hook.read_file(lease_path(root, held["running"])).decode().split("\n")[0] == keys["running"]
+    # Held now by a run still running and one whose state Airflow does not give (no entry): both kept.
+    with pytest.raises(NoJobAccount):
+        lease(hook, root, keys["unknown"], pool, dag_run=("pretrain", "unknown"), run_is_over=run_is_over)
+    for name in ("running", "next"):
+        release(hook, root, keys[name], held.get(name) or held["over"])
+    hook.run(["rm", "-rf", "--", run_dir])
+    assert hook.run(["ls", f"{root}/pcflow/job-accounts"]).stdout.split() == []
+
+
+@pytest.mark.stack
 def test_an_account_with_a_job_still_running_stays_leased(local_stack: LocalStack, hook):
     root, key, account = hook.shared_root, f"test-{uuid.uuid4().hex[:12]}", f"{DEFAULT_JOB_USER}-7"
     assert lease(hook, root, key, [account]) == account
@@ -126,6 +159,51 @@ def test_one_run_s_job_cannot_reach_another_s_files_nor_the_next_run_s_what_it_l
     for key, account in zip(keys[1:], (account_b, account_a), strict=True):
         release(hook, root, key, account)
     logging.getLogger("test").info("A %s, B %s, C %s", account_a, account_b, account_a)
+
+
+@pytest.mark.stack
+def test_a_job_reads_its_own_partition_through_its_run_and_no_other(local_stack: LocalStack, hook):
+    """A static cluster keeps the partitions it was sent in a directory only the SSH user enters; a run's
+    job reads its own through its run's view (hard links), not the copies, nor another run's view."""
+    root = hook.shared_root
+    copies = f"{root}/pcflow/datasets"
+    hook.make_private_dirs(copies)
+    dataset = f"{copies}/test-bucket/{uuid.uuid4().hex[:8]}"
+    ours, theirs = (f"{dataset}/2026-12-0{i}" for i in (1, 2))
+    hook.makedirs(ours, theirs)
+    for partition in (ours, theirs):
+        hook.write_file(f"{partition}/shard-000.txt", "pixels\n", mode=0o644)  # as stage-in's tar leaves it
+    hook.run(["chmod", "0700", ours])  # as FSx imports a partition (pcflow.dataset.posix): the view opens it
+    contexts = [make_context("train") for _ in range(2)]
+    keys = [run_key_from_context(c) for c in contexts]
+    accounts = [lease(hook, root, key, POOL[4:6]) for key in keys]
+    views = []
+    for key, account, partition in zip(keys, accounts, (ours, theirs), strict=True):
+        run_hook = SlurmHook(HeadNode(job_user=account))
+        run_hook.make_run_dirs(f"{root}/pcflow/runs/{key}")
+        views.append(link_partition(run_hook, partition, f"{root}/pcflow/runs/{key}"))
+        run_hook.close()
+    probing = r"""
+attempt() { what=$1; shift; if "$@" >/dev/null 2>&1; then echo "$what: DONE"; else echo "$what: refused"; fi; }
+attempt own-view cat "$OWN/shard-000.txt"
+attempt own-copy cat "$OURS/shard-000.txt"
+attempt other-copy cat "$THEIRS/shard-000.txt"
+attempt list-copies ls "$COPIES"
+attempt other-view cat "$OTHER_VIEW/shard-000.txt"
+"""
+    env = {"OWN": views[0], "OURS": ours, "THEIRS": theirs, "COPIES": copies, "OTHER_VIEW": views[1]}
+    try:
+        job = run_job(probing, accounts[0], contexts[0], env)
+    finally:
+        released = [release(hook, root, key, account) for key, account in zip(keys, accounts, strict=True)]
+    assert said(job) == {
+        "own-view": "DONE",  # the control: the paths are right
+        **dict.fromkeys(("own-copy", "other-copy", "list-copies", "other-view"), "refused"),
+    }
+    assert released == [[], []]
+    assert not hook.is_dir(views[0])  # the view goes with the lease; the copies stay for the next run
+    assert hook.read_file(f"{ours}/shard-000.txt") == b"pixels\n"
+    hook.run(["rm", "-rf", "--", dataset])
 
 
 def test_the_local_stack_makes_the_accounts_the_local_profile_leases():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -161,27 +162,51 @@ def test_failed_job_is_resubmitted_on_retry(slurm: SlurmHook):
     assert jobs[-1].job_id == result["job_id"]
 
 
-def test_on_kill_cancels_the_job(slurm: SlurmHook):
-    """Non-deferrable wait in a thread, killed from outside as the task runner would."""
-    op = SlurmJobOperator(task_id="killme", program=bash("sleep 120"), deferrable=False, **FAST)
-    context = make_context("killme")
-    outcome: dict = {}
+def kill_while_waiting(slurm: SlurmHook, task_id: str, airflow_says: object) -> SlurmJobOperator:
+    """A non-deferrable wait in a thread, killed from outside as the task runner's SIGTERM handler would,
+    Airflow saying `airflow_says` of the task instance by then; returns the operator once its wait is over
+    or 5 s later."""
+    op = SlurmJobOperator(task_id=task_id, program=bash("sleep 120"), deferrable=False, **FAST)
+    context = make_context(task_id)
 
-    def run() -> None:
-        try:
+    def wait() -> None:
+        with contextlib.suppress(AirflowException):  # a cancelled job fails the wait
             op.execute(context)
-        except AirflowException as exc:
-            outcome["error"] = str(exc)
 
-    worker = threading.Thread(target=run)
+    worker = threading.Thread(target=wait, daemon=True)
     worker.start()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not (op.job_id and slurm.job_info(op.job_id).state is JobState.RUNNING):
         time.sleep(0.2)
+    context["ti"].state = airflow_says
     op.on_kill()
-    worker.join(timeout=30)
+    worker.join(timeout=5)
+    return op
+
+
+@pytest.mark.parametrize(
+    "airflow_says", ["failed", "success", None], ids=["marked-failed", "marked-success", "cleared"]
+)
+def test_on_kill_cancels_the_job_when_a_person_stopped_the_task(slurm: SlurmHook, airflow_says, capfd):
+    op = kill_while_waiting(slurm, "killme", airflow_says)
     assert slurm.job_info(op.job_id).state is JobState.CANCELLED
-    assert "cancelled" in outcome["error"]
+    assert f"Cancelling Slurm job {op.job_id}: a person stopped this task" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "airflow_says",
+    ["running", ConnectionError("the API server is out of reach")],
+    ids=["worker-shutting-down", "no-answer"],
+)
+def test_on_kill_leaves_the_job_running_when_the_orchestrator_went_away(slurm: SlurmHook, airflow_says, capfd):
+    """Issue 28, point 2: a worker that shuts down (or loses Airflow) kills its task with the same SIGTERM
+    as a person's "mark failed"; the job must survive it, for the next try to adopt."""
+    op = kill_while_waiting(slurm, "survivor", airflow_says)
+    try:
+        assert slurm.job_info(op.job_id).state is JobState.RUNNING
+        assert "keeps running: this task was killed, but not by a person" in capfd.readouterr().out
+    finally:
+        slurm.cancel(op.job_id)
 
 
 def test_trigger_on_kill_cancels_a_deferred_job(slurm: SlurmHook):
