@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 PAYLOAD_VENV := .venv-payload
 
-.PHONY: help setup system-deps venv payload-env local-image pcluster iam-simulator lock lint test demo rehearsal airflow airflow-down stack-up stack-down stack-status stack-clean clean
+.PHONY: help setup system-deps venv payload-env local-image pcluster iam-simulator lock lint test demo example rehearsal airflow airflow-down stack-up stack-down stack-status stack-clean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -82,6 +82,10 @@ test: setup payload-env pcluster iam-simulator lint  ## from nothing to a passin
 
 demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded default
 	@set -a && . .stack/env && set +a && $(PY) include/local/demo.py
+
+EXAMPLE ?= resnet
+example: stack-up payload-env  ## train examples/$(EXAMPLE) from its own git repository on the local stack (EXAMPLE=resnet)
+	@set -a && . .stack/env && set +a && $(PY) include/local/example.py $(EXAMPLE)
 
 rehearsal: stack-up payload-env pcluster iam-simulator  ## run pretrain with the production profile (aws-gpu) on the local stack
 	@set -a && . .stack/env && set +a && $(PY) include/local/rehearsal.py
