@@ -17,7 +17,9 @@ import pytest
 from stacktools import LocalStack
 from taskcontext import make_context, run_to_end
 
+from pcflow.dataset.stage_in import link_partition
 from pcflow.errors import ConfigurationError
+from pcflow.naming import run_key_from_context
 from pcflow.patterns import DEFAULT_JOB_USER
 from pcflow.pipeline.tasks import prepare_image
 from pcflow.runspec import resolve_run_spec
@@ -25,6 +27,7 @@ from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.slurm.payload import build_archive, ship
+from pcflow.slurm.spec import under_runs
 
 REPO = Path(__file__).resolve().parents[3]
 LAYOUT = REPO / ".stack-images" / "debian-python3"  # the session's `local_image` (tests/conftest.py)
@@ -88,12 +91,16 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
     layout, the second reuses it; the job's step runs in runc as the job account, sees the payload
     contract's variables and only its own directories (code and data read-only), writes its metrics."""
     cluster = {"ssh_conn_id": "slurm_default", "shared_root": str(local_stack.shared_root)}
+    context = make_context("train")
     hook = SlurmHook(HEAD_NODE)
     try:
         code = ship(hook, build_archive("simclr"), shared_root=hook.shared_root, log=logging.getLogger("test"))["dir"]
-        data = local_stack.shared_root / "pcflow" / "datasets" / "container-test"
-        hook.makedirs(str(data))
-        hook.write_file(str(data / "shard-0.txt"), "digits\n", mode=0o644)
+        staged = local_stack.shared_root / "pcflow" / "datasets" / "container-test"
+        hook.makedirs(str(staged))
+        hook.write_file(str(staged / "shard-0.txt"), "digits\n", mode=0o644)
+        run_dir = under_runs(hook.shared_root, run_key_from_context(context))
+        hook.make_run_dirs(run_dir)  # the job reads its partition through its run's view, as training_inputs makes it
+        data = Path(link_partition(hook, str(staged), run_dir))
     finally:
         hook.close()
     index = json.loads((LAYOUT / "index.json").read_text())
@@ -124,7 +131,7 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
         outputs=("model.pt", "metrics.jsonl"),
         **FAST,
     )
-    result = run_to_end(op, make_context("train"))
+    result = run_to_end(op, context)
     assert result["state"] == "COMPLETED", result
     run_dir = Path(result["run_dir"])
     log = (run_dir / "job.log").read_text()
