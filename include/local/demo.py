@@ -54,18 +54,30 @@ def run_with_progress(
     return {**summary, "airflow_log": str(log)}
 
 
-def summarize(result: DagRunResult, seconds: float) -> dict[str, Any]:
-    """What the run did, from what its tasks returned, and what is still tagged with its run key."""
-    out = result.returned
-    metrics = out.get("metrics") or {}
-    teardown = out.get("teardown") or {}
-    leftover = tagged_resources("pcflow:run", result.run_key) if result.run_key else ["(no run key)"]
+def run_outcome(result: DagRunResult, seconds: float) -> dict[str, Any]:
+    """How a DAG run ended (ids, state, wall time, the tasks that did not succeed): what every summary of
+    `make demo` and `make example` starts with."""
     return {
         "dag_run": result.run_id,
         "state": result.state,
         "seconds": round(seconds, 1),
         "run_key": result.run_key,
         "failed_tasks": sorted(t for t, s in result.task_states.items() if s not in ("success", "skipped")),
+    }
+
+
+def left_tagged(result: DagRunResult) -> list[str]:
+    """What is still tagged with the run's key in the emulator: nothing, after a run that tore down."""
+    return tagged_resources("pcflow:run", result.run_key) if result.run_key else ["(no run key)"]
+
+
+def summarize(result: DagRunResult, seconds: float) -> dict[str, Any]:
+    """What the run did, from what its tasks returned, and what is still tagged with its run key."""
+    out = result.returned
+    metrics = out.get("metrics") or {}
+    teardown = out.get("teardown") or {}
+    return {
+        **run_outcome(result, seconds),
         "network": {k: (out.get("network") or {}).get(k) for k in ("vpc_id", "head_subnet_id")},
         "image": out.get("image"),
         "dataset": {k: (out.get("dataset") or {}).get(k) for k in ("uri", "object_count", "uploaded", "skipped")},
@@ -77,7 +89,7 @@ def summarize(result: DagRunResult, seconds: float) -> dict[str, Any]:
         "report": metrics.get("report"),
         "model": (metrics.get("model") or {}).get("model"),
         "teardown_deleted": [f"{d['kind']} {d['id']}" for d in teardown.get("deleted", [])],
-        "left_tagged_with_run_key": leftover,
+        "left_tagged_with_run_key": left_tagged(result),
     }
 
 

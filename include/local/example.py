@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagrun import REPO, DagRunResult, tagged_resources
-from demo import prepare, run_with_progress
+from dagrun import REPO, DagRunResult
+from demo import left_tagged, prepare, run_outcome, run_with_progress
 
 EXAMPLES = REPO / "examples"
 RUNS_FILE = "pcflow-runs.json"
@@ -111,21 +111,16 @@ def summarize_code(result: DagRunResult, seconds: dict[str, float], wall: float,
     env = out.get("prepare_environment") or {}
     objective = (out.get("metrics") or {}).get("objective")
     overhead = {"resolve": resolve_s, **{task: seconds[task] for task in CODE_PATH_TASKS if task in seconds}}
-    leftover = tagged_resources("pcflow:run", result.run_key) if result.run_key else ["(no run key)"]
     return {
-        "dag_run": result.run_id,
-        "state": result.state,
-        "seconds": round(wall, 1),
-        "run_key": result.run_key,
-        "failed_tasks": sorted(t for t, s in result.task_states.items() if s not in ("success", "skipped")),
+        **run_outcome(result, wall),
         "code": {k: code.get(k) for k in ("digest", "source", "url", "commit", "dirty", "bytes", "files", "reused")},
         "uploaded_bytes": code.get("uploaded_bytes"),
         "environment": {k: env.get(k) for k in ("id", "built", "build_s")} if env else None,
-        "image_imported": bool((out.get("prepare_container") or {}).get("imported")),
+        "image_imported": bool((out.get("prepare_image") or {}).get("imported")),
         "code_path_s": {**overhead, "total": round(sum(overhead.values()), 2)},
         "validate_s": seconds.get("validate"),  # all of the first task's checks, the resolution among them
         "objective": objective,
-        "left_tagged_with_run_key": leftover,
+        "left_tagged_with_run_key": left_tagged(result),
     }
 
 

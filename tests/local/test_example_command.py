@@ -114,7 +114,7 @@ def recorded(uploaded: int, built: bool) -> DagRunResult:
 
 
 def test_the_summary_says_what_the_code_path_did_and_cost(monkeypatch):
-    monkeypatch.setattr(example, "tagged_resources", lambda key, value: [])
+    monkeypatch.setattr(example, "left_tagged", lambda result: [])
     seconds = {
         "validate": 1.5,
         "ship_payload": 2.0,
@@ -137,7 +137,7 @@ def test_the_summary_says_what_the_code_path_did_and_cost(monkeypatch):
 
 
 def test_a_run_that_left_resources_is_not_ok(monkeypatch):
-    monkeypatch.setattr(example, "tagged_resources", lambda key, value: ["vpc vpc-1"])
+    monkeypatch.setattr(example, "left_tagged", lambda result: ["vpc vpc-1"])
     ok, line = example.verdict("resnet", example.summarize_code(recorded(0, built=False), {}, 1.0, 0.05))
     assert not ok and line.startswith("pcflow example resnet: FAILED") and "1 resources left" in line
 
