@@ -12,7 +12,7 @@ from typing import Any
 
 from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.datasource import SourceRefused, parse_source
-from pcflow.errors import ConfigurationError, PcflowInputError, refusal, refused
+from pcflow.errors import ConfigurationError, PcflowInputError, refusal, refused, trigger_user
 
 
 def setting_owner(run: dict[str, Any], path: str) -> str:
@@ -34,6 +34,40 @@ def check_code(run: dict[str, Any]) -> None:
     from pcflow.code.deliver import pin_code
 
     pin_code(run, lambda path: setting_owner(run, path))
+
+
+def check_hyperparameters(run: dict[str, Any], cases: list[Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
+    """Every hyperparameter object the job would receive (`cases`: pcflow.code.hparams.Case, one per
+    trial) checked against the schema the run's code declares (pcflow.code.hparams), before spend: each
+    refused value named by the setting it came from. A code without a schema is not checked; a schema
+    that is not one, or a file `training.hparams_schema` names that the code lacks, is refused."""
+    import functools
+
+    from pcflow.aws.clients import aws_client
+    from pcflow.code.bundle import BundleRefused
+    from pcflow.code.hparams import SchemaRefused, code_schema, parse_schema, problems
+    from pcflow.runspec import DATA_DIR
+
+    source = "training.code" if run["training"].get("code") else "training.payload"
+    s3 = functools.cache(lambda: aws_client("s3", aws_conn_id=aws_conn_id, region_name=run["region"]))
+    try:
+        where, data = code_schema(run, s3)
+        if data is None and run["training"].get("hparams_schema"):
+            raise refused_setting(run, "training.hparams_schema", f"{where}: no such file in the code")
+        if data is None:
+            return
+        found = problems(parse_schema(data, where), cases, data_dir=DATA_DIR, where=where)
+    except (SchemaRefused, BundleRefused) as exc:
+        problem = f"{exc}; the schema is the project's: its author fixes it"
+        raise refused(source, problem, setting_owner(run, source), SchemaRefused) from None
+    if found:
+        lines = [refusal(path, problem, _hyperparameter_owner(run, path)) for path, problem in found]
+        raise ConfigurationError(f"hyperparameters {where} refuses:\n  " + "\n  ".join(lines))
+
+
+def _hyperparameter_owner(run: dict[str, Any], path: str) -> str:
+    """A sweep's trials and grid are the trigger user's; the rest the profile's `overridable` decides."""
+    return trigger_user(run["profile"]) if path.startswith(("trials[", "grid.")) else setting_owner(run, path)
 
 
 def check_job(run: dict[str, Any], env: dict[str, str]) -> None:

@@ -55,6 +55,11 @@ def include_dir() -> Path:
     return root / "include"
 
 
+def payloads_dir() -> Path:
+    """`include/payloads/`: the only place payloads are shipped from (admin-owned code, not a trigger user's)."""
+    return include_dir() / "payloads"
+
+
 def profile_dirs() -> list[Path]:
     """Where profiles are looked up, first match wins: the admin's directories, then include/profiles/."""
     configured = [Path(p) for p in os.environ.get(PROFILES_DIR_ENV, "").split(os.pathsep) if p]

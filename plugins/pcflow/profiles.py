@@ -7,13 +7,15 @@ Light on purpose (YAML and a merge, no settings models): the nightly's DAG file 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pcflow.errors import ConfigurationError
 from pcflow.merge import deep_merge
-from pcflow.paths import profile_dirs, profile_names
+from pcflow.paths import include_dir, profile_dirs, profile_names
 from pcflow.patterns import PROFILE_NAME
 
 #: libyaml's safe loader where PyYAML has it (7x faster: the nightly's DAG file reads a profile at each parse).
@@ -45,3 +47,21 @@ def with_parent(document: dict[str, Any], chain: tuple[str, ...]) -> dict[str, A
     if parent in chain:
         raise RunSpecError(f"profile {chain[-1]!r}: `extends` loops ({' -> '.join([*chain, parent])})")
     return deep_merge(load_profile(parent, chain), document)
+
+
+def stack_dir() -> Path:
+    """The local stack's state directory (`PCFLOW_STACK_DIR`, else the checkout's `.stack`), where its
+    example repositories live: what `{stack}` in a profile stands for."""
+    return Path(os.environ.get("PCFLOW_STACK_DIR") or include_dir().parent / ".stack")
+
+
+def expand_paths(value: Any) -> Any:
+    """`{include}` in a profile's strings stands for pcflow's include directory (payloads, scripts),
+    `{stack}` for the local stack's directory (stack_dir)."""
+    if isinstance(value, str):
+        return value.replace("{include}", str(include_dir())).replace("{stack}", str(stack_dir()))
+    if isinstance(value, list):
+        return [expand_paths(v) for v in value]
+    if isinstance(value, dict):
+        return {k: expand_paths(v) for k, v in value.items()}
+    return value

@@ -32,7 +32,13 @@ from pcflow.patterns import (
     job_account_names,
     validate_prefix,
 )
-from pcflow.profiles import RunSpecError, load_profile, with_parent  # noqa: F401 - where callers found them
+from pcflow.profiles import (  # noqa: F401 - where callers found them
+    RunSpecError,
+    expand_paths,
+    load_profile,
+    stack_dir,
+    with_parent,
+)
 from pcflow.trust import ConfRefused, Rule, owner_of, parse_rules, refusals
 
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -422,6 +428,12 @@ class TrainingSettings(_Section):
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     time_limit: str | None = None
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    hparams_schema: str | None = Field(
+        None,
+        pattern=REQUIREMENTS_PATH,
+        description="the JSON schema of the hyperparameters, a file in the run's code (pcflow.code.hparams): the "
+        "first task refuses what it refuses; null: hparams.schema.json at the code's top, if there is one",
+    )
     env: dict[str, str | SecretReference] = Field(
         default_factory=dict, description="the job's environment: values, or secrets by reference ({variable: KEY})"
     )
@@ -474,7 +486,7 @@ class TrainingSettings(_Section):
             )
         return self
 
-    @field_validator("requirements")
+    @field_validator("requirements", "hparams_schema")
     @classmethod
     def _inside_the_code(cls, value: str | None) -> str | None:
         if value is not None and ".." in value.split("/"):
@@ -778,26 +790,6 @@ def available_profiles() -> list[str]:
 def profile_rules(name: str) -> dict[str, Rule]:
     """What a trigger user may change in the profile (its `overridable` section)."""
     return parse_rules(expand_paths(load_profile(name).get("overridable")), name)
-
-
-def stack_dir() -> Path:
-    """The local stack's state directory (`PCFLOW_STACK_DIR`, else the checkout's `.stack`), where its
-    example repositories live: what `{stack}` in a profile stands for."""
-    import os
-
-    return Path(os.environ.get("PCFLOW_STACK_DIR") or include_dir().parent / ".stack")
-
-
-def expand_paths(value: Any) -> Any:
-    """`{include}` in a profile's strings stands for pcflow's include directory (payloads, scripts),
-    `{stack}` for the local stack's directory (stack_dir)."""
-    if isinstance(value, str):
-        return value.replace("{include}", str(include_dir())).replace("{stack}", str(stack_dir()))
-    if isinstance(value, list):
-        return [expand_paths(v) for v in value]
-    if isinstance(value, dict):
-        return {k: expand_paths(v) for k, v in value.items()}
-    return value
 
 
 def format_errors(exc: ValidationError, profile: str, rules: dict[str, Rule]) -> str:

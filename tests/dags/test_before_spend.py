@@ -1,8 +1,8 @@
 """Refused before spend, end to end: `pretrain` runs (dag.test, the local stack's moto) with hostile
 confs and admin settings the train or dataset stage used to refuse only after the network, image,
-data and cluster existed, and a run over its budget. The first task fails, no other task starts, and
-nothing is tagged with the run's stack in moto (each case has its own stack, from an admin profile).
-Five DAG runs: about 50 s."""
+data and cluster existed (a hyperparameter out of the bounds the run's code declares: the job refused
+it), and a run over its budget. The first task fails, no other task starts, and nothing is tagged with
+the run's stack in moto (each case has its own stack, from an admin profile). Six DAG runs: about 60 s."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from dagrun import REPO, run_dag, tagged_resources
 pytestmark = pytest.mark.security
 
 NOT_STARTED = ("upstream_failed", "None", "skipped")
+#: examples/resnet as the profile's code: its hparams.schema.json allows depth 14, 26, 50, 101 or 152.
+RESNET_CODE = {"payload": None, "code": {"dir": str(REPO / "examples" / "resnet")}, "program": ["train.py"]}
 STACK_SSH = os.path.join(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"), "ssh")
 
 
@@ -42,6 +44,11 @@ def no_conf(data):
                 "budget.usd: this run may cost up to $34.03, more than its budget of $0.50: $17.02/h",
                 "prices: price-list",
             ],
+        ),
+        (
+            {"training": RESNET_CODE},
+            lambda data: {"hyperparameters": {"depth": 13}},
+            ["training.hyperparameters.depth: 13 is not one of [14, 26, 50, 101, 152]; a trigger user may change"],
         ),
         (
             {},

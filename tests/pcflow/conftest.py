@@ -32,14 +32,17 @@ def validate(conf: dict[str, Any], *, sweep: bool = False, dated: bool = False, 
 @pytest.fixture
 def offline(monkeypatch):
     """`validate` without the checks that ask AWS (instance types, ParallelCluster's EC2 checks, the
-    account preflight: tested against moto in tests/dags and tests/pcflow/test_preflight.py) nor the Price
-    List API (tests/pcflow/test_budget_price_list.py: the table prices), for unit tests that run without the
-    local stack."""
+    account preflight: tested against moto in tests/dags and tests/pcflow/test_preflight.py), the Price
+    List API (tests/pcflow/test_budget_price_list.py: the table prices) nor the bucket's record of a git
+    commit's hyperparameter schema (tests/pcflow/code/test_code_hparams.py: read from the commit instead),
+    for unit tests that run without the local stack."""
+    from pcflow.code import hparams
     from pcflow.metrics import price_list
     from pcflow.pipeline import validation
 
     monkeypatch.setattr(validation, "check_against_aws", lambda run: None)
     monkeypatch.setattr(validation, "account_preflight", lambda run: None)
+    monkeypatch.setattr(hparams, "recorded_schema", lambda run, s3, path: hparams.MISSING)  # read from git
     monkeypatch.setattr(price_list, "pricing_client", lambda *args, **kwargs: None)
     monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")
     return validate

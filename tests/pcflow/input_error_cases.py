@@ -70,6 +70,16 @@ def sweep_too_large() -> None:
     expand_trials([{"lr": 0.1}], {"seed": list(range(2000))})
 
 
+def first_task_code_hyperparameters() -> None:
+    from pcflow.checks import check_hyperparameters
+    from pcflow.code.hparams import Case
+    from pcflow.paths import include_dir
+
+    code = {"dir": str(include_dir().parent / "examples" / "resnet")}  # its hparams.schema.json: depth in 14..152
+    run = run_document(training={"payload": None, "code": code, "hyperparameters": {"depth": 13}})
+    check_hyperparameters(run, [Case(run["training"]["hyperparameters"])])
+
+
 def first_task_network() -> None:
     from pcflow.checks import check_network
 
@@ -149,6 +159,9 @@ CASES = [
     Case("conf_changes_an_admin_setting", "validate", "stack", conf_changes_an_admin_setting),
     Case("schema_refuses_a_value", "validate", "training.nodes", schema_refuses_a_value),
     Case("sweep_too_large", "validate", "trials", sweep_too_large),
+    Case(
+        "first_task_code_hyperparameters", "validate", "training.hyperparameters.depth", first_task_code_hyperparameters
+    ),
     Case("first_task_network", "validate", "network", first_task_network),
     Case("first_task_static_cluster", "validate", "cluster.config", first_task_static_cluster),
     Case("network_stage_spec", "network", "network", network_stage_spec),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pcflow.code.bundle import Bundle, BundleRefused, pack
+from pcflow.code.hparams import schema_record
 from pcflow.code.sources import Fetched, checkout_state, download_bundle, fetch_commit, resolve_commit, subdir_of
 from pcflow.errors import refused
 
@@ -62,15 +63,18 @@ def bundle_name(fetched: Fetched) -> str:
     return tail.removesuffix(".git").removesuffix(".tar.gz").removesuffix(".tar") or "code"
 
 
-def build(code: dict[str, Any], limits: dict[str, Any], *, s3: Any) -> tuple[Bundle, Fetched]:
-    """The code's bundle, read from its source into a temporary directory removed afterwards."""
+def build(training: dict[str, Any], *, s3: Any) -> tuple[Bundle, Fetched, dict[str, Any] | None]:
+    """The code's bundle, read from its source into a temporary directory removed afterwards, and what a
+    commit's record keeps of its hyperparameter schema (pcflow.code.hparams.schema_record)."""
+    limits = training["bundle"]
     max_bytes = int(limits["max_mib"] * (1 << 20))
     with tempfile.TemporaryDirectory(prefix="pcflow-code-") as work:
-        fetched = read_source(code, Path(work), s3=s3, max_bytes=max_bytes)
+        fetched = read_source(training["code"], Path(work), s3=s3, max_bytes=max_bytes)
         bundle = pack(
             fetched.tree, name=bundle_name(fetched), max_bytes=max_bytes, allow_secrets=limits["allow_secrets"]
         )
-    return bundle, fetched
+        schema = schema_record(fetched.tree, training)
+    return bundle, fetched, schema
 
 
 def deliver(run: dict[str, Any], hook: Any, *, shared_root: str, s3: Any, log: Any) -> dict[str, Any]:
@@ -89,10 +93,10 @@ def deliver(run: dict[str, Any], hook: Any, *, shared_root: str, s3: Any, log: A
     )
     if key and (known := from_record(run, hook, key, shared_root=shared_root, s3=s3, log=log)):
         return known
-    bundle, fetched = build(training["code"], training["bundle"], s3=s3)
+    bundle, fetched, schema = build(training, s3=s3)
     uploaded = upload_once(s3, bucket, bundle, stack=run["stack"])
     if key:
-        record_commit(s3, bucket, key, bundle, stack=run["stack"])
+        record_commit(s3, bucket, key, bundle, stack=run["stack"], hparams_schema=schema)
     log.info(
         "code %s (%s %s%s): bundle %s, %d files, %d bytes, %d uploaded to s3://%s/%s",
         *(bundle.name, fetched.source, fetched.url, f" at {fetched.commit}" if fetched.commit else ""),

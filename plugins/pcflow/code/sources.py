@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import re
 import subprocess
 import tarfile
@@ -85,10 +86,13 @@ def git_env(url: str, conn_id: str | None) -> Iterator[tuple[str, dict[str, str]
         yield url, {**base, **os.environ, **hook.env, "GIT_ALLOW_PROTOCOL": ALLOWED_PROTOCOLS}
 
 
-def git(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """One git command, its output captured (never the environment, which may hold a token)."""
+def git(
+    args: list[str], env: dict[str, str], cwd: Path | None = None, *, text: bool = True
+) -> subprocess.CompletedProcess:
+    """One git command, its output captured (never the environment, which may hold a token); `text`
+    False: its output as bytes (a file's content)."""
     return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False
+        ["git", *args], cwd=cwd, env=env, capture_output=True, text=text, timeout=GIT_TIMEOUT_S, check=False
     )
 
 
@@ -132,6 +136,42 @@ def fetch_commit(url: str, commit: str, dest: Path, conn_id: str | None = None) 
         raise SourceFailed(f"fetched {got!r} from {url}, not the commit {commit} the run was resolved to")
 
 
+def read_git_file(
+    url: str, commit: str, path: str, dest: Path, *, max_bytes: int, conn_id: str | None = None
+) -> bytes | None:
+    """One file of `commit` (`path` from the repository's top), or None when the commit has none, fetched into
+    `dest` (an empty directory) without the other files' contents: the commit's trees at depth 1, then that
+    one blob (a partial fetch; a server that cannot filter sends the commit whole, as fetch_commit would).
+    A file over `max_bytes` is refused (BundleRefused) before it is read."""
+    if not COMMIT.fullmatch(commit or ""):
+        raise BundleRefused(f"{commit!r} is not a commit id (the first task resolves the ref to one)")
+    here = ["-C", str(dest)]
+    with git_env(url, conn_id) as (where, env):
+        steps = (
+            ["init", "-q", str(dest)],
+            [*here, "remote", "add", "origin", where],
+            [*here, "config", "remote.origin.promisor", "true"],
+            [*here, "config", "extensions.partialClone", "origin"],
+            [*here, "fetch", "-q", "--depth", "1", "--no-tags", "--filter=blob:none", "origin", commit],
+        )
+        for step in steps:
+            done = git(step, env)
+            if done.returncode != 0:
+                raise SourceFailed(
+                    f"git {step[2] if step[0] == '-C' else step[0]} of {url} at {commit}: {done.stderr.strip()[:500]}"
+                )
+        entry = git([*here, "ls-tree", "-z", commit, "--", path], env).stdout  # from the tree: no blob fetched
+        if not entry.startswith(("100644 blob ", "100755 blob ")):
+            return None
+        size = int(git([*here, "cat-file", "-s", f"{commit}:{path}"], env).stdout.strip() or 0)
+        if size > max_bytes:
+            raise BundleRefused(f"{path} at {commit} is {size} bytes, over the cap of {max_bytes}")
+        blob = git([*here, "cat-file", "blob", f"{commit}:{path}"], env, text=False)
+    if blob.returncode != 0:
+        raise SourceFailed(f"git cat-file of {path} in {url} at {commit}: {blob.stderr.decode(errors='replace')[:500]}")
+    return blob.stdout
+
+
 def checkout_state(directory: Path) -> tuple[str | None, bool | None]:
     """(commit, dirty) of a directory that is a git checkout (dirty: a tracked change or an untracked file
     that is not ignored); (None, None) for one that is not."""
@@ -162,9 +202,10 @@ def subdir_of(tree: Path, subdir: str | None) -> Path:
     return path
 
 
-def download_bundle(s3: Any, uri: str, dest: Path, *, max_bytes: int) -> None:
-    """The tar (plain or compressed) at `uri` unpacked into `dest`: at most `max_bytes` read, members
-    that would land outside `dest` or are devices refused by tarfile's `data` filter."""
+@contextlib.contextmanager
+def spooled_bundle(s3: Any, uri: str, *, max_bytes: int) -> Iterator[tarfile.TarFile]:
+    """The tar (plain or compressed) at `uri`, read into a temporary file (at most `max_bytes`, else
+    BundleRefused) and opened; one that is not a tar is refused."""
     from pcflow.datasource import split_s3_uri
 
     bucket, key = split_s3_uri(uri)
@@ -180,7 +221,34 @@ def download_bundle(s3: Any, uri: str, dest: Path, *, max_bytes: int) -> None:
                 raise BundleRefused(f"{uri} is over the code's cap of {max_bytes} bytes")
         spool.seek(0)
         try:
-            with tarfile.open(fileobj=spool, mode="r:*") as tar:
-                tar.extractall(dest, filter="data")
+            tar = tarfile.open(fileobj=spool, mode="r:*")
         except (tarfile.TarError, OSError) as exc:
             raise BundleRefused(f"{uri} is not a tar archive pcflow unpacks: {exc}") from None
+        with tar:
+            yield tar
+
+
+def download_bundle(s3: Any, uri: str, dest: Path, *, max_bytes: int) -> None:
+    """The tar (plain or compressed) at `uri` unpacked into `dest`: at most `max_bytes` read, members
+    that would land outside `dest` or are devices refused by tarfile's `data` filter."""
+    with spooled_bundle(s3, uri, max_bytes=max_bytes) as tar:
+        try:
+            tar.extractall(dest, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise BundleRefused(f"{uri} is not a tar archive pcflow unpacks: {exc}") from None
+
+
+def read_bundle_file(s3: Any, uri: str, path: str, *, max_bytes: int, max_file_bytes: int) -> bytes | None:
+    """One regular file of the tar at `uri` (`path` from the tree's top, as download_bundle unpacks it), or
+    None when it holds none; one over `max_file_bytes` is refused (BundleRefused) before it is read."""
+    with spooled_bundle(s3, uri, max_bytes=max_bytes) as tar:
+        try:
+            for member in tar:
+                if posixpath.normpath(member.name.lstrip("/")) != path or not member.isfile():
+                    continue
+                if member.size > max_file_bytes:
+                    raise BundleRefused(f"{path} in {uri} is {member.size} bytes, over the cap of {max_file_bytes}")
+                return tar.extractfile(member).read(max_file_bytes + 1)
+        except (tarfile.TarError, OSError) as exc:
+            raise BundleRefused(f"{uri} is not a tar archive pcflow unpacks: {exc}") from None
+    return None

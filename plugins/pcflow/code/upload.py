@@ -3,9 +3,10 @@ before it is sent (HEAD), so a re-run of the same code sends nothing. S3 checks 
 (ChecksumSHA256); an object already there is kept only when its recorded SHA-256 is the bundle's.
 
 A git commit always packs to the same bundle (the same files, the same filter), so what it packed to is
-recorded beside it (`pcflow/code/git/<key>.json`: the id, the archive's SHA-256, every file's): a later
-run of that commit checks the cluster's copy against the record without fetching or packing anything,
-and a cluster without a copy stages the bundle read back from the bucket, its SHA-256 verified."""
+recorded beside it (`pcflow/code/git/<key>.json`: the id, the archive's SHA-256, every file's, and the
+commit's hyperparameter schema): a later run of that commit checks the cluster's copy against the record
+without fetching or packing anything, its first task checks the hyperparameters against the recorded
+schema, and a cluster without a copy stages the bundle read back from the bucket, its SHA-256 verified."""
 
 from __future__ import annotations
 
@@ -71,8 +72,12 @@ def commit_key(url: str, commit: str, subdir: str | None, limits: dict[str, Any]
     return f"{PREFIX}git/{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:40]}.json"
 
 
-def record_commit(s3: Any, bucket: str, key: str, bundle: Any, *, stack: str) -> None:
-    """What the commit packed to, for later runs of it (see the module's docstring)."""
+def record_commit(
+    s3: Any, bucket: str, key: str, bundle: Any, *, stack: str, hparams_schema: dict[str, Any] | None = None
+) -> None:
+    """What the commit packed to, for later runs of it (see the module's docstring), and its hyperparameter
+    schema where it was read (pcflow.code.hparams: {"path", "text"}, text None for none), so the first
+    task of a later run checks against it without fetching anything."""
     record = {
         "name": bundle.name,
         "digest": bundle.digest,
@@ -81,6 +86,7 @@ def record_commit(s3: Any, bucket: str, key: str, bundle: Any, *, stack: str) ->
         "bytes": len(bundle.data),
         "content_bytes": bundle.content_bytes,
         "checksums": bundle.checksums.decode(),
+        **({"hparams_schema": hparams_schema} if hparams_schema else {}),
     }
     s3.put_object(
         Bucket=bucket,
@@ -92,11 +98,12 @@ def record_commit(s3: Any, bucket: str, key: str, bundle: Any, *, stack: str) ->
 
 
 def recorded_commit(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
-    """The record at `key`, or None when there is none (or it is not one pcflow wrote: packed again)."""
+    """The record at `key`, or None when there is none (nor, on a first run, its bucket) or it is not one
+    pcflow wrote (packed again)."""
     try:
         got = s3.get_object(Bucket=bucket, Key=key)
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
             return None
         raise
     if got["ContentLength"] > MAX_RECORD_BYTES:

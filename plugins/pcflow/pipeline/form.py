@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
 from airflow.sdk import Param
 
+from pcflow.code.hparams import SCHEMA_FILE, local_summary
 from pcflow.datasource import DIGITS
+from pcflow.errors import ConfigurationError
 from pcflow.paths import default_profile, offered_profiles
 from pcflow.patterns import INSTANCE_TYPE, PARTITION
+from pcflow.profiles import expand_paths, load_profile
 
 #: The form's fields that change a run setting, by the setting's dotted path. Whether a trigger user
 #: may change it is the profile's call (its `overridable` section), like everything in `overrides`.
@@ -161,8 +165,7 @@ def training_fields() -> dict[str, Param]:
             {},
             type="object",
             title="Hyperparameters",
-            description="Merged over the profile's (epochs, batch_size, lr, temperature, ...). Written to a JSON "
-            "file the job reads; never passed through a shell.",
+            description=hyperparameters_description(),
             section="Training",
         ),
         "early_stopping_patience": Param(
@@ -174,6 +177,25 @@ def training_fields() -> dict[str, Param]:
             section="Training",
         ),
     }
+
+
+def hyperparameters_description() -> str:
+    """The hyperparameters field's help: how they reach the job, and the names, types and bounds the default
+    profile's code declares (pcflow.code.hparams), where that code is on this machine (a directory, the
+    admin's payload). Read when the DAG file is parsed, from local files only: a git or S3 code's schema is
+    read by the first task, which checks the run against it."""
+    text = (
+        "Merged over the profile's (epochs, batch_size, lr, temperature, ...). Written to a JSON file the job "
+        f"reads; never passed through a shell. Where the run's code holds {SCHEMA_FILE} (a JSON schema), the "
+        "first task refuses names, types and values it does not allow, before anything is spent."
+    )
+    profile = default_profile()
+    try:
+        training = expand_paths(load_profile(profile)).get("training") or {} if profile else {}
+        listed = local_summary(training) if isinstance(training, dict) else None
+    except (ConfigurationError, OSError, ValueError, yaml.YAMLError):  # the first task says what is wrong
+        listed = None
+    return f"{text} Profile {profile!r}'s code declares: {listed}." if listed else text
 
 
 def cost_and_cleanup_fields() -> dict[str, Param]:

@@ -92,6 +92,7 @@ FIELDS: dict[str, Any] = {
         "partition": None,
         "time_limit": None,
         "hyperparameters": None,
+        "hparams_schema": None,
         "env": None,
         "max_restarts": None,
         "pending_timeout_s": None,

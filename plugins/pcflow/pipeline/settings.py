@@ -78,18 +78,39 @@ EXISTING_FILE_SYSTEM = Returned("validate_cluster", ("existing", "file_system_id
 
 def expand_trials(trials: list[dict[str, Any]], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """Every trial crossed with every point of the grid, in a stable order (trial-major)."""
+    swept = sweep_points(trials, grid)
+    if len(swept) > MAX_TRIALS:
+        problem = (
+            f"{len(trials)} trials x {len(swept) // max(len(trials), 1)} grid points = {len(swept)} trials, more "
+            f"than {MAX_TRIALS}; split the sweep or shrink the grid"
+        )
+        raise refused("trials", problem, trigger_user())
+    return [{**trial, **point} for _, trial, point in swept]
+
+
+def sweep_points(trials: list[dict[str, Any]], grid: dict[str, list[Any]]) -> list[tuple[int, dict, dict]]:
+    """(the trial's index in `trials`, the trial, the grid point) for each trial of the sweep, trial-major:
+    where each of its values came from, for a refusal to name."""
     for name, values in grid.items():
         if not isinstance(values, list) or not values:
             raise refused(f"grid.{name}", f"needs a non-empty list of values, got {values!r}", trigger_user())
     points = [dict(zip(grid, combination, strict=True)) for combination in itertools.product(*grid.values())]
-    expanded = [{**trial, **point} for trial in trials for point in points]
-    if len(expanded) > MAX_TRIALS:
-        problem = (
-            f"{len(trials)} trials x {len(points)} grid points = {len(expanded)} trials, more than {MAX_TRIALS}; "
-            "split the sweep or shrink the grid"
-        )
-        raise refused("trials", problem, trigger_user())
-    return expanded
+    return [(index, trial, point) for index, trial in enumerate(trials) for point in points]
+
+
+def hyperparameter_cases(document: dict[str, Any], params: dict[str, Any]) -> list[Any]:
+    """The hyperparameter objects the job would receive (pcflow.code.hparams.Case): the run's, or each of
+    a sweep's trials over them, each value labelled with the setting it came from."""
+    from pcflow.code.hparams import Case
+
+    base = document["training"]["hyperparameters"]
+    if "trials" not in params:
+        return [Case(base)]
+    cases = []
+    for index, trial, point in sweep_points(params["trials"], params.get("grid") or {}):
+        origin = {**{name: f"trials[{index}].{name}" for name in trial}, **{name: f"grid.{name}" for name in point}}
+        cases.append(Case({**base, **trial, **point}, origin, whole=f"trials[{index}]"))
+    return cases
 
 
 def overrides_from_params(params: dict[str, Any]) -> dict[str, Any]:

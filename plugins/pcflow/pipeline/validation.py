@@ -19,6 +19,7 @@ from pcflow.pipeline.settings import (
     PLANNED_SECURITY_GROUP,
     PLANNED_SUBNET,
     VALIDATE_TASK,
+    hyperparameter_cases,
     resolve_for_run,
     run_env,
     settings_for_cluster,
@@ -100,10 +101,13 @@ def validate_run(
 ) -> dict[str, Any]:
     """Refuse bad settings before anything costs money; the resolved document is kept with the run.
     The checks run in order, those that ask nothing of AWS first; each names the field it refuses."""
+    import functools
+
     from pcflow.checks import (
         check_code,
         check_cost,
         check_dataset_source,
+        check_hyperparameters,
         check_job,
         check_network,
         check_static_cluster,
@@ -117,7 +121,8 @@ def validate_run(
         check_static_cluster,
         check_cluster_settings,
         check_dataset_source,
-        check_code,
+        check_code,  # pins the commit the code's schema is read at
+        functools.partial(check_hyperparameters, cases=hyperparameter_cases(document, params)),
         check_against_aws,
         account_preflight,
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pcflow.code.bundle import Bundle, BundleRefused, pack
 from pcflow.errors import ConfigurationError
-from pcflow.paths import include_dir, remote_within, within
+from pcflow.paths import payloads_dir, remote_within, within
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import ABS_PATH
 from pcflow.slurm.trees import TreeCheck, compare_tree
@@ -43,11 +43,6 @@ PayloadArchive = Bundle
 
 class PayloadError(ConfigurationError):
     """The payload cannot be shipped as it is; the message says what to change."""
-
-
-def payloads_dir() -> Path:
-    """`include/payloads/`: the only place payloads are shipped from (admin-owned code, not a trigger user's)."""
-    return include_dir() / "payloads"
 
 
 def payload_source(name: str) -> Path:

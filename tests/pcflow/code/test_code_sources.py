@@ -61,12 +61,12 @@ def test_the_commit_pinned_first_is_what_is_fetched_after_the_branch_moves(repo)
     run = {"training": {"code": {"git": {"url": url, "ref": "main", "subdir": "proj"}}}}
     pin_code(run, str)
     pinned = run["training"]["code"]["git"]["commit"]
-    first, fetched = build(run["training"]["code"], LIMITS, s3=None)
+    first, fetched, _ = build({**run["training"], "bundle": LIMITS}, s3=None)
     assert (fetched.source, fetched.commit, fetched.dirty) == ("git", pinned, False)
     commit(work, "proj/train.py", "print(2)\n")
     sh("git", "push", "-q", "origin", "main", cwd=work)
     assert resolve_commit(url, "main") != pinned  # the branch moved...
-    again, _ = build(run["training"]["code"], LIMITS, s3=None)
+    again, _, _ = build({**run["training"], "bundle": LIMITS}, s3=None)
     assert again.digest == first.digest  # ...the run's code did not
 
 
@@ -106,7 +106,7 @@ def test_an_s3_bundle_is_unpacked_and_hashed_by_what_it_holds(tmp_path, s3):
         info.size, info.mtime = len(data), 12345  # another packer's times: not part of the id
         tar.addfile(info, io.BytesIO(data))
     s3.put_object(Bucket="code-bucket", Key="proj/v1.tar.gz", Body=raw.getvalue())
-    bundle, fetched = build({"s3": "s3://code-bucket/proj/v1.tar.gz"}, LIMITS, s3=s3)
+    bundle, fetched, _ = build({"code": {"s3": "s3://code-bucket/proj/v1.tar.gz"}, "bundle": LIMITS}, s3=s3)
     (tmp_path / "same").mkdir()
     (tmp_path / "same" / "train.py").write_bytes(data)
     assert bundle.digest == pack(tmp_path / "same", name="x", max_bytes=1 << 20).digest
