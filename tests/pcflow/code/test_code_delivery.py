@@ -1,7 +1,7 @@
 """A run's own code delivered to the local stack for real (pcflow.code.deliver): a git repository's pinned
 commit packed, put in the stack's bucket (moto over HTTPS) and staged on the static cluster over sshd;
 the second delivery of the same code sends 0 bytes and reuses the staged copy, another cluster stages it
-from the bucket without the repository; a job runs it as
+from the bucket without the repository (whose hyperparameter schema the commit's record keeps); a job runs it as
 `pkg.module:function` with the hyperparameters as `--key value` arguments and in $PCFLOW_HPARAMS_JSON."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from test_code_sources import commit, sh
 
 from pcflow.aws.clients import aws_client
 from pcflow.code.deliver import deliver, pin_code
+from pcflow.code.hparams import code_schema
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.operators import SlurmJobOperator
 
@@ -28,6 +29,7 @@ def main():
     print("args", sys.argv[1:])
     print("env", json.loads(os.environ["PCFLOW_HPARAMS_JSON"]))
 """
+SCHEMA = '{"properties": {"lr": {"type": "number", "maximum": 1}}}'
 
 
 @pytest.fixture
@@ -50,6 +52,7 @@ def repo(tmp_path) -> str:
     (work / "proj" / "pkg").mkdir(parents=True)
     (work / "proj" / "pkg" / "__init__.py").write_text("")
     commit(work, "proj/pkg/train.py", TRAIN)
+    commit(work, "proj/hparams.schema.json", SCHEMA)
     sh("git", "clone", "-q", "--bare", str(work), str(tmp_path / "repo.git"), cwd=tmp_path)
     return f"file://{tmp_path / 'repo.git'}"
 
@@ -68,13 +71,15 @@ def test_git_code_is_uploaded_and_staged_once_and_runs_as_an_entry_point(local_s
     try:
         first = deliver(run, hook, shared_root=shared_root, s3=s3, log=log)
         assert first["source"] == "git" and first["commit"] == code["git"]["commit"] and first["dirty"] is False
-        assert first["uploaded_bytes"] == first["bytes"] > 0 and first["reused"] is False and first["files"] == 2
+        assert first["uploaded_bytes"] == first["bytes"] > 0 and first["reused"] is False and first["files"] == 3
         second = deliver(run, hook, shared_root=shared_root, s3=s3, log=log)
         assert (second["uploaded_bytes"], second["reused"], second["digest"]) == (0, True, first["digest"])
         assert s3.head_object(Bucket=name, Key=first["key"])["ContentLength"] == first["bytes"]
-        assert sorted(p.name for p in Path(first["dir"]).iterdir()) == ["pkg"]
-        # Another cluster, the repository gone: the commit's record and bundle in the bucket stage it.
+        assert sorted(p.name for p in Path(first["dir"]).iterdir()) == ["hparams.schema.json", "pkg"]
+        # Another cluster, the repository gone: the commit's record and bundle in the bucket stage it, and
+        # the record answers the first task's question for the code's hyperparameter schema.
         shutil.rmtree(repo.removeprefix("file://"))
+        assert code_schema(run, lambda: s3)[1] == SCHEMA.encode()
         other = deliver(run, hook, shared_root=f"{shared_root}/other", s3=s3, log=log)
         assert (other["digest"], other["reused"], other["uploaded_bytes"]) == (first["digest"], False, 0)
         assert (Path(other["dir"]) / "pkg" / "train.py").read_text() == TRAIN

@@ -111,3 +111,14 @@ def test_an_s3_bundle_is_unpacked_and_hashed_by_what_it_holds(tmp_path, s3):
     (tmp_path / "same" / "train.py").write_bytes(data)
     assert bundle.digest == pack(tmp_path / "same", name="x", max_bytes=1 << 20).digest
     assert (fetched.source, fetched.url, fetched.commit) == ("s3", "s3://code-bucket/proj/v1.tar.gz", None)
+
+
+def test_an_s3_bundle_over_the_cap_is_refused_before_it_is_read(s3):
+    """The object's size (HEAD) against `training.bundle.max_mib`: refused, and nothing is downloaded."""
+    s3.create_bucket(Bucket="code-bucket")
+    s3.put_object(Bucket="code-bucket", Key="proj/big.tar", Body=b"\0" * (LIMITS["max_mib"] * 2 << 20))
+    gets: list[dict] = []
+    s3.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **kw: gets.append(params))
+    with pytest.raises(BundleRefused, match=r"s3://code-bucket/proj/big\.tar is 2097152 bytes, over the code's cap"):
+        build({"code": {"s3": "s3://code-bucket/proj/big.tar"}, "bundle": LIMITS}, s3=s3)
+    assert gets == []

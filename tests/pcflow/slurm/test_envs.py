@@ -168,6 +168,8 @@ def test_requirements_that_do_not_install_refuse_the_run_and_leave_nothing(place
     assert not any((place / "pcflow/envs" / name / ".pcflow-env/requirements.txt").read_text().count("nothere")
                    for name in left)  # fmt: skip
     assert not list((place / "pcflow/env-state/requests").iterdir())
+    with pytest.raises(EnvironmentBuildFailed, match="did not install"):  # a retry builds again: nothing reused
+        build(place, "requirements-bad.txt", "pcflow_other\npcflow_nothere==1.0\n")
     # A build past training.environment.build_timeout_s (here: no time at all) is the cluster's, retried.
     with pytest.raises(EnvironmentBuildBusy, match="timed out") as late:
         build(place, "requirements-late.txt", "pcflow_other\n# late\n", build_timeout_s=0.5)
