@@ -166,8 +166,9 @@ def git_run(url, head, **training):
 
 def test_a_git_commits_schema_is_read_from_the_commit_then_from_the_bucket_record(git_project, s3):
     url, head = git_project
-    s3.create_bucket(Bucket="hp-bucket")
     run = git_run(url, head)
+    assert recorded_schema(run, lambda: s3, "hparams.schema.json") is MISSING  # a first run: no bucket yet
+    s3.create_bucket(Bucket="hp-bucket")
     assert recorded_schema(run, lambda: s3, "hparams.schema.json") is MISSING  # no record yet
     where, data = code_schema(run, lambda: s3)
     assert json.loads(data) == SCHEMA and where == f"hparams.schema.json in {url} at {head}"
