@@ -36,6 +36,10 @@ def check_code(run: dict[str, Any]) -> None:
     pin_code(run, lambda path: setting_owner(run, path))
 
 
+#: Refused hyperparameters a message lists at most (a sweep of 1000 trials may refuse each).
+SHOWN = 20
+
+
 def check_hyperparameters(run: dict[str, Any], cases: list[Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """Every hyperparameter object the job would receive (`cases`: pcflow.code.hparams.Case, one per
     trial) checked against the schema the run's code declares (pcflow.code.hparams), before spend: each
@@ -61,8 +65,9 @@ def check_hyperparameters(run: dict[str, Any], cases: list[Any], aws_conn_id: st
         problem = f"{exc}; the schema is the project's: its author fixes it"
         raise refused(source, problem, setting_owner(run, source), SchemaRefused) from None
     if found:
-        lines = [refusal(path, problem, _hyperparameter_owner(run, path)) for path, problem in found]
-        raise ConfigurationError(f"hyperparameters {where} refuses:\n  " + "\n  ".join(lines))
+        lines = [refusal(path, problem, _hyperparameter_owner(run, path)) for path, problem in found[:SHOWN]]
+        more = [f"and {len(found) - SHOWN} more"] if len(found) > SHOWN else []
+        raise ConfigurationError(f"hyperparameters {where} refuses:\n  " + "\n  ".join([*lines, *more]))
 
 
 def _hyperparameter_owner(run: dict[str, Any], path: str) -> str:

@@ -122,6 +122,10 @@ def test_the_first_task_checks_every_trial_of_a_sweep(offline):
     lines = str(refused.value).splitlines()[1:]
     assert [line.split(":")[0].strip() for line in lines] == ["grid.width", "trials[1].depth"]
     assert all("a trigger user may change this, within the bounds profile 'local' sets" in line for line in lines)
+    conf["grid"] = {"width": list(range(1000, 1030))}  # 31 refusals (a grid value once for both trials): 20 listed
+    with pytest.raises(PcflowInputError) as refused:
+        offline(conf, sweep=True)
+    assert len(str(refused.value).splitlines()) == 1 + 20 + 1 and str(refused.value).endswith("and 11 more")
 
 
 def test_reserved_names_are_refused_first(offline):
