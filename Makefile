@@ -84,8 +84,12 @@ demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded d
 	@set -a && . .stack/env && set +a && $(PY) include/local/demo.py
 
 EXAMPLE ?= resnet
-example: stack-up payload-env  ## train examples/$(EXAMPLE) from its own git repository on the local stack (EXAMPLE=resnet)
-	@set -a && . .stack/env && set +a && $(PY) include/local/example.py $(EXAMPLE)
+# CONTAINER=local: in the local stack's image (built once by local-image); any other value is an image reference.
+CONTAINER ?=
+LOCAL_IMAGE := oci:$(CURDIR)/.stack-images/debian-python3:bookworm-python3
+EXAMPLE_IMAGE := $(if $(filter local,$(CONTAINER)),$(LOCAL_IMAGE),$(CONTAINER))
+example: stack-up payload-env $(if $(filter local,$(CONTAINER)),local-image)  ## train examples/$(EXAMPLE) from its own git repository on the local stack (EXAMPLE=resnet; CONTAINER=local: in a container)
+	@set -a && . .stack/env && set +a && $(PY) include/local/example.py $(EXAMPLE) "$(EXAMPLE_IMAGE)"
 
 rehearsal: stack-up payload-env pcluster iam-simulator  ## run pretrain with the production profile (aws-gpu) on the local stack
 	@set -a && . .stack/env && set +a && $(PY) include/local/rehearsal.py

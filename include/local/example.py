@@ -36,6 +36,9 @@ IDENTITY = {
 }
 #: The tasks of the code path after the ref's resolution: bundle + upload + stage, the environment.
 CODE_PATH_TASKS = ("ship_payload", "prepare_environment", "check_environment")
+#: A container's interpreter on the local stack: the payload environment the local profile mounts read-only
+#: into every container (`cluster.containers.mounts`); it holds what the examples' requirements pin.
+PAYLOAD_PYTHON = REPO / ".venv-payload" / "bin" / "python"
 
 
 def git(*args: str, git_dir: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
@@ -67,14 +70,23 @@ def publish(folder: Path, repo: Path, branch: str = "main") -> str:
     return commit
 
 
+def repository_of(name: str) -> Path:
+    """Where example `name`'s bare repository lives: under the stack's directory, a root the local
+    profile lets git code come from (`{stack}/examples`)."""
+    return Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack")) / "examples" / f"{name}.git"
+
+
 def has_ref(repo: Path, ref: str) -> bool:
     """Whether the bare repository has `ref` yet (the first publish has none)."""
     done = subprocess.run(["git", f"--git-dir={repo}", "show-ref", "--verify", "--quiet", ref], check=False)
     return done.returncode == 0
 
 
-def conf_for(name: str, repo: Path, profile: str = "local") -> dict[str, Any]:
-    """The DAG run's conf: the project's own settings for `profile`, its code from `repo`'s main."""
+def conf_for(name: str, repo: Path, profile: str = "local", container: str | None = None) -> dict[str, Any]:
+    """The DAG run's conf: the project's own settings for `profile`, its code from `repo`'s main; with
+    `container` (an image reference), run in that image with the local profile's mounted payload
+    environment as its interpreter. The image is then the environment: the project's `requirements`
+    are not built (a run in a container builds none), so its pins must be what the image holds."""
     runs = json.loads((EXAMPLES / name / RUNS_FILE).read_text())
     if profile not in runs:
         raise SystemExit(f"examples/{name}/{RUNS_FILE} has no settings for profile {profile!r}: {sorted(runs)}")
@@ -82,6 +94,9 @@ def conf_for(name: str, repo: Path, profile: str = "local") -> dict[str, Any]:
     training = overrides.setdefault("training", {})
     # The conf's `training.code` replaces the profile's payload (runspec.one_code_source): no `payload: null`.
     training["code"] = {"git": {"url": repo.resolve().as_uri(), "ref": "main"}}
+    if container:
+        training.pop("requirements", None)
+        training["container"] = {"image": container, "python": str(PAYLOAD_PYTHON)}
     return {"profile": profile, "overrides": overrides}
 
 
@@ -109,6 +124,7 @@ def summarize_code(result: DagRunResult, seconds: dict[str, float], wall: float,
     out = result.returned
     code = out.get("ship_payload") or {}
     env = out.get("prepare_environment") or {}
+    image = out.get("prepare_image") or {}
     objective = (out.get("metrics") or {}).get("objective")
     overhead = {"resolve": resolve_s, **{task: seconds[task] for task in CODE_PATH_TASKS if task in seconds}}
     return {
@@ -116,7 +132,8 @@ def summarize_code(result: DagRunResult, seconds: dict[str, float], wall: float,
         "code": {k: code.get(k) for k in ("digest", "source", "url", "commit", "dirty", "bytes", "files", "reused")},
         "uploaded_bytes": code.get("uploaded_bytes"),
         "environment": {k: env.get(k) for k in ("id", "built", "build_s")} if env else None,
-        "image_imported": bool((out.get("prepare_image") or {}).get("imported")),
+        "image": {k: image.get(k) for k in ("reference", "digest", "imported")} if image.get("reference") else None,
+        "image_imported": bool(image.get("imported")),
         "code_path_s": {**overhead, "total": round(sum(overhead.values()), 2)},
         "validate_s": seconds.get("validate"),  # all of the first task's checks, the resolution among them
         "objective": objective,
@@ -141,18 +158,19 @@ def verdict(name: str, summary: dict[str, Any]) -> tuple[bool, str]:
 
 
 def main(argv: list[str]) -> int:
-    """Publish the example, train it through `pretrain`, print the summary; 0 when it succeeded clean."""
+    """Publish the example, train it through `pretrain` (in the image `argv[2]` names, if any), print the
+    summary; 0 when it succeeded clean."""
     name = argv[1] if len(argv) > 1 else "resnet"
+    container = argv[2] if len(argv) > 2 and argv[2] else None
     folder = EXAMPLES / name
     if not (folder / RUNS_FILE).is_file():
         known = sorted(p.name for p in EXAMPLES.iterdir() if (p / RUNS_FILE).is_file())
         raise SystemExit(f"no example {name!r} (examples/<name>/{RUNS_FILE}); known: {', '.join(known)}")
-    stack = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
-    repo = stack / "examples" / f"{name}.git"
+    repo = repository_of(name)
     commit = publish(folder, repo)
     print(f"pcflow example: examples/{name} is {repo.as_uri()} main = {commit}", flush=True)
     prepare()
-    conf = conf_for(name, repo)
+    conf = conf_for(name, repo, container=container)
 
     def summarize(result: DagRunResult, wall: float) -> dict[str, Any]:
         """The summary of this run, with its tasks' durations."""

@@ -1,24 +1,26 @@
-"""`pretrain` on the embedded default with the run's code in a container: the Debian image of
+"""`pretrain` on the embedded default with a user's project in a container: examples/resnet from its own
+git repository (as `make example EXAMPLE=resnet CONTAINER=local` runs it), in the Debian image of
 include/local/build-image.sh, its interpreter the payload's environment that the local profile mounts
-into every container (cluster.containers.mounts). The simclr payload trains in it end to end through
-Slurm's OCI support; a second run imports nothing. Two short runs, about 4 minutes on the 2-core machine."""
+into every container (cluster.containers.mounts). The project trains in it end to end through Slurm's
+OCI support; a second run imports nothing. Two short runs, about 2 minutes on the 2-core machine."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import example
 import pytest
-from dagrun import REPO, remove_stack, run_dag, tagged_resources
+from dagrun import remove_stack, run_dag, tagged_resources
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
-PARTITION = "20261129"
 
 
 def container_conf(image: str) -> dict:
-    python = str(REPO / ".venv-payload" / "bin" / "python")  # mounted read-only: the profile's admin mount
-    training = {"container": {"image": image, "python": python}}
-    return {"partition": PARTITION, "hyperparameters": {"epochs": 1}, "overrides": {"training": training}}
+    """The example's conf (its own settings, its code from its repository) with `image` as its container."""
+    repo = example.repository_of("resnet")
+    example.publish(example.EXAMPLES / "resnet", repo)
+    return example.conf_for("resnet", repo, container=image)
 
 
 def test_pretrain_trains_in_its_container_and_imports_the_image_once(airflow, local_image):
@@ -35,7 +37,8 @@ def test_pretrain_trains_in_its_container_and_imports_the_image_once(airflow, lo
             "imported": image["imported"],
             "runtime": "oci",
         }
-        assert out["metrics"]["objective"]["value"] > 0.1
+        assert out["ship_payload"]["source"] == "git" and out["prepare_environment"]["built"] is False
+        assert out["metrics"]["objective"]["name"] == "accuracy" and out["metrics"]["objective"]["value"] > 0.5
         run_dir = Path(out["train"]["run_dir"])
         script = (run_dir / "job.sbatch").read_text()
         assert f"srun --kill-on-bad-exit=1 --container={run_dir}/bundle " in script

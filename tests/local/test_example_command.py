@@ -69,6 +69,17 @@ def test_the_conf_is_the_shared_shape_and_the_local_profile_lets_a_user_send_it(
     check_conf("local", conf["overrides"])
 
 
+def test_in_a_container_the_image_is_the_environment_and_the_profile_lets_a_user_send_it(tmp_path: Path):
+    repo = tmp_path / "examples" / "resnet.git"
+    image = "oci:/images/debian-python3:bookworm-python3"
+    training = example.conf_for("resnet", repo, container=image)["overrides"]["training"]
+    assert training["container"] == {"image": image, "python": str(example.PAYLOAD_PYTHON)}
+    assert "requirements" not in training, "a run in a container builds no environment: refused with requirements"
+    assert training["program"] == ["train.py"]
+    assert "requirements" in example.conf_for("resnet", repo)["overrides"]["training"], "without one: built"
+    check_conf("local", {"training": {"container": training["container"]}})
+
+
 def test_the_hyperparameters_the_job_gets_pass_the_projects_schema():
     """The profile's hyperparameters are merged under the conf's: none may be one the project refuses."""
     conf = example.conf_for("resnet", Path("/nowhere/resnet.git"))
