@@ -392,6 +392,7 @@ def test_each_condition_allows_what_pcflow_does_and_refuses_the_rest(policy, req
     assert not missing, f"conditioned statements without an allowed and a refused request: {sorted(missing)}"
 
 
+@pytest.mark.security
 def test_the_boundary_caps_what_a_cluster_role_can_do_whatever_is_attached():
     """A node role with AdministratorAccess attached (refused above, but say it got there) is still held
     to the permissions boundary: no IAM, no other buckets, and the dataset buckets read-only."""

@@ -25,6 +25,7 @@ OWNER_WORDS = (
     "only the deployment admin may change this (Airflow connection ",
     "only the deployment admin may change this (an environment variable",
     "the DAG's author sets this (an argument of task ",
+    "pcflow sets this itself",  # a hyperparameter pcflow adds (runspec.RESERVED_HYPERPARAMETERS): nobody else may
 )
 
 
@@ -56,6 +57,20 @@ def conf_changes_an_admin_setting() -> None:
     from pcflow.pipeline.settings import check_conf_fields
 
     check_conf_fields({"profile": "local", "overrides": {"stack": "another"}})
+
+
+def conf_removes_the_budget() -> None:
+    from pcflow.pipeline.settings import check_conf_fields
+
+    # issue 24: this ran with "(no budget)", skipping the profile's hard maximum and the in-run cancel
+    check_conf_fields({"profile": "local", "partition": "p1", "overrides": {"budget": {"usd": None}}})
+
+
+def trial_sets_pcflow_s_hyperparameter() -> None:
+    from pcflow.pipeline.settings import check_conf_fields
+
+    # issue 24: this reached the job's hparams.json as data_dir: /etc
+    check_conf_fields({"profile": "local", "partition": "p1", "trials": [{"data_dir": "/etc"}]})
 
 
 def schema_refuses_a_value() -> None:
@@ -157,6 +172,10 @@ def connection_without_a_pinned_key() -> None:
 CASES = [
     Case("conf_out_of_bounds", "validate", "training.nodes", conf_out_of_bounds),
     Case("conf_changes_an_admin_setting", "validate", "stack", conf_changes_an_admin_setting),
+    Case("conf_removes_the_budget", "validate", "budget.usd", conf_removes_the_budget),
+    Case(
+        "trial_sets_pcflow_s_hyperparameter", "validate", "hyperparameters.data_dir", trial_sets_pcflow_s_hyperparameter
+    ),
     Case("schema_refuses_a_value", "validate", "training.nodes", schema_refuses_a_value),
     Case("sweep_too_large", "validate", "trials", sweep_too_large),
     Case(

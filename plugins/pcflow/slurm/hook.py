@@ -39,7 +39,7 @@ from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 from airflow.sdk import BaseHook
 
 from pcflow.errors import PcflowError, PcflowInputError, connection_admin
-from pcflow.slurm import DEFAULT_SSH_CONN_ID, queries
+from pcflow.slurm import DEFAULT_SSH_CONN_ID, jobfiles, queries
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.states import JobInfo
 
@@ -149,6 +149,11 @@ def json_object(data: bytes | None, max_bytes: int = SMALL_FILE_BYTES) -> dict |
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def sftp_status(attrs: Any) -> jobfiles.Status:
+    """What `jobfiles` compares of a status paramiko's SFTP client gives (`lstat`, an open file's `stat`)."""
+    return jobfiles.Status(attrs.st_mode or 0, attrs.st_uid, attrs.st_gid)
 
 
 def head_node_connection(conn: Connection, head_node: HeadNode) -> Connection:
@@ -617,16 +622,29 @@ class SlurmHook(BaseHook):
 
     def read_file(self, path: str, offset: int = 0, max_bytes: int = MAX_READ_BYTES) -> bytes:
         """At most `max_bytes` of a remote file from `offset` (jobs write these files: no read is
-        unbounded); empty when the file does not exist (yet)."""
+        unbounded); empty when the file does not exist (yet), or is not a regular file pcflow may read
+        (a link a job made there is never followed: `pcflow.slurm.jobfiles`, said in the log)."""
         try:
-            with self._sftp_request(f"the read of {path}") as sftp, sftp.open(path, "rb") as fh:
-                end = offset + max(0, min(max_bytes, fh.stat().st_size - offset))
-                # readv pipelines the 32 KiB requests; pieces of 1 MiB, as paramiko's read grows its result by
-                # concatenation (quadratic: one 32 MiB read took 40 s of CPU).
-                pieces = [(at, min(READ_PIECE_BYTES, end - at)) for at in range(offset, end, READ_PIECE_BYTES)]
-                return b"".join(fh.readv(pieces))
+            with self._sftp_request(f"the read of {path}") as sftp:
+                named = sftp_status(sftp.lstat(path))
+                jobfiles.check_named(path, named)
+                with sftp.open(path, "rb") as fh:
+                    opened = fh.stat()
+                    jobfiles.check_opened(path, named, sftp_status(opened))
+                    return self._read_open(fh, offset, max_bytes, opened.st_size or 0)
+        except jobfiles.NotAJobFile as exc:
+            jobfiles.refused(exc)
+            return b""
         except FileNotFoundError:
             return b""
+
+    @staticmethod
+    def _read_open(fh: Any, offset: int, max_bytes: int, size: int) -> bytes:
+        end = offset + max(0, min(max_bytes, size - offset))
+        # readv pipelines the 32 KiB requests; pieces of 1 MiB, as paramiko's read grows its result by
+        # concatenation (quadratic: one 32 MiB read took 40 s of CPU).
+        pieces = [(at, min(READ_PIECE_BYTES, end - at)) for at in range(offset, end, READ_PIECE_BYTES)]
+        return b"".join(fh.readv(pieces))
 
     def read_json(self, path: str) -> dict | None:
         """A small JSON object (an exit marker, early_stop.json); None when absent, large or anything else."""

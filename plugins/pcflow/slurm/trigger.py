@@ -34,7 +34,7 @@ from pcflow.budget import CostMeter
 from pcflow.metrics.harvest import EARLY_STOP_FILE
 from pcflow.metrics.jsonlines import from_line_start
 from pcflow.metrics.stopping import METRICS_TAIL_BYTES, Decision, decide_from_lines, stop_record
-from pcflow.slurm import session
+from pcflow.slurm import jobfiles, session
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import (
     SMALL_FILE_BYTES,
@@ -74,6 +74,25 @@ LOG_FINAL_POLLS = 4
 LOG_TAIL_BYTES = 16 * 1024
 #: What one poll takes of an array's `done` file (a line per ended element, `<index> <exit code>`).
 DONE_POLL_BYTES = 64 * 1024
+
+
+def sftp_status(attrs: asyncssh.SFTPAttrs) -> jobfiles.Status:
+    """What `jobfiles` compares of a status asyncssh gives (SFTP v3: `permissions` holds st_mode)."""
+    return jobfiles.Status(attrs.permissions or 0, attrs.uid, attrs.gid)
+
+
+@contextlib.asynccontextmanager
+async def open_job_file(sftp: asyncssh.SFTPClient, path: str) -> AsyncIterator[tuple[Any, int]]:
+    """A file in a job's directory opened for reading, and its size, only if its name is a regular file
+    and the file opened is the one the name showed: SFTP cannot refuse to follow a link, so a link the
+    job made (to a file only the SSH user may read) is refused before and after the open
+    (`pcflow.slurm.jobfiles`)."""
+    named = sftp_status(await sftp.lstat(path))
+    jobfiles.check_named(path, named)
+    async with sftp.open(path, "rb") as fh:
+        opened = await fh.stat()
+        jobfiles.check_opened(path, named, sftp_status(opened))
+        yield fh, opened.size or 0
 
 
 class HeadNodeTrigger(BaseTrigger):
@@ -177,23 +196,30 @@ class HeadNodeTrigger(BaseTrigger):
 
     @staticmethod
     async def read_bytes(sftp: asyncssh.SFTPClient, path: str, max_bytes: int = SMALL_FILE_BYTES) -> bytes | None:
-        """A small file's bytes; None when it is absent or larger than `max_bytes` (not what pcflow wrote)."""
+        """A small file's bytes; None when it is absent, not a regular file (a link a job made is never
+        followed), or larger than `max_bytes` (not what pcflow wrote)."""
         try:
-            async with sftp.open(path, "rb") as fh:
+            async with open_job_file(sftp, path) as (fh, _):
                 data = await fh.read(max_bytes + 1)
         except asyncssh.SFTPNoSuchFile:
+            return None
+        except jobfiles.NotAJobFile as exc:
+            jobfiles.refused(exc)
             return None
         return data if len(data) <= max_bytes else None
 
     @staticmethod
     async def read_tail(sftp: asyncssh.SFTPClient, path: str, max_bytes: int) -> tuple[bytes, int] | None:
-        """The last `max_bytes` of a file and the offset they start at; None when it is absent."""
+        """The last `max_bytes` of a file and the offset they start at; None when it is absent or not a
+        regular file (a link a job made is never followed)."""
         try:
-            async with sftp.open(path, "rb") as fh:
-                size = (await fh.stat()).size or 0
+            async with open_job_file(sftp, path) as (fh, size):
                 offset = max(0, size - max_bytes)
                 return await fh.read(size - offset, offset), offset
         except asyncssh.SFTPNoSuchFile:
+            return None
+        except jobfiles.NotAJobFile as exc:
+            jobfiles.refused(exc)
             return None
 
     @classmethod
@@ -578,8 +604,12 @@ class SlurmArrayTrigger(HeadNodeTrigger):
         DONE_POLL_BYTES a poll: a job could write anything there)."""
         if size is None or size <= self.done_offset:
             return []
-        async with sftp.open(self.done_path, "rb") as fh:
-            data = await fh.read(min(size - self.done_offset, DONE_POLL_BYTES), self.done_offset)
+        try:
+            async with open_job_file(sftp, self.done_path) as (fh, _):
+                data = await fh.read(min(size - self.done_offset, DONE_POLL_BYTES), self.done_offset)
+        except jobfiles.NotAJobFile as exc:
+            jobfiles.refused(exc)
+            return []
         whole = data[: data.rfind(b"\n") + 1]
         self.done_offset += len(whole) or (len(data) if len(data) == DONE_POLL_BYTES else 0)
         words = (line.split(b" ", 1)[0] for line in whole.splitlines())

@@ -54,6 +54,7 @@ def test_render_keeps_user_values_as_values():
     assert set(doc) == {"Region", "Image", "Imds", "HeadNode", "Scheduling", "Tags"}
 
 
+@pytest.mark.security  # the nodes' S3Access is read-only (issue 24)
 def test_render_fsx_variants_and_queue():
     scratch = ClusterSpec.parse(
         {

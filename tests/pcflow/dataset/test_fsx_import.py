@@ -162,6 +162,7 @@ def test_fsx_not_linked_to_the_prefix_standin_leaves_it_to_the_link(case):
     assert result["fsx_import_task_id"] is None and import_tasks(case) == []
 
 
+@pytest.mark.security
 def test_fsx_import_standin_gives_the_partition_to_the_ssh_user_alone(case, local_stack):
     """dataset.fsx_owner: every object carries the POSIX metadata FSx imports (pcflow.dataset.posix), the
     partition a directory object of its own, 0700: on the cluster the partition is its owner's alone, so

@@ -63,6 +63,7 @@ def connection(monkeypatch):
     return make
 
 
+@pytest.mark.security
 def test_the_provider_hook_is_made_with_the_address_and_key_pinned(connection):
     hook = SlurmHook(HeadNode(connection("dynamic"), "10.0.0.5", KEY)).ssh_hook
     assert hook.remote_host == "10.0.0.5" and hook.port == 2222 and hook.username == "pcflow"
@@ -78,6 +79,7 @@ def test_the_provider_hook_is_made_with_the_address_and_key_pinned(connection):
     assert unpinned.host_key is None and unpinned.no_host_key_check is False
 
 
+@pytest.mark.security
 def test_checking_off_and_no_key_pinned_is_refused(connection):
     from pcflow.slurm.hook import HostKeyNotPinned
 
@@ -88,6 +90,7 @@ def test_checking_off_and_no_key_pinned_is_refused(connection):
     assert both.no_host_key_check is False and both.host_key.get_base64() == OTHER_KEY.split()[1]
 
 
+@pytest.mark.security
 def test_the_async_hook_pins_the_run_s_key_whatever_the_connection_says(connection):
     """The triggerer's hook: `no_host_key_check` made it trust any server (known_hosts "none"), dropping
     the key the run pinned."""

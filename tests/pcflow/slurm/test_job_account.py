@@ -7,23 +7,31 @@ the job still reports what it may write, and pcflow cancels it through sudo. Rea
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 import pwd
+import shutil
+import stat
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import paramiko
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from stacktools import LocalStack
 from taskcontext import make_context, run_to_end
 
+from pcflow.metrics.harvest import read_tail
 from pcflow.patterns import DEFAULT_JOB_USER
 from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.hook import SlurmHook, as_job_user, connect_async, with_slurm_bin
 from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.slurm.payload import build_archive, ship
-from pcflow.slurm.trigger import SlurmJobTrigger
+from pcflow.slurm.trigger import SlurmArrayTrigger, SlurmJobTrigger
 
 pytestmark = pytest.mark.security
 
@@ -120,6 +128,120 @@ def test_a_hostile_job_runs_as_the_job_account_and_reaches_nothing_it_must_not(
     assert key.read_bytes() == key_before
     assert not (run_dir / "early_stop.json").is_symlink()
     assert (run_dir / "early_stop.json").read_bytes() == b'{"job_id": "1"}'
+
+
+#: The job replaces the files pcflow reads (its metrics, a decision pcflow had not written yet, the
+#: array's `done` list) with links to files only the SSH user may read, and writes one file of its own.
+LINKS = r"""
+cat "$SECRETS/metrics.jsonl" >/dev/null 2>&1 && echo "job-reads-secret: DONE" || echo "job-reads-secret: refused"
+ln -sf "$SECRETS/metrics.jsonl" "$PCFLOW_METRICS_FILE"
+ln -sf "$SECRETS/metrics.jsonl" "$PCFLOW_RUN_DIR/utilisation.jsonl"
+ln -sf "$SECRETS/metrics.jsonl" "$PCFLOW_RUN_DIR/done"
+ln -sf "$SECRETS/marker.json" "$PCFLOW_RUN_DIR/budget_exhausted.json"
+echo '{"step": 1, "loss": 0.5}' > "$PCFLOW_RUN_DIR/own.jsonl"
+"""
+
+
+@pytest.fixture
+def secrets(local_stack: LocalStack) -> Iterator[Path]:
+    """A directory only the SSH user enters (0700), for files the job account may not read."""
+    path = local_stack.state_dir / f"secrets-{uuid.uuid4().hex[:8]}"
+    path.mkdir(mode=0o700)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.mark.stack
+def test_pcflow_never_reads_through_a_link_the_job_made(local_stack: LocalStack, secrets: Path):
+    """About 10 s. What pcflow reads of a job's directory (worker and triggerer alike) is the job's own
+    regular file or nothing: a link the job made to a file only the SSH user may read is not followed."""
+    (secrets / "metrics.jsonl").write_text('{"step": 7, "loss": 123.25, "secret": "S3CR3T"}\n0 S3CR3T\n')
+    (secrets / "marker.json").write_text('{"job_id": "1", "secret": "S3CR3T"}')
+    op = SlurmJobOperator(
+        task_id="train", program=["bash", "-c", LINKS], head_node=HEAD_NODE, env={"SECRETS": str(secrets)}, **FAST
+    )
+    result = run_to_end(op, make_context("train"))
+    assert result["state"] == "COMPLETED", result
+    run_dir = Path(result["run_dir"])
+    assert "job-reads-secret: refused" in (run_dir / "job.log").read_text()
+    assert (run_dir / "metrics.jsonl").is_symlink() and (run_dir / "metrics.jsonl").read_text()  # root reads it
+    hook = SlurmHook(HEAD_NODE)
+    try:
+        assert hook.read_file(str(run_dir / "own.jsonl")) == b'{"step": 1, "loss": 0.5}\n'  # its own: read
+        for name in ("metrics.jsonl", "utilisation.jsonl", "done"):
+            assert hook.read_file(str(run_dir / name)) == b""
+            assert read_tail(hook, str(run_dir / name), 1 << 20).data == b""
+        assert hook.read_json(str(run_dir / "budget_exhausted.json")) is None
+    finally:
+        hook.close()
+    assert asyncio.run(read_over_ssh(run_dir)) == {
+        "own.jsonl": b'{"step": 1, "loss": 0.5}\n', "metrics.jsonl": None, "done": None, "budget_exhausted.json": None
+    }  # fmt: skip
+
+
+class SwappingSftp:
+    """An SFTP client whose name shows the job's regular file, while what it opens is another's file: the
+    job swapped a link in between pcflow's two calls."""
+
+    def __init__(self, named: paramiko.SFTPAttributes, opened: paramiko.SFTPAttributes) -> None:
+        self.named, self.opened = named, opened
+
+    def lstat(self, path: str) -> paramiko.SFTPAttributes:
+        return self.named
+
+    def open(self, path: str, mode: str) -> Any:
+        opened = self.opened
+
+        class Handle(io.BytesIO):
+            def stat(self) -> paramiko.SFTPAttributes:
+                return opened
+
+            def readv(self, pieces: list[tuple[int, int]]) -> list[bytes]:
+                return [b"S3CR3T"]
+
+        return Handle()
+
+
+def attributes(mode: int, uid: int) -> paramiko.SFTPAttributes:
+    attrs = paramiko.SFTPAttributes()
+    attrs.st_mode, attrs.st_uid, attrs.st_gid, attrs.st_size = mode, uid, uid, 6
+    return attrs
+
+
+def test_a_file_swapped_between_its_status_and_its_opening_is_not_read(monkeypatch, caplog):
+    """The name's own status (lstat) is checked before the open and compared with the opened file's after
+    it: a link, a FIFO, or a swap to another owner's file is not read, and the log says why."""
+    hook = SlurmHook(HEAD_NODE)
+    job_file, ssh_users = attributes(stat.S_IFREG | 0o660, 2950), attributes(stat.S_IFREG | 0o600, 0)
+    cases = {
+        "swapped": (job_file, ssh_users, "changed between its status and its opening"),
+        "link": (attributes(stat.S_IFLNK | 0o777, 2950), ssh_users, "is a link"),
+        "fifo": (attributes(stat.S_IFIFO | 0o660, 2950), job_file, "is not a regular file"),
+    }
+    for named, opened, why in cases.values():
+        monkeypatch.setattr(SlurmHook, "sftp", SwappingSftp(named, opened))
+        assert hook.read_file("/run/metrics.jsonl") == b""
+        assert why in caplog.text
+    monkeypatch.setattr(SlurmHook, "sftp", SwappingSftp(job_file, job_file))
+    assert hook.read_file("/run/metrics.jsonl") == b"S3CR3T"  # the job's own file: read
+
+
+async def read_over_ssh(run_dir: Path) -> dict[str, bytes | None]:
+    """The triggerer's reads (a marker's bytes, a metrics tail, the array's `done` list) over the stack's sshd."""
+    conn = await connect_async(HEAD_NODE)
+    try:
+        async with conn.start_sftp_client() as sftp:
+            own = await SlurmJobTrigger.read_tail(sftp, str(run_dir / "own.jsonl"), 1 << 20)
+            array = SlurmArrayTrigger(job_id="1", size=2, run_dir=str(run_dir), head_node=HEAD_NODE)
+            array.done_offset = 0
+            return {
+                "own.jsonl": own[0] if own else None,
+                "metrics.jsonl": await SlurmJobTrigger.read_tail(sftp, str(run_dir / "metrics.jsonl"), 1 << 20),
+                "done": (await array.read_done(sftp, 100)) or None,
+                "budget_exhausted.json": await SlurmJobTrigger.read_bytes(sftp, str(run_dir / "budget_exhausted.json")),
+            }
+    finally:
+        conn.close()
 
 
 async def write_decision_over_ssh(path: str, data: bytes) -> None:
