@@ -84,7 +84,7 @@ demo: stack-up payload-env  ## run the pretrain DAG end to end on the embedded d
 	@set -a && . .stack/env && set +a && $(PY) include/local/demo.py
 
 EXAMPLE ?= resnet
-example: stack-up payload-env  ## train examples/$(EXAMPLE) from its own git repository on the local stack (EXAMPLE=resnet)
+example: stack-up payload-env  ## train examples/$(EXAMPLE) from its own git repository on the local stack (EXAMPLE=resnet, simclr)
 	@set -a && . .stack/env && set +a && $(PY) include/local/example.py $(EXAMPLE)
 
 rehearsal: stack-up payload-env pcluster iam-simulator  ## run pretrain with the production profile (aws-gpu) on the local stack

@@ -21,6 +21,8 @@ OFFERED_PROFILES_ENV = "PCFLOW_OFFERED_PROFILES"
 
 #: Where the deployment keeps include/ (docker-compose.yaml: its mount, /opt/airflow/include).
 INCLUDE_DIR_ENV = "PCFLOW_INCLUDE_DIR"
+#: Where it keeps examples/ (docker-compose.yaml: /opt/airflow/examples); unset: beside include/.
+EXAMPLES_DIR_ENV = "PCFLOW_EXAMPLES_DIR"
 
 
 def checkout_root() -> Path | None:
@@ -53,6 +55,13 @@ def include_dir() -> Path:
             f"(docker-compose.yaml: /opt/airflow/include); {deployment_admin()}"
         )
     return root / "include"
+
+
+def examples_dir() -> Path:
+    """`PCFLOW_EXAMPLES_DIR`, else `examples/` beside include/: the projects pcflow ships as a user would
+    write them, which a profile may train as its payload (docker-compose.yaml mounts and names them)."""
+    configured = os.environ.get(EXAMPLES_DIR_ENV)
+    return Path(configured) if configured else include_dir().parent / "examples"
 
 
 def profile_dirs() -> list[Path]:
