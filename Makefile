@@ -88,7 +88,7 @@ EXAMPLE ?= resnet
 CONTAINER ?=
 LOCAL_IMAGE := oci:$(CURDIR)/.stack-images/debian-python3:bookworm-python3
 EXAMPLE_IMAGE := $(if $(filter local,$(CONTAINER)),$(LOCAL_IMAGE),$(CONTAINER))
-example: stack-up payload-env $(if $(filter local,$(CONTAINER)),local-image)  ## train examples/$(EXAMPLE) from its own git repository on the local stack (EXAMPLE=resnet; CONTAINER=local: in a container)
+example: stack-up payload-env $(if $(filter local,$(CONTAINER)),local-image)  ## train examples/$(EXAMPLE) from its own git repository on the local stack (EXAMPLE=resnet, simclr; CONTAINER=local: in a container)
 	@set -a && . .stack/env && set +a && $(PY) include/local/example.py $(EXAMPLE) "$(EXAMPLE_IMAGE)"
 
 rehearsal: stack-up payload-env pcluster iam-simulator  ## run pretrain with the production profile (aws-gpu) on the local stack

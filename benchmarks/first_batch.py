@@ -1,5 +1,5 @@
 """Time to the first training batch, and read throughput over an epoch, for 1 GB of WebDataset shards:
-streamed by the payload's reader (include/payloads/simclr/shards.py) from a directory standing for the
+streamed by the payload's reader (examples/simclr/shards.py) from a directory standing for the
 FSx mount and straight from S3 (the moto server), against staged first (pcflow's stage-in copies the
 partition into the cluster's shared directory, then the same reader reads the copy), in the same run.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PAYLOAD_PYTHON = REPO / ".venv-payload" / "bin" / "python"
-SIMCLR = REPO / "include" / "payloads" / "simclr"
+SIMCLR = REPO / "examples" / "simclr"
 RESULTS = REPO / "benchmarks" / "results" / "first_batch.json"
 GOAL = (
     "streamed (FSx mount dir and S3): first batch within 2 s of the job's start whatever the dataset's size, "

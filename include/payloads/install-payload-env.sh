@@ -20,7 +20,7 @@ if [ $# -lt 1 ] || [ $# -gt 2 ]; then
 fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 venv=$1
-requirements=${2:-$here/simclr/requirements.txt}
+requirements=${2:-$here/../../examples/simclr/requirements.txt}   # SimCLR, what the profiles train
 # Jobs run as their own account (a profile's cluster.job_user), so the interpreter the venv links to must be
 # one every account can run: the system's first (a pyenv or uv Python under /root is not).
 system_python() {

@@ -21,6 +21,8 @@ OFFERED_PROFILES_ENV = "PCFLOW_OFFERED_PROFILES"
 
 #: Where the deployment keeps include/ (docker-compose.yaml: its mount, /opt/airflow/include).
 INCLUDE_DIR_ENV = "PCFLOW_INCLUDE_DIR"
+#: Where it keeps examples/ (docker-compose.yaml: /opt/airflow/examples); unset: beside include/.
+EXAMPLES_DIR_ENV = "PCFLOW_EXAMPLES_DIR"
 
 
 def checkout_root() -> Path | None:
@@ -56,8 +58,21 @@ def include_dir() -> Path:
 
 
 def payloads_dir() -> Path:
-    """`include/payloads/`: the only place payloads are shipped from (admin-owned code, not a trigger user's)."""
+    """`include/payloads/`: the admin's own payloads (a trigger user's code comes through `training.code`)."""
     return include_dir() / "payloads"
+
+
+def examples_dir() -> Path:
+    """`PCFLOW_EXAMPLES_DIR`, else `examples/` beside include/: the projects pcflow ships as a user would
+    write them, which a profile may train as its payload (docker-compose.yaml mounts and names them)."""
+    configured = os.environ.get(EXAMPLES_DIR_ENV)
+    return Path(configured) if configured else include_dir().parent / "examples"
+
+
+def payload_roots() -> list[Path]:
+    """Where a payload's name is looked up: `include/payloads/`, then `examples/`, whose projects (SimCLR,
+    the shipped profiles' default) are trained from where they are, not copied. Both are the deployment's."""
+    return [payloads_dir(), examples_dir()]
 
 
 def profile_dirs() -> list[Path]:

@@ -85,7 +85,8 @@ class DatasetSettings(_Section):
 
 class AmiSettings(_Section):
     """The image to bake: ParallelCluster's version, the admin's bootstrap script in include/ami/ and the
-    environment's requirements in include/payloads/ only (no path outside them is accepted)."""
+    environment's requirements in a payload root (include/payloads/, examples/) only (no path outside them
+    is accepted)."""
 
     enabled: bool = True
     pcluster_version: str = Field("3.16.1", pattern=r"^\d+\.\d+\.\d+$")
@@ -97,7 +98,9 @@ class AmiSettings(_Section):
     os: Literal["alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9"] = "alinux2023"
     wait_for_ssm_agent: bool = True
     environment: str | None = Field(
-        None, description="requirements of the environment the image holds, under include/; empty: the payload's"
+        None,
+        description="requirements of the environment the image holds, in include/payloads/ or examples/; empty: "
+        "the payload's",
     )
 
     @field_validator("bootstrap_script")
@@ -109,14 +112,19 @@ class AmiSettings(_Section):
 
     @field_validator("environment")
     @classmethod
-    def _in_include_payloads(cls, value: str | None) -> str | None:
-        """The requirements the image installs: a file of include/payloads/ (admin-owned), nowhere else."""
+    def _in_payload_roots(cls, value: str | None) -> str | None:
+        """The requirements the image installs: a file of a payload root (admin-owned), nowhere else."""
+        from pcflow.paths import payload_roots
+
         if value is None:
             return None
-        try:
-            return str(within(value if value.startswith("/") else include_dir() / value, include_dir() / "payloads"))
-        except ValueError:
-            raise ValueError(f"{value!r} is not a file of include/payloads/") from None
+        path = value if value.startswith("/") else include_dir() / value
+        for root in payload_roots():
+            try:
+                return str(within(path, root))
+            except ValueError:
+                continue
+        raise ValueError(f"{value!r} is not a file of include/payloads/ or examples/")
 
 
 class ContainerRuntimeSettings(_Section):
@@ -746,7 +754,9 @@ class RunSpec(_Section):
     def _image_environment(self) -> RunSpec:
         """The image holds the payload's environment (its requirements), never its code."""
         if self.ami.environment is None and self.training.payload:
-            requirements = include_dir() / "payloads" / self.training.payload / "requirements.txt"
+            from pcflow.slurm.payload import payload_source
+
+            requirements = payload_source(self.training.payload) / "requirements.txt"
             if requirements.is_file():
                 self.ami.environment = str(requirements)
         return self

@@ -39,6 +39,7 @@ def test_pretrain_trains_in_its_container_and_imports_the_image_once(airflow, lo
         }
         assert out["ship_payload"]["source"] == "git" and out["prepare_environment"]["built"] is False
         assert out["metrics"]["objective"]["name"] == "accuracy" and out["metrics"]["objective"]["value"] > 0.5
+        assert out["metrics"]["container"] == out["train"]["container"], "the run summary names its image"
         run_dir = Path(out["train"]["run_dir"])
         script = (run_dir / "job.sbatch").read_text()
         assert f"srun --kill-on-bad-exit=1 --container={run_dir}/bundle " in script

@@ -62,6 +62,7 @@ def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
     assert prepared["dir"].endswith(f"/pcflow/envs/{prepared['id']}")
     assert out["check_environment"]["dir"] == prepared["dir"]
     assert out["metrics"]["environment"] == {key: prepared[key] for key in ("id", "built", "build_s", "python")}
+    assert out["metrics"]["container"] is None, "no training.container: it ran on the nodes themselves"
     assert out["train"]["state"] == "COMPLETED"
     objective, finals = out["metrics"]["objective"], out["metrics"]["metrics"]
     assert objective["name"] == "fewshot_accuracy" and objective["value"] > 0.3  # 10 classes: chance is 0.1
@@ -76,7 +77,7 @@ def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
     # The code ran from the payload this run shipped; the model outlived the run's teardown, in S3.
     assert out["ship_payload"]["dir"].endswith(f"/pcflow/payloads/{out['ship_payload']['digest']}")
     code = out["metrics"]["code"]  # the run summary says which code it trained (pcflow.lineage.code_extra)
-    assert (code["source"], code["digest"], code["files"]) == ("payload", out["ship_payload"]["digest"], 13)
+    assert (code["source"], code["digest"], code["files"]) == ("payload", out["ship_payload"]["digest"], 16)
     model = out["metrics"]["model"]["model"]
     assert model == f"s3://{report[0]}/runs/{result.run_key}/model/model.pt"
     assert boto3.client("s3").head_object(Bucket=report[0], Key=model.split("/", 3)[3])["ContentLength"] > 0

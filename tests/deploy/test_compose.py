@@ -82,6 +82,7 @@ def test_the_services_of_the_official_layout_and_the_local_profile():
         assert mounts["/opt/airflow/plugins"] == "./plugins"
         assert mounts["/opt/airflow/dags"] == "./dags"
         assert mounts["/opt/airflow/include"] == "./include"
+        assert mounts["/opt/airflow/examples"] == "./examples", "beside include/: the profiles' payload is there"
         assert services[name]["build"]["dockerfile"] == "Dockerfile"
     assert services["airflow-worker"]["command"] == "celery worker"
     assert services["airflow-triggerer"]["command"] == "triggerer"

@@ -101,3 +101,35 @@ def test_the_workers_run_the_pcluster_cli_the_image_installs(image, project, tmp
     assert run_in(image, worker, tmp_path, PCLUSTER).startswith(f"no pcluster CLI at {cli}:")
     unset = run_in(image, worker, tmp_path, PCLUSTER, unset=("PCFLOW_PCLUSTER",))
     assert unset.startswith("PCFLOW_PCLUSTER is not set and pcflow is installed, not in a checkout"), unset
+
+
+#: What a worker ships for the default profile's run: its payload's directory and the image's requirements.
+PAYLOAD = """
+import json
+from pcflow.paths import default_profile
+from pcflow.runspec import RunSpecError, resolve_run_spec
+from pcflow.slurm.payload import payload_source
+try:
+    spec = resolve_run_spec(default_profile())
+    found = {"payload": str(payload_source(spec.training.payload)), "environment": spec.ami.environment}
+except RunSpecError as exc:
+    found = {"refused": str(exc)}
+print(json.dumps(found))
+"""
+
+
+def test_the_workers_ship_the_payload_the_default_profile_trains_from_the_examples_mount(image, project, tmp_path):
+    """The profile's `training.payload: simclr` is examples/simclr, which compose mounts and names
+    (PCFLOW_EXAMPLES_DIR): the worker packs it from there, and the bake installs its requirements. Without
+    the mount the run is refused, naming where a payload may be."""
+    worker = project.services["airflow-worker"]
+    found = run_in(image, worker, tmp_path / "mounted", PAYLOAD)
+    assert found == {
+        "payload": str(REPO / "examples" / "simclr"),
+        "environment": str(REPO / "examples" / "simclr" / "requirements.txt"),
+    }
+    spec = dict(worker.spec)
+    spec["volumes"] = [m for m in spec["volumes"] if m["source"] != str(REPO / "examples")]
+    found = run_in(image, Service("airflow-worker", spec), tmp_path / "unmounted", PAYLOAD)
+    home = tmp_path / "unmounted" / "homes" / "airflow-worker-1"
+    assert f"no directory 'simclr' in {REPO / 'include' / 'payloads'} and {home / 'examples'}" in found["refused"]

@@ -4,6 +4,7 @@ content), the conf it triggers `pretrain` with, and the summary it prints from w
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -166,3 +167,24 @@ def test_git_runs_without_this_machines_configuration(tmp_path: Path, monkeypatc
         subprocess.run(["git", "--git-dir", str(tmp_path / "r.git"), "fsck", "--no-progress"], check=False).returncode
         == 0
     )
+
+
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in example.EXAMPLES.glob(f"*/{example.RUNS_FILE}")))
+def test_every_examples_conf_trains_its_own_code_and_sends_what_its_schema_accepts(name, tmp_path, monkeypatch):
+    """`make example EXAMPLE=<name>` for each project (resnet, simclr): the conf the local profile lets a user
+    send, the run's code from the project's repository in place of the profile's payload, and hyperparameters
+    (the profile's merged under the project's) that the project's own schema accepts."""
+    import jsonschema
+
+    monkeypatch.setenv("PCFLOW_STACK_DIR", str(tmp_path))
+    repo = tmp_path / "examples" / f"{name}.git"
+    example.publish(example.EXAMPLES / name, repo)
+    conf = example.conf_for(name, repo)
+    check_conf("local", conf["overrides"])
+    spec = resolve_run_spec("local", conf["overrides"])
+    assert spec.training.payload is None and spec.training.code.git.url == repo.resolve().as_uri()
+    assert spec.training.requirements == "requirements.txt" and spec.training.program == ["train.py"]
+    assert {"train.py", "requirements.txt", "hparams.schema.json", "README.md"} <= set(tree_of(repo))
+    schema = json.loads((example.EXAMPLES / name / "hparams.schema.json").read_text())
+    sent = {**spec.training.hyperparameters, "data_dir": "/shared/datasets/x"}
+    assert [error.message for error in jsonschema.Draft202012Validator(schema).iter_errors(sent)] == []

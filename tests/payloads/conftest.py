@@ -10,7 +10,7 @@ import pytest
 from stacktools import REPO
 
 PAYLOADS = REPO / "include" / "payloads"
-SIMCLR = PAYLOADS / "simclr"
+SIMCLR = REPO / "examples" / "simclr"  # the profiles' payload (a payload root besides PAYLOADS)
 INSTALLER = PAYLOADS / "install-payload-env.sh"
 PAYLOAD_VENV = REPO / ".venv-payload"
 

@@ -15,7 +15,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-SIMCLR = Path(__file__).resolve().parents[2] / "include" / "payloads" / "simclr"
+SIMCLR = Path(__file__).resolve().parents[2] / "examples" / "simclr"
 sys.path.insert(0, str(SIMCLR))
 
 import torch  # noqa: E402
@@ -247,7 +247,7 @@ def _png(value: int, size: int = 6) -> bytes:
 
 def write_partition(folders: Path, dest: Path, target_bytes: int) -> dict:
     """Shards of `folders` into `dest`, with their manifest, by the dataset stage's own shard writer."""
-    sys.path.insert(0, str(SIMCLR.parents[2] / "plugins"))
+    sys.path.insert(0, str(SIMCLR.parents[1] / "plugins"))
     from pcflow.dataset.manifest import build_manifest
     from pcflow.dataset.shard import group_samples, plan_shards, write_shard
     from pcflow.dataset.sources import LocalDirectorySource

@@ -19,7 +19,7 @@ from pcflow.dataset.manifest import read_manifest
 from pcflow.dataset.shard import shard_to_s3
 
 pytestmark = pytest.mark.stack
-SIMCLR = Path(__file__).resolve().parents[2] / "include" / "payloads" / "simclr"
+SIMCLR = Path(__file__).resolve().parents[2] / "examples" / "simclr"
 CLASSES = ("cat", "10", "2")  # "10" sorts before "2" as text, after it as a number
 
 READ = """

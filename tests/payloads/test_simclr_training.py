@@ -22,11 +22,11 @@ from pcflow.slurm.states import JobState
 pytestmark = pytest.mark.stack
 
 FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
-TRAIN = Path(__file__).resolve().parents[2] / "include" / "payloads" / "simclr" / "train.py"
+TRAIN = Path(__file__).resolve().parents[2] / "examples" / "simclr" / "train.py"
 CHANCE = 0.1  # ten digit classes
 #: How much better the few-label probe (one label per class) does on the trained encoder than on the
 #: same encoder untrained, after the profile's 5 epochs: +0.136..+0.219 measured over seeds 0-4 (two
-#: tasks, batch 128); the full linear probe moves +0.004..+0.021 (include/payloads/README.md).
+#: tasks, batch 128); the full linear probe moves +0.004..+0.021 (examples/simclr/README.md).
 MARGIN = 0.08
 
 

@@ -17,7 +17,7 @@ from pcflow.aws.base import PcflowAwsOperator
 from pcflow.errors import ConfigurationError, PcflowInputError, refused, task_author
 from pcflow.metrics import cost, price_list, publish
 from pcflow.metrics.definitions import parse_definitions
-from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job, job_refs, xcom_summary
+from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job, job_refs, load_job, xcom_summary
 from pcflow.metrics.leaderboard import leaderboard_csv, leaderboard_page, rank_trials
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.report import render_report
@@ -260,6 +260,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             raise refused("required_metrics", str(exc), task_author(self.task_id), RequiredMetricMissing) from exc
         document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id, code=code_extra(self.code))
         document["environment"] = environment_provenance(self.environment)
+        document["container"] = container_provenance(self.job)
         document["cost"] = self.cost_of(document, context)
         document |= self.cost_over_time(document, context)
         s3 = self.client("s3")
@@ -281,7 +282,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             self.log.warning("Not harvested: %s (%s): %s", item["what"], item["path"], item["why"])
         model = {k: document["model"].get(k) for k in MODEL_SUMMARY}  # the hashes a later run loads them with
         summary = {**xcom_summary(document, report_url=report_url), "model": model, "code": document["code"]}
-        return document, {**summary, "environment": document["environment"]}
+        return document, {**summary, "environment": document["environment"], "container": document["container"]}
 
     def save_model(self, s3: Any, document: dict[str, Any], key: str) -> dict[str, Any]:
         """The job's model and newest checkpoint, from the cluster to `s3://<bucket>/runs/<key>/model/`."""
@@ -442,6 +443,13 @@ def _parse_time(text: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC) if text else None
     except ValueError:
         return None
+
+
+def container_provenance(job: Mapping[str, Any] | str) -> dict[str, Any] | None:
+    """The image the job ran in, as the train task recorded it (reference, digest, whether this run imported
+    it, runtime), for metrics.json and the summary; None when it ran on the nodes themselves."""
+    image = load_job(job).get("container")
+    return dict(image) if isinstance(image, Mapping) else None
 
 
 def environment_provenance(prepared: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """Ship a training payload (the code a job runs) to the cluster with each run, by content hash.
 
-The payload is a directory under `include/payloads/` (the deployment's code, admin-owned). Each run
+The payload is a directory of `include/payloads/` or `examples/` (the deployment's code, admin-owned:
+`examples/simclr` is what the shipped profiles train). Each run
 packs it into a deterministic tar (sorted names, zero times and owners, modes 0644/0755), names it by
 the tar's sha256, and extracts it once per hash into `<shared root>/pcflow/payloads/<hash>/`: a run
 whose payload is already there reuses it; a changed payload gets a new directory, so the next run
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from pcflow.code.bundle import Bundle, BundleRefused, pack
 from pcflow.errors import ConfigurationError
-from pcflow.paths import payloads_dir, remote_within, within
+from pcflow.paths import payload_roots, remote_within, within
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import ABS_PATH
 from pcflow.slurm.trees import TreeCheck, compare_tree
@@ -46,15 +47,22 @@ class PayloadError(ConfigurationError):
 
 
 def payload_source(name: str) -> Path:
-    """`include/payloads/<name>/`, refused unless it is a plain name of an existing directory there."""
+    """`<root>/<name>/` of the one payload root that has it, refused unless it is a plain name of an
+    existing directory there (not a link out of it), and named by one root only."""
     if not isinstance(name, str) or not PAYLOAD_NAME.fullmatch(name):
         raise PayloadError(f"payload: {name!r} is not a payload name (lower-case letters, digits, _ and -)")
-    source = payloads_dir() / name
-    if not source.is_dir():
-        available = sorted(p.name for p in payloads_dir().iterdir() if p.is_dir() and PAYLOAD_NAME.fullmatch(p.name))
-        raise PayloadError(f"payload: no directory {name!r} in {payloads_dir()}; available: {', '.join(available)}")
+    roots = [root for root in payload_roots() if root.is_dir()]
+    found = [root for root in roots if (root / name).is_dir()]
+    if len(found) > 1:
+        raise PayloadError(f"payload: {name!r} is a directory of both {found[0]} and {found[1]}: rename one")
+    if not found:
+        available = sorted(
+            {p.name for root in roots for p in root.iterdir() if p.is_dir() and PAYLOAD_NAME.fullmatch(p.name)}
+        )
+        where = " and ".join(str(root) for root in payload_roots())
+        raise PayloadError(f"payload: no directory {name!r} in {where}; available: {', '.join(available)}")
     try:
-        return within(source, payloads_dir())  # a link out of include/payloads/ is refused
+        return within(found[0] / name, found[0])  # a link out of its root is refused
     except ValueError as exc:
         raise PayloadError(f"payload: {exc}") from None
 

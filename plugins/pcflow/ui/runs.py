@@ -1,6 +1,7 @@
-"""The runs of pcflow's training DAGs as the page shows them: each run's outcome, objective, cost and
-duration, read from Airflow's metadata (the DAG run, and the XCom the `metrics` task returned), never
-from the job itself. Every read is bounded: DAGs, runs per DAG, leaderboard rows."""
+"""The runs of pcflow's training DAGs as the page shows them: each run's outcome, objective, cost,
+duration and provenance (code, environment, image, warm start), read from Airflow's metadata (the DAG
+run, and the XCom the `metrics` task returned), never from the job itself. Every read is bounded: DAGs,
+runs per DAG, leaderboard rows."""
 
 from __future__ import annotations
 
@@ -21,6 +22,14 @@ MAX_DAGS = 20
 RUNS_PER_DAG = 20
 MAX_SWEEPS = 3
 MAX_LEADERBOARD_ROWS = 10
+#: What the page shows of a run's provenance: the summary's sections (pcflow.lineage.code_extra, the harvest's
+#: environment and container) and their fields, in order; a warm start's section is shown whole, as it is.
+PROVENANCE = (
+    ("code", ("source", "name", "url", "commit", "dirty", "digest", "bytes", "files")),
+    ("environment", ("id", "built", "build_s", "python")),
+    ("container", ("reference", "digest", "imported", "runtime")),
+)
+WARM_START = "warm_start"
 
 
 @dataclass
@@ -76,6 +85,33 @@ class RunRow:
             return summary["cost_usd_estimate"]
         costs = [t.get("cost_usd_estimate") for t in self.trials]
         return round(sum(costs), 4) if costs and None not in costs else None
+
+    @property
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        """What the run trained, as its summary records it (a multi-trial harvest: its first trial's), by
+        section: the code (source, URL, commit, dirty, bundle id, size), the environment (id, built), the
+        image (reference, digest) and a warm start's source; a section or field not recorded is left out."""
+        summary = self.summary or {}
+        if not summary.get("code") and self.trials and isinstance(self.trials[0], Mapping):
+            summary = self.trials[0]
+        found: dict[str, dict[str, Any]] = {}
+        for section, names in PROVENANCE:
+            value = summary.get(section)
+            if isinstance(value, Mapping):
+                found[section] = {name: value[name] for name in names if value.get(name) is not None}
+        warm = summary.get(WARM_START)
+        if warm:
+            found[WARM_START] = dict(warm) if isinstance(warm, Mapping) else {"source": warm}
+        return {section: fields for section, fields in found.items() if fields}
+
+    @property
+    def provenance_line(self) -> str | None:
+        """The provenance in a few words: where the code came from and which commit (else bundle) it was."""
+        code = self.provenance.get("code") or {}
+        if not code:
+            return None
+        which = str(code.get("commit") or code.get("digest") or "")[:12]
+        return " ".join(str(part) for part in (code.get("source"), code.get("name"), which) if part)
 
     @property
     def has_report(self) -> bool:

@@ -291,13 +291,13 @@ def test_requirements_must_say_which_python_they_need():
     ):
         with pytest.raises(ValueError, match=r"r\.txt must say once which Python .*`# requires-python: >=3\.11`"):
             required_python(text, "r.txt")
-    payload = include_dir() / "payloads/simclr/requirements.txt"
+    payload = include_dir().parent / "examples/simclr/requirements.txt"
     assert required_python(payload.read_text(), payload) == "3.11"  # numpy 2.4 needs it
 
 
 def test_the_bake_passes_the_python_the_payload_needs(tmp_path):
     """The operator reads it from the environment file before anything is launched (no AWS call here)."""
-    payload = include_dir() / "payloads/simclr/requirements.txt"
+    payload = include_dir().parent / "examples/simclr/requirements.txt"
     undeclared = tmp_path / "requirements.txt"
     undeclared.write_text("numpy==2.4.6\n")
 

@@ -234,3 +234,15 @@ def test_a_runs_cost_counts_every_trials_nodes_and_the_cluster_once():
     spend = body["widgets"][-1]["properties"]
     assert spend["title"] == "pcflow RunCostUSD per day" and spend["stat"] == "Sum" and spend["period"] == 86400
     assert dashboard_body("research", "us-east-1", ["loss"], body) == body  # merged, never duplicated
+
+
+def test_the_summary_names_the_image_the_train_task_ran_in():
+    """The train task's `container` (reference, digest, whether imported, runtime) reaches metrics.json and
+    the run summary (the UI page shows it), from the XCom as a dict or its JSON; none without an image."""
+    from pcflow.metrics.operators import container_provenance
+
+    image = {"reference": "oci:/images:debian", "digest": "sha256:" + "ab" * 32, "imported": True, "runtime": "oci"}
+    job = {"job_id": "7", "run_dir": "/shared/pcflow/runs/r", "container": image}
+    assert container_provenance(job) == image and container_provenance(json.dumps(job)) == image
+    assert container_provenance({**job, "container": None}) is None
+    assert container_provenance({"job_id": "7", "run_dir": "/r"}) is None

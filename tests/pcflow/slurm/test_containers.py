@@ -107,7 +107,7 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
     digest = index["manifests"][0]["digest"]
     forget_image(local_stack.shared_root, digest)
 
-    admin = str(REPO / "include" / "payloads")  # an admin's mount outside the shared root: its mount point is made
+    admin = str(REPO / "examples")  # an admin's mount outside the shared root: its mount point is made
     document = run_document(local_image, mounts=[admin])
     first = prepare_image.function(document, cluster, {"python": "unused: the image's"})
     second = prepare_image.function(document, cluster, {"python": "unused: the image's"})

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pcflow.runspec import RunSpecError, resolve_run_spec
-from pcflow.slurm.payload import PayloadError, build_archive, payload_root
+from pcflow.runspec import AmiSettings, RunSpecError, resolve_run_spec
+from pcflow.slurm.payload import PayloadError, build_archive, payload_root, payload_source
 from pcflow.slurm.render import render_batch_script
 from pcflow.slurm.spec import JobSpec, RunDir
 
@@ -62,6 +62,38 @@ def test_a_payload_directory_linked_from_elsewhere_is_refused(include, tmp_path)
         build_archive("linked")
 
 
+def test_a_payload_is_found_in_examples_too_but_a_name_of_both_roots_is_refused(include, tmp_path, monkeypatch):
+    """examples/ (PCFLOW_EXAMPLES_DIR, else beside include/) is the second payload root: the shipped
+    profiles' `simclr` is there. A name both roots hold is refused rather than one of them guessed."""
+    (tmp_path / "examples" / "project").mkdir(parents=True)
+    (tmp_path / "examples" / "project" / "train.py").write_text("print('project')\n")
+    assert build_archive("project").files == 1 and payload_source("project") == tmp_path / "examples" / "project"
+    (tmp_path / "examples" / "hello").mkdir()
+    with pytest.raises(PayloadError, match="'hello' is a directory of both"):
+        build_archive("hello")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "examples" / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PayloadError, match="is outside"):
+        build_archive("linked")
+    monkeypatch.setenv("PCFLOW_EXAMPLES_DIR", str(tmp_path / "mounted"))
+    with pytest.raises(
+        PayloadError, match=f"no directory 'project' in {include / 'payloads'} and {tmp_path / 'mounted'}"
+    ):
+        build_archive("project")
+
+
+def test_the_images_environment_is_a_file_of_a_payload_root_only(include, tmp_path):
+    (tmp_path / "examples" / "project").mkdir(parents=True)
+    (tmp_path / "examples" / "project" / "requirements.txt").write_text("numpy==2.4.6\n")
+    (tmp_path / "other.txt").write_text("numpy==2.4.6\n")
+    ok = AmiSettings(environment=str(tmp_path / "examples" / "project" / "requirements.txt"))
+    assert ok.environment == str(tmp_path / "examples" / "project" / "requirements.txt")
+    assert AmiSettings(environment="payloads/hello/main.py").environment == str(include / "payloads/hello/main.py")
+    for outside in (str(tmp_path / "other.txt"), "../other.txt", "payloads/../../other.txt"):
+        with pytest.raises(ValidationError, match="is not a file of include/payloads/ or examples/"):
+            AmiSettings(environment=outside)
+
+
 def test_a_symbolic_link_in_the_payload_is_refused(include):
     (include / "payloads/hello/secret").symlink_to("/etc/passwd")
     with pytest.raises(PayloadError, match="secret is not a plain file"):
@@ -100,7 +132,7 @@ def test_profiles_ship_the_payload_and_bake_only_its_environment():
     for profile in ("local", "aws-gpu"):
         spec = resolve_run_spec(profile)
         assert spec.training.payload == "simclr" and spec.training.program == ["train.py"]
-        assert spec.ami.environment.endswith("include/payloads/simclr/requirements.txt")
+        assert spec.ami.environment.endswith("examples/simclr/requirements.txt")
     with pytest.raises(RunSpecError, match="no directory 'nosuch'"):
         resolve_run_spec("local", {"training": {"payload": "nosuch"}})
     with pytest.raises(RunSpecError, match="a script inside the payload"):

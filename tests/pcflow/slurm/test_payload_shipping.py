@@ -29,7 +29,7 @@ def payload(tmp_path, monkeypatch) -> Path:
     source = tmp_path / "payloads" / "hello"
     source.mkdir(parents=True)
     (source / "main.py").write_text("import sys\nprint('hello hello', sys.argv[1:], __file__)\n")
-    monkeypatch.setattr("pcflow.slurm.payload.payloads_dir", lambda: tmp_path / "payloads")
+    monkeypatch.setattr("pcflow.paths.payloads_dir", lambda: tmp_path / "payloads")
     return source
 
 

@@ -266,6 +266,52 @@ def test_the_page_renders_stacks_runs_trends_and_leaderboards_as_escaped_html_wi
     assert "needs read access to the <code>janitor</code> DAG" in hidden
 
 
+def test_each_run_shows_its_code_environment_image_and_warm_start_escaped():
+    """A run's provenance as its summary records it: code (source, URL, commit, dirty, bundle id, bytes),
+    environment (id, built), image (reference, digest) and, where the summary has one, a warm start, shown
+    whatever its shape; every value escaped (a URL or an image reference is the user's text)."""
+    from pcflow.ui.app import render_page
+
+    commit, digest, image = "08d57f2f" * 5, "sha256-" + "ab" * 32, "sha256:" + "cd" * 32
+    hostile = "https://example.com/<script>alert(1)</script>.git"
+    code = {"source": "git", "name": "resnet", "url": hostile, "commit": commit, "dirty": False}
+    code |= {"digest": digest, "bytes": 30720, "files": 12, "uploaded_bytes": 0, "reused": True}
+    summary = summary_of_a_run(
+        "pretrain",
+        "own",
+        code=code,
+        environment={"id": "env-1234abcd", "built": True, "build_s": 14.2, "python": "/e/bin/python"},
+        container={"reference": "oci:/images:debian", "digest": image, "imported": False, "runtime": "oci"},
+        warm_start={"run_key": "pretrain-20261101-abc", "model": "s3://models/<b>/model.pt", "sha256": "ef" * 32},
+    )
+    start = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    rows = [
+        RunRow("pretrain", "own", "success", start, start, summary),
+        RunRow("pretrain", "payload", "success", start, start, summary_of_a_run("pretrain", "payload")),
+    ]
+    assert rows[0].provenance_line == "git resnet 08d57f2f08d5" and rows[1].provenance == {}
+    assert rows[0].provenance["warm_start"]["run_key"] == "pretrain-20261101-abc"
+    page = render_page({"pretrain": rows}, None)
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;.git" in page
+    assert "&lt;b&gt;" in page and "<b>" not in page
+    for shown in (
+        "<summary>git resnet 08d57f2f08d5</summary>",
+        f"commit <code>{commit}</code>",
+        "dirty <code>False</code>",
+        f"digest <code>{digest}</code>",
+        "bytes <code>30720</code>",
+        "id <code>env-1234abcd</code>; built <code>True</code>",
+        f"reference <code>oci:/images:debian</code>; digest <code>{image}</code>",
+        '<tr data-section="warm_start"><th>warm start</th>',
+        "run_key <code>pretrain-20261101-abc</code>",
+    ):
+        assert shown in page, shown
+    assert "uploaded_bytes" not in page, "what this run moved is the example's summary, not provenance"
+    assert page.count("<details>") == 1, "a run that recorded no provenance shows none"
+    trials = summary_of_a_run("pretrain_sweep", "s", trials=[{"code": code, "environment": None}])
+    assert RunRow("pretrain_sweep", "s", "success", None, None, trials).provenance["code"]["commit"] == commit
+
+
 @pytest.mark.security
 def test_run_summaries_only_for_who_may_read_the_dags_xcoms(monkeypatch):
     """A user who may read a DAG but not its XComs sees its runs' states, not their objective, cost or

@@ -7,7 +7,7 @@ statistics; full-batch Adam on softmax cross entropy with a little weight decay.
   encoder scores about 0.96 this way, so it cannot tell training from no training.
 - `few_label_probe`: fitted on `shots` labelled images per class, drawn `draws` times from the
   training part, scored on the same test part, averaged (fewshot_accuracy): what a representation is
-  for when labels are scarce, and where pretraining shows (include/payloads/README.md has the numbers).
+  for when labels are scarce, and where pretraining shows (examples/simclr/README.md has the numbers).
 """
 
 from __future__ import annotations
