@@ -52,3 +52,16 @@ def offline(monkeypatch):
 def form():
     """`form_params`: the params a task of the run receives (the train task's env is resolved from them)."""
     return form_params
+
+
+@pytest.fixture
+def schemaless_payload(tmp_path, monkeypatch) -> str:
+    """An admin payload `plain` that declares no hyperparameters (no hparams.schema.json), in a private
+    payloads directory: for tests of how any hyperparameter travels, which the shipped payload (SimCLR,
+    whose schema lists its own names only) would refuse in the first task."""
+    payloads = tmp_path / "payloads"
+    (payloads / "plain").mkdir(parents=True)
+    (payloads / "plain" / "train.py").write_text("print('plain')\n")
+    (payloads / "plain" / "requirements.txt").write_text("torch==2.13.0\n")
+    monkeypatch.setattr("pcflow.paths.payloads_dir", lambda: payloads)
+    return "plain"

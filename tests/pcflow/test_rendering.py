@@ -81,8 +81,9 @@ def test_the_dataset_stage_gets_the_partition_and_prefix_as_validated(dags, offl
     assert task.fsx_file_system_id is None  # no cluster existed before the run
 
 
-def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_profiles):
-    profile = admin_profiles.make("local", {"training": {"env": {"MODE": "0x10", "EMPTY": "None"}}})
+def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_profiles, schemaless_payload):
+    training = {"env": {"MODE": "0x10", "EMPTY": "None"}, "payload": schemaless_payload}
+    profile = admin_profiles.make("local", {"training": training})
     conf = {"profile": profile, "partition": "p1", "hyperparameters": {"tag": "1e5"}}
     run = offline(conf)
     inputs = {

@@ -208,9 +208,14 @@ def test_the_form_lists_a_local_codes_schema_and_not_a_remote_ones(admin_profile
     assert "depth (integer, one of 14, 26, 50, 101, 152, default 50)" in listed
     assert "lr (number, (0, 100], default 0.1)" in listed and listed.endswith("; no other names")
     assert local_summary({"code": {"git": {"url": "https://github.com/o/r"}}}) is None
-    assert local_summary({"payload": "simclr"}) is None  # the admin's payload declares none
+    assert "temperature (number" in local_summary({"payload": "simclr"})  # examples/simclr, the profiles' payload
+    assert local_summary({"payload": "no-such-payload"}) is None
     training = {"payload": None, "code": {"dir": str(RESNET)}, "program": ["train.py"]}
     monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", admin_profiles.make("local", {"training": training}))
     assert "code declares: data_dir (string" in hyperparameters_description()
-    monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")
+    monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", "local")  # the shipped default: SimCLR's schema
+    assert "code declares: data_dir (string" in hyperparameters_description()
+    assert "temperature (number" in hyperparameters_description()
+    git = {"payload": None, "code": {"git": {"url": "https://github.com/o/r", "ref": "main"}}, "program": ["t.py"]}
+    monkeypatch.setenv("PCFLOW_DEFAULT_PROFILE", admin_profiles.make("local", {"training": git}))
     assert "declares" not in hyperparameters_description()

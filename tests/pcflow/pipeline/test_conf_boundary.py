@@ -30,8 +30,9 @@ def refusal(validate, conf: dict, **kwargs) -> str:
     return str(refused.value)
 
 
-def test_what_the_profile_lets_a_trigger_user_change_passes(offline):
+def test_what_the_profile_lets_a_trigger_user_change_passes(offline, admin_profiles, schemaless_payload):
     conf = {
+        "profile": admin_profiles.make("local", {"training": {"payload": schemaless_payload}}),
         "partition": "2026-11-29",
         "hyperparameters": {"epochs": 1, "lr": 0.01, "note": "{include}"},
         "instance_type": "c5.2xlarge",
