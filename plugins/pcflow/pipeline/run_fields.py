@@ -95,6 +95,7 @@ FIELDS: dict[str, Any] = {
         "env": None,
         "max_restarts": None,
         "pending_timeout_s": None,
+        "warm_start": None,
         "secrets": None,
         "allocation": None,
     },
@@ -139,6 +140,7 @@ FIELDS: dict[str, Any] = {
     "nightly": {
         "schedule": None,
         "cron": None,
+        "warm_start": None,
     },
     "run_key": None,
     "objective": {
@@ -161,4 +163,10 @@ FIELDS: dict[str, Any] = {
         "kept_hours": None,
     },
     "cost": None,
+    "warm_start": {
+        "source": None,
+        "uri": None,
+        "sha256": None,
+        "run": None,
+    },
 }
