@@ -95,7 +95,8 @@ def resolve(setting: str | None, models: list[Recorded], *, bucket: str) -> dict
     if not setting:
         return dict(NOTHING)
     if setting == LATEST:
-        newest = next((m for m in models if m.model and m.model in m.files), None)
+        usable = (m for m in models if m.model in m.files and in_layout(m.model, bucket, m.run))
+        newest = next(usable, None)
         return found(setting, newest, newest.model) if newest else {**NOTHING, "source": setting}
     if RUN_KEY.fullmatch(setting):
         record = next((m for m in models if m.run == setting), None)
@@ -103,19 +104,32 @@ def resolve(setting: str | None, models: list[Recorded], *, bucket: str) -> dict
             raise Unrecorded(f"run {setting!r} kept no model in this stack ({unseen()})")
         if not record.model or record.model not in record.files:
             raise Unrecorded(f"run {setting!r} recorded no sha256 for a model; it cannot be loaded safely")
+        if not in_layout(record.model, bucket, setting):
+            raise Unrecorded(f"run {setting!r} recorded its model at {record.model}, {outside(bucket)}")
         return found(setting, record, record.model)
     return resolve_uri(setting, models, bucket=bucket)
 
 
+def in_layout(uri: str, bucket: str, run: str | None = None) -> re.Match | None:
+    """Whether `uri` is where a run of the stack keeps a model (its bucket, `runs/<run key>/model/`; the run
+    `run`'s when given): the match, naming the run, else None. A key with `.`, `..` or `//` is never one."""
+    got, _, key = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or got != bucket or key != posixpath.normpath(key):
+        return None
+    match = LAYOUT.fullmatch(key)
+    return match if match and (run is None or match["run"] == run) else None
+
+
+def outside(bucket: str) -> str:
+    """The refusal's words for a URI outside the layout."""
+    return f"not a model this stack's runs write (s3://{bucket}/runs/<run key>/model/model.pt or its checkpoints/)"
+
+
 def resolve_uri(uri: str, models: list[Recorded], *, bucket: str) -> dict[str, Any]:
     """A model's or checkpoint's URI: in the stack's bucket and layout, and recorded with its sha256 by its run."""
-    got, _, key = uri.removeprefix("s3://").partition("/")
-    match = LAYOUT.fullmatch(posixpath.normpath(key)) if key == posixpath.normpath(key) else None
-    if got != bucket or match is None:
-        raise Unrecorded(
-            f"{uri} is not a model this stack's runs write (s3://{bucket}/runs/<run key>/model/model.pt or "
-            "its checkpoints/)"
-        )
+    match = in_layout(uri, bucket)
+    if match is None:
+        raise Unrecorded(f"{uri} is {outside(bucket)}")
     records = [m for m in models if m.run == match["run"]]
     if not records:
         raise Unrecorded(f"run {match['run']!r} kept no model in this stack ({unseen()})")

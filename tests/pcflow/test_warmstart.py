@@ -92,6 +92,17 @@ def test_a_setting_with_no_record_in_the_stack_is_refused(setting, complaint):
         resolve(setting)
 
 
+def test_a_record_that_points_outside_the_stacks_layout_is_refused():
+    """An event's URI is checked against the layout too: the run's own bucket and `runs/<its key>/model/`."""
+    strays = [event(FIRST, sha=SHA)]
+    strays[0].extra["model"]["model"] = f"s3://another-bucket/runs/{FIRST}/model/model.pt"
+    strays[0].extra["model"]["model_sha256"] = SHA
+    models = warmstart.stack_models(strays, "local")
+    with pytest.raises(warmstart.Unrecorded, match="not a model this stack's runs write"):
+        warmstart.resolve(FIRST, models, bucket=BUCKET)
+    assert warmstart.resolve("latest", models, bucket=BUCKET)["uri"] is None
+
+
 def test_a_run_that_recorded_no_checksum_is_refused():
     models = warmstart.stack_models([event(FIRST, sha=None)], "local")
     with pytest.raises(warmstart.Unrecorded, match="recorded no sha256"):

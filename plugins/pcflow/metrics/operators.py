@@ -438,6 +438,7 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
             "leaderboard": rows,
             "best": best,
             "cost_usd_estimate": publish.run_cost(documents),  # the trials' shared head node and FSx once
+            "warm_start": documents[0]["warm_start"] if documents else None,  # every trial started from it
             "leaderboard_csv": csv_url,
             "leaderboard_html": html_url,
         }
