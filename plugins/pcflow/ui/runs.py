@@ -78,6 +78,13 @@ class RunRow:
         return round(sum(costs), 4) if costs and None not in costs else None
 
     @property
+    def started_from(self) -> str | None:
+        """The run key of the model the run started from (its summary's `warm_start`, pcflow.warmstart), or
+        None: trained from scratch, or nothing harvested yet."""
+        warm = (self.summary or {}).get("warm_start")
+        return warm.get("run") if isinstance(warm, Mapping) else None
+
+    @property
     def has_report(self) -> bool:
         return report_location(self.dag_id, self.run_id, self.summary) is not None
 
