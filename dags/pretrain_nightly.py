@@ -12,7 +12,9 @@ A stage that fails for good is reported to the profile's `alerts.sns_topic_arn` 
 nightly is on a schedule, so nobody watches it (`alerts.on_run_failure: unattended`, the default).
 When it runs is the default profile's `nightly` section: at 02:00 UTC (`schedule: clock`, `cron`), or when
 a partition of the stack's dataset gets new content (`schedule: data`: an event of its dataset Asset),
-training on that partition (pcflow/lineage.py).
+training on that partition (pcflow/lineage.py). With the profile's `nightly.warm_start: latest`, each night
+starts from the stack's newest model (the last successful night's; pcflow/warmstart.py), unless its conf
+names another `training.warm_start`.
 """
 
 from airflow.sdk import DAG
@@ -30,4 +32,4 @@ with DAG(
     tags=["pcflow", "training", "nightly"],
     doc_md=__doc__,
 ):
-    build_training_pipeline(run_scoped=False, dated_partitions=True)
+    build_training_pipeline(run_scoped=False, dated_partitions=True, nightly=True)

@@ -87,6 +87,24 @@ def resume(model, optimizer, hp, place: dist.Place) -> tuple[int, int]:
     return int(state["epochs_done"]), int(state["step"])
 
 
+def warm_start(model, hp, place: dist.Place) -> int:
+    """The weights of an earlier run's model.pt or checkpoint, when pcflow names one in $PCFLOW_WARM_START
+    (checked against the sha256 its run recorded); optimizer and schedule start afresh. Returns the number of
+    tensors loaded (0: none)."""
+    path = os.environ.get("PCFLOW_WARM_START")
+    if not path:
+        return 0
+    state = torch.load(path, map_location="cpu", weights_only=True)  # weights only: no pickled code
+    for name in ARCH:
+        if state["hparams"].get(name) != getattr(hp, name):
+            raise HparamError(
+                f"warm start {path} has {name}={state['hparams'].get(name)}, this run {getattr(hp, name)}"
+            )
+    model.load_state_dict(state["model"])
+    log(place, f"warm start: loaded {len(state['model'])} tensors from {path}")
+    return len(state["model"])
+
+
 def train_epoch(epoch: int, step: int, run: dict, metrics: Metrics) -> tuple[int, float, float]:
     """One epoch of `steps` batches on every process; returns (step after it, mean loss, accuracy)."""
     hp, place, device, model, optimizer = run["hp"], run["place"], run["device"], run["ddp"], run["optimizer"]
@@ -161,6 +179,7 @@ def setup(hp, place: dist.Place) -> dict:
         model = model.to(memory_format=torch.channels_last)
     optimizer = optimizer_for(model, hp)
     start_epoch, step = resume(model, optimizer, hp, place)
+    warm = 0 if start_epoch else warm_start(model, hp, place)  # a resumed attempt continues its checkpoint
     ddp = DistributedDataParallel(model) if place.world > 1 else model
     params = sum(p.numel() for p in model.parameters())
     log(
@@ -171,7 +190,7 @@ def setup(hp, place: dist.Place) -> dict:
     )
     run = {"hp": hp, "place": place, "device": device, "partition": partition, "model": model, "ddp": ddp}
     run.update(optimizer=optimizer, steps=steps, per_rank=hp.batch_size // place.world, amp=cuda and hp.amp)
-    return {**run, "channels_last": cuda and hp.amp, "start": (start_epoch, step), "params": params}
+    return {**run, "channels_last": cuda and hp.amp, "start": (start_epoch, step), "params": params, "warm": warm}
 
 
 def train(hp, place: dist.Place) -> None:
@@ -181,6 +200,10 @@ def train(hp, place: dist.Place) -> None:
     start_epoch, step = run["start"]
     if start_epoch:
         metrics.write("resumed_from_epoch", start_epoch, epoch=start_epoch, step=step)
+    if start_epoch or int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:  # pcflow counts the steps a requeue lost
+        metrics.write("resumed_from", step, epoch=start_epoch, step=step)
+    if run["warm"]:
+        metrics.write("warm_start_tensors", run["warm"], epoch=0, step=0)
     scores: dict[str, float] = {}
     for epoch in range(start_epoch, hp.epochs):
         started = time.perf_counter()

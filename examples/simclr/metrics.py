@@ -3,7 +3,9 @@
     {"time": <unix seconds>, "epoch": int, "step": int, "name": str, "value": float, "split": "train"|"eval"}
 
 Names: loss and lr (every logged step), epoch_loss, epoch_time and throughput (images per second,
-all ranks) at the end of each epoch, resumed_from_epoch when an attempt resumes, probe_accuracy,
+all ranks) at the end of each epoch, resumed_from_epoch when an attempt resumes from a checkpoint,
+resumed_from (value and step: the step resumed from) when an attempt resumes or follows a requeue,
+warm_start_tensors (step 0) when the run starts from $PCFLOW_WARM_START's weights, probe_accuracy,
 probe_train_accuracy, probe_loss and fewshot_accuracy at the end (split eval), with
 probe_accuracy_untrained and fewshot_accuracy_untrained beside them (the untrained encoder).
 A diverging loss is written (as NaN) before the payload fails.

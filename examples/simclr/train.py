@@ -5,7 +5,8 @@ The images are class folders of PNGs or the dataset stage's WebDataset shards (d
 Run one copy per Slurm task (`srun python train.py`) or under torchrun; one process without either.
 Reads hyperparameters from $PCFLOW_HPARAMS (see hparams.py), writes per-epoch checkpoints to
 $PCFLOW_CHECKPOINT_DIR and resumes from the newest one, appends JSON-lines metrics to
-$PCFLOW_METRICS_FILE (rank 0), saves the final encoder to $PCFLOW_RUN_DIR/model.pt. Exit status:
+$PCFLOW_METRICS_FILE (rank 0), saves the final encoder to $PCFLOW_RUN_DIR/model.pt; starts from the
+weights of $PCFLOW_WARM_START when pcflow names an earlier run's model there. Exit status:
 0 on success, 2 on bad hyperparameters or data, 1 on any other failure.
 """
 
@@ -123,6 +124,32 @@ def resume(model: SimCLR, optimizer: torch.optim.Optimizer, hp: Hparams, env: Di
     return int(state["epochs_done"]), int(state["step"])
 
 
+def warm_start(model: SimCLR, hp: Hparams, env: DistEnv) -> int:
+    """The weights of an earlier run's model, when pcflow names one in $PCFLOW_WARM_START (checked against the
+    sha256 its run recorded): a model.pt's encoder, or a checkpoint's whole model; the optimizer and the
+    schedule start afresh. Every rank loads the same file. Returns the number of tensors loaded (0: none)."""
+    path = os.environ.get("PCFLOW_WARM_START")
+    if not path:
+        return 0
+    state = checkpoint.load(path)  # weights only: a pickle that holds code is refused
+    made_with = state.get("hparams") or {}
+    for name in SHAPE_HPARAMS:
+        if made_with.get(name, getattr(hp, name)) != getattr(hp, name):
+            raise HparamError(
+                f"warm start {path} was made with {name}={made_with[name]}, this run asks for {getattr(hp, name)}: "
+                "start from a model of the same shape or set the same value"
+            )
+    weights = state["encoder"] if "encoder" in state else state["model"]
+    (model.encoder if "encoder" in state else model).load_state_dict(weights)
+    log(env, f"warm start: loaded {len(weights)} tensors from {path} ({state.get('epochs', '?')} epoch(s) trained)")
+    return len(weights)
+
+
+def restarted() -> bool:
+    """Whether Slurm requeued this job before this attempt (a lost node, a reclaimed spot instance)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+
+
 @torch.no_grad()
 def encode(encoder: torch.nn.Module, images: torch.Tensor, size: int, device, batch: int = 512) -> torch.Tensor:
     was_training = encoder.training
@@ -211,6 +238,12 @@ def train(hp: Hparams, env: DistEnv) -> None:
     start_epoch, step = resume(model, optimizer, hp, env)
     if start_epoch and env.is_main:
         metrics.write("resumed_from_epoch", start_epoch, epoch=start_epoch, step=step)
+    if (start_epoch or restarted()) and env.is_main:  # pcflow counts the steps a requeue lost from it
+        metrics.write("resumed_from", step, epoch=start_epoch, step=step)
+    if not start_epoch:  # a resumed attempt continues its own checkpoint, which a warm start began
+        loaded = warm_start(model, hp, env)
+        if loaded and env.is_main:
+            metrics.write("warm_start_tensors", loaded, epoch=0, step=0)
     ddp = DistributedDataParallel(model) if env.distributed else model
 
     for epoch in range(start_epoch, hp.epochs):

@@ -195,3 +195,49 @@ def check_cost(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> d
     logging.getLogger("airflow.task").info("%s", cost["summary"])
     refuse_over_budget(cost, run)
     return cost
+
+
+def check_warm_start(run: dict[str, Any], inlet_events: Any, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
+    """The model `training.warm_start` names, resolved against the record its run left (the model's asset
+    event: pcflow.warmstart) and its bytes checked against the recorded sha256, before anything is spent: a
+    run key or URI with no record, and bytes someone changed, are refused here. The resolved provenance
+    (`{source, uri, sha256, run}`) goes into the run document as `warm_start`."""
+    import logging
+    import tempfile
+
+    from botocore.exceptions import ClientError
+
+    from pcflow import warmstart
+    from pcflow.artifacts import ArtifactRefused
+
+    setting = run["training"].get("warm_start")
+    events = warmstart.model_events(inlet_events) if setting else []
+    try:
+        resolved = warmstart.resolve(
+            setting, warmstart.stack_models(events, run["stack"]), bucket=run["dataset"]["bucket"]
+        )
+    except warmstart.Unrecorded as exc:
+        raise refused_setting(run, warmstart.SETTING, str(exc)) from None
+    run["warm_start"] = resolved
+    log = logging.getLogger("airflow.task")
+    if setting and resolved["uri"] is None:
+        log.info(
+            "%s: latest: stack %s kept no model yet; this run starts from scratch", warmstart.SETTING, run["stack"]
+        )
+    if resolved["uri"] is None:
+        return
+    from pcflow.aws.clients import aws_client
+
+    s3 = aws_client("s3", aws_conn_id=aws_conn_id, region_name=run["region"])
+    with tempfile.TemporaryDirectory(prefix="pcflow-warm-start-") as directory:
+        try:
+            warmstart.verify(s3, resolved, directory)
+        except ArtifactRefused as exc:
+            raise refused_setting(run, warmstart.SETTING, str(exc), ArtifactRefused) from None
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
+                raise
+            raise refused_setting(run, warmstart.SETTING, f"{resolved['uri']} no longer exists") from None
+    log.info(
+        "%s: %s (run %s, sha256 %s), verified", warmstart.SETTING, resolved["uri"], resolved["run"], resolved["sha256"]
+    )

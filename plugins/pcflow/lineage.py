@@ -34,6 +34,9 @@ from pcflow.patterns import DEFAULT_CRON, NIGHTLY_SCHEDULES
 
 #: The alias the dataset stage emits through: an event of the stack's own dataset Asset.
 DATASET = AssetAlias(name="pcflow-dataset")
+#: The alias the metrics stage emits each kept model's event through: an event of the stack's own model Asset
+#: (`pcflow-pretrained-encoder-<stack>`). A warm start reads the stack's models back through it (pcflow.warmstart).
+MODEL = AssetAlias(name="pcflow-pretrained-encoder")
 #: What a dataset event (and the model event's `dataset`) says about the partition, from the load's summary.
 DATASET_FIELDS = ("partition", "uri", "manifest_uri", "content_hash", "mode", "object_count", "bytes", "samples")
 

@@ -51,3 +51,10 @@ def validate_prefix(prefix: str) -> str:
 
 #: `pkg.module:function`: a program[0] that names a function in the run's code rather than a script.
 ENTRY_POINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+#: A run key as pcflow.naming makes it: lowercase letters, digits and dashes, at most 48.
+RUN_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
+#: What `training.warm_start` may name: `latest` (the stack's newest model), a run key, or an s3:// URI of a
+#: model a run of the stack wrote (`runs/<run key>/model/...`); the first task checks it against the record.
+WARM_START = re.compile(r"^(latest|[a-z0-9][a-z0-9-]{0,47}|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s\x00]{1,1024})$")
+LATEST = "latest"

@@ -29,6 +29,7 @@ from pcflow.patterns import (
     MAX_JOB_ACCOUNTS,
     NIGHTLY_SCHEDULES,
     PARTITION,
+    WARM_START,
     job_account_names,
     validate_prefix,
 )
@@ -447,6 +448,12 @@ class TrainingSettings(_Section):
     )
     max_restarts: int = Field(3, ge=0, le=100)
     pending_timeout_s: float | None = Field(None, gt=0)
+    warm_start: str | None = Field(
+        None,
+        pattern=WARM_START.pattern,
+        description="start from an earlier run's model: `latest` (the stack's newest), a run key, or the s3:// URI "
+        "of a model a run of this stack wrote; loaded only with the sha256 that run recorded (pcflow.warmstart)",
+    )
 
     @field_validator("hyperparameters")
     @classmethod
@@ -698,6 +705,11 @@ class NightlySettings(_Section):
 
     schedule: Literal[NIGHTLY_SCHEDULES] = Field("clock", description=SCHEDULE_CHOICES)
     cron: str = Field(DEFAULT_CRON, description="the clock's cron expression (UTC)")
+    warm_start: Literal["latest"] | None = Field(
+        None,
+        description="latest: each night starts from the stack's newest model (the last successful night's), "
+        "unless its conf names `training.warm_start`; null: every night from scratch",
+    )
 
     @field_validator("cron")
     @classmethod

@@ -161,8 +161,9 @@ def test_a_profile_the_admin_does_not_offer_is_refused_before_anything_is_create
 
 
 def test_nightly_backfill_of_two_days_shares_infrastructure_and_keeps_outputs_apart(airflow):
-    """Night 2 adopts what night 1 made and stamps its expiry again; each night's model is in S3; once
-    the nights stop, the janitor's rule selects the kept network and image when their expiry passes."""
+    """Night 2 adopts what night 1 made and stamps its expiry again; each night's model is in S3, and night 2
+    starts from night 1's (the profile's nightly.warm_start); once the nights stop, the janitor's rule selects
+    the kept network and image when their expiry passes."""
     from pcflow.aws.clients import aws_client
     from pcflow.aws.janitor import run_janitor
 
@@ -185,6 +186,17 @@ def test_nightly_backfill_of_two_days_shares_infrastructure_and_keeps_outputs_ap
         model = run.returned["metrics"]["model"]["model"]
         assert model == f"s3://pcflow-local-datasets/runs/{run.run_key}/model/model.pt"
         assert s3.head_object(Bucket="pcflow-local-datasets", Key=model.split("/", 3)[3])["ContentLength"] > 0
+    # Night 2 continued from night 1 (local.yaml's nightly.warm_start: latest): the model night 1 recorded,
+    # with its sha256, put read-only into night 2's run directory; night 2's job loaded its weights and says so.
+    first = runs[0].returned["metrics"]["model"]
+    warm = {"source": "latest", "uri": first["model"], "sha256": first["model_sha256"], "run": runs[0].run_key}
+    assert runs[1].returned["metrics"]["warm_start"] == warm
+    assert runs[1].returned["warm_start"]["path"].endswith(f"/pcflow/runs/{runs[1].run_key}/warm_start/model.pt")
+    assert runs[1].returned["metrics"]["metrics"]["warm_start_tensors"]["final"] > 0
+    (announced,) = asset_events("pcflow-pretrained-encoder-local", runs[1].run_id)
+    assert announced["warm_start"] == warm
+    bucket, key = runs[1].returned["metrics"]["report"].removeprefix("s3://").split("/", 1)
+    assert first["model"] in s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
     # Every kept resource's expiry was stamped again by night 2.
     assert set(expiries[0]) == set(expiries[1])
     assert all(expiries[1][r] > expiries[0][r] for r in expiries[0])

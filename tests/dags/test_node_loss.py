@@ -1,8 +1,9 @@
 """A compute node lost in the middle of training, at DAG level: `pretrain` trains with `torchrun` over two
 nodes; after the first checkpoint one of them dies as a reclaimed spot instance does (everything on it
 killed at once, then slurmctld told it is DOWN, as ParallelCluster's clustermgtd does). Slurm requeues
-the job onto healthy nodes, the payload resumes from its last checkpoint, the run succeeds and its
-report shows both attempts. The lost node comes back afterwards (`stack.py up`)."""
+the job onto healthy nodes, the payload resumes from its last checkpoint, the run succeeds, its report shows
+both attempts and its summary the work lost (steps reached minus the step resumed from). The lost node
+comes back afterwards (`stack.py up`)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,20 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint(airflow,
         assert f"resumed from {run_dir}/checkpoints/epoch-{int(resumed['value']):04d}.pt" in log
         after = metrics[metrics.index(resumed) :]
         assert min(m["epoch"] for m in after if m["name"] == "loss") == resumed["value"]  # no epoch twice
+
+        # The run summary says what the requeue cost: the step the lost attempt reached (its last metrics line
+        # before the resumed attempt's `resumed_from`), the step and epoch resumed from, and the difference.
+        (resumed_from,) = [m for m in metrics if m["name"] == "resumed_from"]
+        assert (resumed_from["step"], resumed_from["epoch"]) == (resumed["step"], resumed["value"])
+        before = metrics[: metrics.index(resumed_from)]
+        reached = max(m["step"] for m in before if m["split"] == "train")
+        assert reached >= resumed["step"]
+        assert result.returned["metrics"]["resume"] == {
+            "restarts": 1,
+            "resumed_from": {"step": resumed["step"], "epoch": resumed["value"]},
+            "reached_step": reached,
+            "steps_lost": reached - resumed["step"],
+        }
 
         # The report shows both attempts: the lost one (NODE_FAIL) and the one that completed.
         attempts = report_attempts(result)

@@ -266,8 +266,8 @@ def two_nights(profiles, local_stack, pcluster_cli) -> Nights:
 
 def test_nightly_keeps_its_cluster_and_night_2_adopts_it(two_nights):
     """aws-gpu's nightly keeps network, image and ParallelCluster cluster between nights: night 2 adopts
-    the cluster without creating one, each night's model is in S3, and the cluster is still there after
-    night 2 until the stack is torn down."""
+    the cluster without creating one, each night's model is in S3, night 2 starts from night 1's (the
+    profile's nightly.warm_start), and the cluster is still there after night 2 until the stack is torn down."""
     first, second = two_nights.runs
     assert [first.state, second.state] == ["success", "success"], [first.task_states, second.task_states]
     assert "delete_cluster" not in first.task_states and "delete_cluster" not in second.task_states
@@ -281,6 +281,14 @@ def test_nightly_keeps_its_cluster_and_night_2_adopts_it(two_nights):
     for run, model in zip(two_nights.runs, models, strict=True):
         bucket, key = model.removeprefix("s3://").split("/", 1)
         assert key.startswith(f"runs/{run.run_key}/model/") and s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    # aws-gpu's nightly.warm_start: latest: night 1 (a new stack) from scratch, night 2 from night 1's model,
+    # verified against the sha256 night 1 recorded; its job loaded the weights from the FSx stand-in.
+    assert first.returned["metrics"]["warm_start"] == {"source": "latest", "uri": None, "sha256": None, "run": None}
+    assert second.returned["metrics"]["warm_start"] == {
+        **{"source": "latest", "uri": models[0], "run": first.run_key},
+        "sha256": first.returned["metrics"]["model"]["model_sha256"],
+    }
+    assert second.returned["metrics"]["metrics"]["warm_start_tensors"]["final"] > 0
     assert two_nights.cluster_after_night_2
     assert remove_stack(two_nights.stack) == []
     assert not cluster_stack_exists(f"pcflow-{two_nights.stack}-cluster")

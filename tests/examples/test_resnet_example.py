@@ -42,7 +42,9 @@ def local_hparams(data_dir: Path, **changes) -> dict:
     return {**runs["local"]["training"]["hyperparameters"], "data_dir": str(data_dir), "threads": 1, **changes}
 
 
-def run_train(run_dir: Path, hparams: dict, *, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_train(
+    run_dir: Path, hparams: dict, *, launcher: list[str] | None = None, warm_start: Path | None = None
+) -> subprocess.CompletedProcess:
     """train.py as a pcflow job runs it: the contract's variables, the run directory as working directory."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "hparams.json").write_text(json.dumps(hparams))
@@ -52,6 +54,7 @@ def run_train(run_dir: Path, hparams: dict, *, launcher: list[str] | None = None
         "PCFLOW_RUN_DIR": str(run_dir),
         "PCFLOW_METRICS_FILE": str(run_dir / "metrics.jsonl"),
         "PCFLOW_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
+        **({"PCFLOW_WARM_START": str(warm_start)} if warm_start else {}),
     }
     argv = [*(launcher or [str(PAYLOAD_PYTHON)]), str(PROJECT / "train.py")]
     return subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -92,6 +95,21 @@ def test_resnet_learns_the_digits_from_shards_and_leaves_the_contracts_outputs(s
     assert model["accuracy"] == accuracy["value"]
     assert {"model", "arch", "hparams", "epochs"} <= set(model["keys"])
 
+    # A second run warm-starts from that model.pt (read-only, as pcflow puts it): its weights, one more epoch.
+    (tmp_path / "run" / "model.pt").chmod(0o440)
+    warm = run_train(tmp_path / "warm", local_hparams(shards, epochs=1), warm_start=tmp_path / "run" / "model.pt")
+    assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
+    assert (
+        f"warm start: loaded {last(metrics(tmp_path / 'warm'), 'warm_start_tensors')['value']:.0f} tensors"
+        in warm.stdout
+    )
+    assert last(metrics(tmp_path / "warm"), "accuracy")["value"] > 0.5  # after one epoch: it started trained
+    # A model of another shape is refused (exit 2: retrying will not help), naming the setting.
+    wider = run_train(
+        tmp_path / "wider", local_hparams(shards, epochs=1, width=16), warm_start=tmp_path / "run" / "model.pt"
+    )
+    assert wider.returncode == 2 and "has width=8, this run 16" in wider.stdout + wider.stderr
+
 
 @pytest.mark.slow
 def test_two_processes_train_one_model_and_a_rerun_resumes_from_the_checkpoint(shards: Path, tmp_path: Path):
@@ -106,6 +124,10 @@ def test_two_processes_train_one_model_and_a_rerun_resumes_from_the_checkpoint(s
     assert "resumed from" in again.stdout and "2 epoch(s) done" in again.stdout
     lines = metrics(run_dir)
     assert last(lines, "resumed_from_epoch")["value"] == 2
+    resumed = last(lines, "resumed_from")  # what pcflow counts the steps lost from (pcflow.metrics.resume)
+    assert (resumed["step"], resumed["value"], resumed["epoch"]) == (last(lines, "resumed_from_epoch")["step"],) * 2 + (
+        2,
+    )
     assert [line["epoch"] for line in lines if line["name"] == "accuracy"] == [0, 1, 2], "epochs 0-1 not run twice"
     assert last(lines, "accuracy")["value"] > 0.3, "two processes trained to above chance (0.1)"
     assert (run_dir / "model.pt").is_file()

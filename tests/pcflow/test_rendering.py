@@ -97,8 +97,12 @@ def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_pro
     prepared = {"id": "e" * 20, "python": f"/shared/pcflow/envs/{'e' * 20}/bin/python", "built": False}
     image = {"reference": None, "digest": None, "imported": False, "python": prepared["python"]}  # no container
     returned = {"validate": run, "training_inputs": inputs, "ship_payload": shipped, "prepare_environment": prepared}
-    task = rendered(dags["pretrain"], "train", {**returned, "prepare_image": image}, params=form(conf))
+    warm = {**run["warm_start"], "path": "/shared/pcflow/runs/k/warm_start/model.pt"}
+    task = rendered(
+        dags["pretrain"], "train", {**returned, "prepare_image": image, "warm_start": warm}, params=form(conf)
+    )
     assert task.payload_dir == shipped["dir"]
+    assert task.warm_start == warm["path"]  # the warm_start task's path on the cluster, as it returned it
     assert task.python == prepared["python"]  # the run's own environment's, not training.python
     assert task.container == image  # no container: on the nodes themselves
     assert task.env == {"MODE": "0x10", "EMPTY": "None"}

@@ -21,6 +21,7 @@ from pcflow.budget import BUDGET_FILE
 from pcflow.errors import PcflowInputError
 from pcflow.metrics.definitions import MetricDefinition, scan_log
 from pcflow.metrics.jsonlines import from_line_start, read_metric_lines
+from pcflow.metrics.resume import resume_record
 from pcflow.metrics.series import Objective, Point, group
 from pcflow.metrics.utilisation import read_samples
 from pcflow.slurm.states import SACCT_USAGE_FIELDS, JobState, JobUsage, parse_sacct_usage, parse_scontrol_usage
@@ -52,6 +53,7 @@ class JobRef:
     trial: int | None = None
     outcome: str | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0  # Slurm's requeues of the job, as the train task saw them
 
     @property
     def run_root(self) -> str:
@@ -105,6 +107,7 @@ def job_refs(job: Mapping[str, Any] | str) -> list[JobRef]:
             state=job.get("state"),
             exit_code=job.get("exit_code"),
             elapsed_s=job.get("elapsed_s"),
+            restarts=int(job.get("restarts") or 0),
         )
     ]
 
@@ -148,7 +151,8 @@ def read_tail(hook: Any, path: str, max_bytes: int) -> Tail | None:
 def read_points(
     hook: Any, ref: JobRef, definitions: Sequence[MetricDefinition]
 ) -> tuple[list[Point], dict[str, Any], list[dict[str, str]]]:
-    """Points from the JSON-lines file, VISSL's metrics.json and the log's regexes; what each gave."""
+    """Points from the JSON-lines file (first, in file order), VISSL's metrics.json and the log's regexes;
+    what each gave."""
     missing: list[dict[str, str]] = []
     sources: dict[str, Any] = {}
     points: list[Point] = []
@@ -191,6 +195,7 @@ def harvest_job(
 ) -> dict[str, Any]:
     """Everything one job left behind, as the document written to S3 as metrics.json."""
     points, sources, missing = read_points(hook, ref, definitions)
+    from_file = points[: (sources.get("metrics_file") or {}).get("points", 0)]
     series = group(points)
     modes = {objective.name: objective.mode} if objective else {}
     metrics = {name: s.summary(modes.get(name)) for name, s in series.items()}
@@ -229,6 +234,7 @@ def harvest_job(
         "outcome": _outcome(ref, usage, early_stop, budget),
         "early_stop": early_stop,
         "budget_exhausted": budget,
+        "resume": resume_record(from_file, ref.restarts),
         "accounting": usage.as_dict() if usage else None,
         "elapsed_s": usage.elapsed_s if usage and usage.elapsed_s is not None else ref.elapsed_s,
         "objective": obj,
@@ -284,5 +290,6 @@ def xcom_summary(document: Mapping[str, Any], *, report_url: str | None = None) 
         "gpu_util_percent_mean": util.get("gpu_util_percent_mean"),
         "cost_usd_estimate": cost.get("total_usd"),
         "missing": [m["what"] for m in document["missing"]],
+        "resume": {k: v for k, v in (document.get("resume") or {}).items() if k != "attempts"} or None,
         **({"report": report_url} if report_url else {}),
     }

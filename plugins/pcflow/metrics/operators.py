@@ -61,6 +61,9 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         metrics.json and the summary (provenance).
     :param code: the ship_payload task's XCom: the code the run trained (pcflow.lineage.code_extra), in the
         run's document, report, summary and the model's event.
+    :param warm_start: the warm_start task's XCom: the model the run started from (pcflow.warmstart.provenance:
+        source, uri, sha256, run), in the same four places. The summary's `resume` says what requeues cost:
+        restarts, the step resumed from and the steps lost (pcflow.metrics.resume).
 
     The job's `model.pt` and newest checkpoint are copied to `s3://<bucket>/runs/<run key>/model/`
     (`outputs.py`) before the report, which links them. Outlets that are Assets get an event whose extra
@@ -90,6 +93,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         "dataset",
         "environment",
         "code",
+        "warm_start",
     )
     template_fields_renderers = {"job": "json", "metric_definitions": "json", "prices": "json"}  # noqa: RUF012
     operator_extra_links = (MetricsReportLink(), MetricsDashboardLink())
@@ -122,10 +126,12 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         dataset: Mapping[str, Any] | None = None,
         environment: Mapping[str, Any] | None = None,
         code: Mapping[str, Any] | None = None,
+        warm_start: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.job = job
+        self.warm_start = warm_start
         self.dataset = dataset
         self.environment = environment
         self.code = code
@@ -250,6 +256,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     def harvest_one(self, context: Context, ref: JobRef, key: str, objective, definitions) -> dict[str, Any]:
         """Harvest one job and publish it under `runs/<key>/`; returns (document, summary)."""
         from pcflow.lineage import code_extra
+        from pcflow.warmstart import provenance
 
         ti = context["ti"]
         try:
@@ -261,6 +268,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         document.update(run_key=key, stack=self.stack, dag_id=ti.dag_id, run_id=ti.run_id, code=code_extra(self.code))
         document["environment"] = environment_provenance(self.environment)
         document["container"] = container_provenance(self.job)
+        document["warm_start"] = provenance(self.warm_start)
         document["cost"] = self.cost_of(document, context)
         document |= self.cost_over_time(document, context)
         s3 = self.client("s3")
@@ -282,7 +290,10 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             self.log.warning("Not harvested: %s (%s): %s", item["what"], item["path"], item["why"])
         model = {k: document["model"].get(k) for k in MODEL_SUMMARY}  # the hashes a later run loads them with
         summary = {**xcom_summary(document, report_url=report_url), "model": model, "code": document["code"]}
-        return document, {**summary, "environment": document["environment"], "container": document["container"]}
+        return document, {
+            **summary,
+            **{k: document[k] for k in ("environment", "container", "warm_start")},
+        }
 
     def save_model(self, s3: Any, document: dict[str, Any], key: str) -> dict[str, Any]:
         """The job's model and newest checkpoint, from the cluster to `s3://<bucket>/runs/<key>/model/`."""
@@ -431,6 +442,7 @@ class SweepLeaderboardOperator(HarvestMetricsOperator):
             "leaderboard": rows,
             "best": best,
             "cost_usd_estimate": publish.run_cost(documents),  # the trials' shared head node and FSx once
+            "warm_start": documents[0]["warm_start"] if documents else None,  # every trial started from it
             "leaderboard_csv": csv_url,
             "leaderboard_html": html_url,
         }

@@ -14,11 +14,11 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
-from airflow.sdk import Asset, AssetAlias, TaskGroup
+from airflow.sdk import Asset, TaskGroup
 
 from pcflow.alerts import FailureAlert
 from pcflow.cluster.teardown import HANDLER_SET as PCLUSTER_HANDLERS
-from pcflow.lineage import DATASET
+from pcflow.lineage import DATASET, MODEL
 from pcflow.pipeline.settings import EXISTING_FILE_SYSTEM, RUN, RunEnv, task_value
 from pcflow.pipeline.tasks import (
     check_environment,
@@ -32,6 +32,7 @@ from pcflow.pipeline.tasks import (
     ship_payload,
     stage_in,
     training_inputs,
+    warm_start,
 )
 from pcflow.pipeline.validation import validate_run
 
@@ -68,7 +69,7 @@ DEFAULT_STAGE_TIMEOUT = dt.timedelta(minutes=30)
 #: Every successful training run emits an event of its stack's own model Asset through this alias, with
 #: the model's S3 URI and the metrics summary as extra: `pretrained_encoder(stack)` is what a consumer
 #: DAG schedules on, so a demo stack's runs never update a production stack's model.
-PRETRAINED_ENCODER = AssetAlias(name="pcflow-pretrained-encoder")
+PRETRAINED_ENCODER = MODEL
 #: Pools that bound spend across all runs of all pcflow DAGs (created from include/pools.json): a cluster
 #: task holds a `pcflow_clusters` slot while it creates or adopts its cluster, a train task a `pcflow_trials`
 #: slot while its Slurm job (or a sweep's job array) runs, deferred included. Teardowns take no slot.
@@ -91,7 +92,7 @@ PUBLIC_STAGES = (
 
 
 def build_training_pipeline(
-    *, run_scoped: bool = True, sweep: bool = False, dated_partitions: bool = False
+    *, run_scoped: bool = True, sweep: bool = False, dated_partitions: bool = False, nightly: bool = False
 ) -> dict[str, Any]:
     """Declare the stages in the DAG (or task group) being defined; returns its tasks by name.
 
@@ -99,9 +100,12 @@ def build_training_pipeline(
     every run stamps their `pcflow:expires` again (`teardown.keep_hours` past the latest time the run may
     end, pcflow.lifetime), so the next night adopts
     them and the janitor reaps them once the nights stop. The image is the stack's in both cases: reused
-    by recipe, its expiry stamped again by every run that uses it.
+    by recipe, its expiry stamped again by every run that uses it. `nightly`: a run whose conf names no
+    `training.warm_start` starts as the profile's `nightly.warm_start` says (`latest`: from the last
+    successful night's model).
     """
-    run = validate_run(dated_partitions)
+    # The first task reads the stack's model events (its inlet) to resolve a warm start (pcflow.warmstart).
+    run = validate_run.override(inlets=[PRETRAINED_ENCODER])(dated_partitions, nightly)
     stages: dict[str, Any] = {"validate": run}
     stages |= infrastructure(run, run_scoped=run_scoped)
     stages |= training(run, stages, sweep=sweep)
@@ -228,6 +232,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     image = prepare_image(run, cluster, prepared)  # the run's container, imported once per digest; the preflight
     account = lease_job_account(run, cluster)
     inputs = training_inputs(run, cluster, data_dir, RUN.trials if sweep else None, account)
+    warm = warm_start(run, cluster, account)  # the model it starts from, verified, read-only on the cluster
     job = {
         "program": RUN.training.program,
         "launcher": RUN.training.launcher,
@@ -243,6 +248,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         "payload_dir": payload["dir"],
         "hyperparameter_args": RUN.training.hyperparameter_args,
         "container": image,
+        "warm_start": warm["path"],  # $PCFLOW_WARM_START; None without a warm start
         "budget": RUN.cost,  # the wait logs the cost so far and stops the job at the budget
         "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }
@@ -256,8 +262,8 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         train = SlurmJobOperator(
             task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
         )
-    [inputs, environment, image] >> train
-    provenance = {"prepare_environment": prepared, "ship_payload": payload}
+    [inputs, environment, image, warm] >> train
+    provenance = {"prepare_environment": prepared, "ship_payload": payload, "warm_start": warm}
     metrics = metrics_stage(train, {**stages, **provenance}, inputs["head_node"], sweep=sweep)
     # The account back to the pool once the run is done with the cluster, whatever became of training.
     release = release_job_account(cluster, account)
@@ -266,6 +272,7 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         **{"stage_in": data_dir, "ship_payload": payload, "prepare_environment": prepared},
         **{"check_environment": environment, "training_inputs": inputs, "prepare_image": image},
         **{"lease_job_account": account, "train": train, "metrics": metrics, "release_job_account": release},
+        "warm_start": warm,
     }
 
 
@@ -292,6 +299,7 @@ def metrics_stage(train: Any, stages: dict[str, Any], head_node: Any, *, sweep: 
         dataset=stages["dataset"].output,
         environment=stages["prepare_environment"],  # provenance: the environment's id, built or reused
         code=stages["ship_payload"],  # the code it trained: in its summary, report and the model's event
+        warm_start=stages["warm_start"],  # the model it started from: the same three places
         inlets=[DATASET],
         outlets=[PRETRAINED_ENCODER],
         **aws_args(),  # priced with the run's region's prices

@@ -53,6 +53,16 @@ class Expiry(_Declared):
     kept_hours: float
 
 
+class WarmStart(_Declared):
+    """The model the run starts from, as the first task resolved it against its run's record (pcflow.warmstart):
+    all None when the run names none (or `latest` found none)."""
+
+    source: str | None = Field(description="what training.warm_start said: latest, a run key or a URI")
+    uri: str | None
+    sha256: str | None = Field(description="the sha256 the writing run recorded, which the bytes were checked against")
+    run: str | None = Field(description="the run key of the run that wrote it")
+
+
 class ResolvedDataset(DatasetSettings):
     """The dataset section with its partition decided (the conf's, the profile's, or the logical date's)."""
 
@@ -83,6 +93,7 @@ class ResolvedRun(RunSpec):
     keep_resources: bool = Field(description="teardown.policy is `never`: the teardowns only report")
     expiry: Expiry
     cost: dict[str, Any] = Field(description="the price, maximum and approval (pcflow.budget.plan_cost)")
+    warm_start: WarmStart = Field(description="the model the run starts from (training.warm_start, resolved)")
 
 
 #: The fields a first task's document may lack (a run that is no sweep has no trials).

@@ -96,6 +96,7 @@ FIELDS: dict[str, Any] = {
         "env": None,
         "max_restarts": None,
         "pending_timeout_s": None,
+        "warm_start": None,
         "secrets": None,
         "allocation": None,
     },
@@ -140,6 +141,7 @@ FIELDS: dict[str, Any] = {
     "nightly": {
         "schedule": None,
         "cron": None,
+        "warm_start": None,
     },
     "run_key": None,
     "objective": {
@@ -162,4 +164,10 @@ FIELDS: dict[str, Any] = {
         "kept_hours": None,
     },
     "cost": None,
+    "warm_start": {
+        "source": None,
+        "uri": None,
+        "sha256": None,
+        "run": None,
+    },
 }

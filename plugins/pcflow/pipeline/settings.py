@@ -153,12 +153,13 @@ def _listed(values: Any) -> list[Any]:
 
 
 def resolve_for_run(
-    params: dict[str, Any], context: dict[str, Any], *, dated_partitions: bool = False
+    params: dict[str, Any], context: dict[str, Any], *, dated_partitions: bool = False, nightly: bool = False
 ) -> dict[str, Any]:
     """The resolved settings plus what the run itself contributes (run key, partition).
 
     `dated_partitions`: the DAG trains on the partition of its logical date (a scheduled DAG), also
-    when one of its runs is started by hand or by a backfill."""
+    when one of its runs is started by hand or by a backfill. `nightly`: the profile's `nightly.warm_start`
+    (`latest`: continue from the last successful night) unless the conf names a `training.warm_start`."""
     from pcflow.lifetime import expiry_hours
     from pcflow.naming import run_key_from_context
     from pcflow.paths import check_offered
@@ -176,6 +177,8 @@ def resolve_for_run(
     document["training"]["env"] = sorted(spec.training.env)
     document["training"]["secrets"] = spec.training.secret_references()
     document["dataset"]["partition"] = run_partition(spec, context, dated_partitions)
+    if nightly and spec.training.warm_start is None:
+        document["training"]["warm_start"] = spec.nightly.warm_start  # the admin's: no conf change to check
     document["run_key"] = run_key_from_context(context)
     document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}
     document["early_stopping"] = early_stopping_rule(spec.metrics)

@@ -340,6 +340,34 @@ def release_job_account(cluster: dict[str, Any] | None, account: str | None) -> 
 
 
 @task(multiple_outputs=True)
+def warm_start(run: dict[str, Any], cluster: dict[str, Any], job_account: str | None = None) -> dict[str, Any]:
+    """The model the run starts from (`training.warm_start`, resolved by the first task against its run's
+    record), downloaded again through the verified loader, put read-only into the run's directory on the
+    cluster and checked there against the recorded sha256 (pcflow.warmstart). Returns its provenance and
+    `path` on the cluster, which the train task gives the job as $PCFLOW_WARM_START; `path` None without one.
+    Bytes that changed since the first task checked them fail this task without retries."""
+    resolved = run["warm_start"]
+    if not resolved.get("uri"):
+        return {**resolved, "path": None}
+    import tempfile
+
+    from pcflow.aws.clients import aws_client
+    from pcflow.slurm.hook import SlurmHook
+    from pcflow.slurm.spec import under_runs
+    from pcflow.warmstart import install, verify
+
+    s3 = aws_client("s3", aws_conn_id=DEFAULT_AWS_CONN_ID, region_name=run["region"])
+    hook = SlurmHook(HeadNode.from_cluster(cluster).running_jobs_as(job_account))
+    try:
+        with tempfile.TemporaryDirectory(prefix="pcflow-warm-start-") as directory:
+            local = verify(s3, resolved, directory)
+            path = install(hook, local, resolved, under_runs(shared_root_of(cluster, hook), run["run_key"]))
+    finally:
+        hook.close()
+    return {**resolved, "path": path}
+
+
+@task(multiple_outputs=True)
 def training_inputs(
     run: dict[str, Any],
     cluster: dict[str, Any],

@@ -97,10 +97,12 @@ def training_form(params: dict[str, Any], dag: Any) -> dict[str, Any]:
 
 @task(task_id=VALIDATE_TASK, multiple_outputs=False)
 def validate_run(
-    dated_partitions: bool = False, params: dict[str, Any] | None = None, **context: Any
+    dated_partitions: bool = False, nightly: bool = False, params: dict[str, Any] | None = None, **context: Any
 ) -> dict[str, Any]:
     """Refuse bad settings before anything costs money; the resolved document is kept with the run.
-    The checks run in order, those that ask nothing of AWS first; each names the field it refuses."""
+    The checks run in order, those that ask nothing of AWS first; each names the field it refuses.
+    `nightly`: the profile's `nightly.warm_start` applies when the conf names no `training.warm_start`.
+    The warm start is resolved from the model events this task reads as its inlet (pcflow.warmstart)."""
     import functools
 
     from pcflow.checks import (
@@ -111,10 +113,11 @@ def validate_run(
         check_job,
         check_network,
         check_static_cluster,
+        check_warm_start,
     )
 
     params = training_form(params or {}, context.get("dag"))
-    document = resolve_for_run(params, context, dated_partitions=dated_partitions)
+    document = resolve_for_run(params, context, dated_partitions=dated_partitions, nightly=nightly)
     check_job(document, env=run_env(params))  # env values stay out of the document (XCom)
     checks = (
         check_network,
@@ -128,5 +131,6 @@ def validate_run(
     )
     for check in checks:
         check(document)
+    check_warm_start(document, context.get("inlet_events"))  # a model's bytes are read last, once all else holds
     document["cost"] = check_cost(document)  # the price and maximum; refused above the budget
     return document

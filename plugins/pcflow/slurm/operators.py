@@ -120,6 +120,8 @@ class SlurmJobOperator(BaseOperator):
     :param container: the run's image as the prepare_image task imported it (pcflow.slurm.images): each task
         of the job runs in it, seeing its run, code and data directories at their own paths; None (or a
         dict without an image): on the nodes themselves. The result records its reference and digest.
+    :param warm_start: the model the job starts from, on the cluster (the warm_start task's `path`: verified
+        against its run's recorded sha256, read-only): the job reads its path in `$PCFLOW_WARM_START`.
     :param secret_env: the references (`{name: {"variable": key}}`, pcflow.runspec.SecretReference) of the
         secrets among `env`: the trigger reads them again so the log lines it streams show `***` instead.
     :param deferrable: wait in the triggerer, or in this worker with the same semantics; the default is
@@ -143,6 +145,7 @@ class SlurmJobOperator(BaseOperator):
         "budget",
         "secret_env",
         "container",
+        "warm_start",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -171,6 +174,7 @@ class SlurmJobOperator(BaseOperator):
         budget: dict[str, Any] | None = None,
         secret_env: dict[str, dict[str, str]] | None = None,
         container: dict[str, Any] | None = None,
+        warm_start: str | None = None,
         outputs: Sequence[str] = (),
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
@@ -194,6 +198,7 @@ class SlurmJobOperator(BaseOperator):
         self.budget = budget
         self.secret_env = secret_env
         self.container = container
+        self.warm_start = warm_start
         self.outputs = tuple(outputs)
         self.deferrable = deferrable
         self.job_id: str | None = None
@@ -235,6 +240,7 @@ class SlurmJobOperator(BaseOperator):
                 payload_dir=self.payload_dir or None,
                 hyperparameter_args=bool(self.hyperparameter_args),
                 container=self.container if (self.container or {}).get("digest") else None,
+                warm_start=self.warm_start or None,
             )
         except ValidationError as exc:
             raise ConfigurationError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 from functools import cache
 
@@ -86,6 +87,7 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
         array=spec.array is not None,
         command=spec.command,
         payload_dir=spec.payload_dir,
+        warm_start=spec.warm_start,
         hyperparameter_args=spec.hyperparameter_args,
         python=spec.python,
         procs_per_node=spec.resources.tasks_per_node,
@@ -105,13 +107,14 @@ def container_options(spec: JobSpec, run_dir: RunDir) -> list[str]:
 
 def container_mounts(spec: JobSpec, run_dir: RunDir) -> list:
     """The directories the job's container sees: its run's, its code, its data (the `data_dir` the train
-    task sets) and the admin's."""
+    task sets), its warm-start model's and the admin's."""
     from pcflow.runspec import DATA_DIR
     from pcflow.slurm.images import job_mounts
     from pcflow.slurm.spec import ABS_PATH
 
     data = spec.hyperparameters.get(DATA_DIR)
     extra = [{"path": data}] if isinstance(data, str) and ABS_PATH.fullmatch(data) else []
+    extra += [{"path": posixpath.dirname(spec.warm_start)}] if spec.warm_start else []  # read-only
     extra += [m.model_dump() for m in spec.container.mounts] if spec.container else []
     return job_mounts(run_dir.root, spec.payload_dir, extra)
 

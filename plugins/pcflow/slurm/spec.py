@@ -184,6 +184,9 @@ class JobSpec(BaseModel):
         False, description="the hyperparameters also as `--key value` arguments after the program's own"
     )
     container: ContainerLaunch | None = Field(None, description="the imported image each task runs in")
+    warm_start: Annotated[str, Field(pattern=ABS_PATH.pattern)] | None = Field(
+        None, description="the model the job starts from on the cluster ($PCFLOW_WARM_START), read-only"
+    )
 
     @field_validator("program")
     @classmethod

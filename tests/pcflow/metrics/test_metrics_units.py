@@ -246,3 +246,23 @@ def test_the_summary_names_the_image_the_train_task_ran_in():
     assert container_provenance(job) == image and container_provenance(json.dumps(job)) == image
     assert container_provenance({**job, "container": None}) is None
     assert container_provenance({"job_id": "7", "run_dir": "/r"}) is None
+
+
+def test_the_work_a_requeue_lost_is_the_step_reached_minus_the_step_resumed_from():
+    from pcflow.metrics.resume import resume_record
+    from pcflow.metrics.series import Point
+
+    lines = [Point("loss", 1.0, step=s, epoch=s // 10) for s in range(0, 27, 2)]  # attempt 0 logs up to step 26
+    lines += [Point("probe_accuracy", 0.5, step=99, split="eval")]  # an evaluation's step is no training step
+    lines += [Point("resumed_from", 20, step=20, epoch=2)]  # attempt 1: from the checkpoint at step 20
+    lines += [Point("loss", 1.0, step=s, epoch=s // 10) for s in range(20, 25, 2)]  # lost again at step 24
+    lines += [Point("resumed_from", 20, step=20, epoch=2), Point("loss", 0.5, step=30, epoch=3)]
+    record = resume_record(lines, restarts=2)
+    assert record["attempts"] == [
+        {"reached_step": 26, "resumed_from_step": 20, "resumed_from_epoch": 2, "steps_lost": 6},
+        {"reached_step": 24, "resumed_from_step": 20, "resumed_from_epoch": 2, "steps_lost": 4},
+    ]
+    assert (record["restarts"], record["steps_lost"], record["resumed_from"]) == (2, 10, {"step": 20, "epoch": 2})
+    assert resume_record([Point("loss", 1.0, step=3)], restarts=0) == {
+        **{"restarts": 0, "resumed_from": None, "reached_step": None, "steps_lost": 0, "attempts": []}
+    }

@@ -105,3 +105,11 @@ def test_missing_template_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(render_module, "_environment", lambda: jinja2.Environment(loader=jinja2.DictLoader({})))
     with pytest.raises(FileNotFoundError, match="no batch template for launcher 'srun'"):
         render()
+
+
+def test_a_warm_start_reaches_the_job_as_its_path_quoted_and_nothing_else():
+    path = "/fsx/pcflow/runs/pretrain-k1/warm_start/model.pt"
+    assert f"export PCFLOW_WARM_START={path}\n" in render(warm_start=path)
+    assert "PCFLOW_WARM_START" not in render()
+    with pytest.raises(ValidationError):
+        render(warm_start="/fsx/x.pt; id")  # only a plain absolute path reaches the shell

@@ -257,7 +257,11 @@ def test_the_page_renders_stacks_runs_trends_and_leaderboards_as_escaped_html_wi
         RunRow("pretrain_nightly", f"r{i}", "success", start, start, summary_of_a_run("pretrain_nightly", f"r{i}"))
         for i in range(3)
     ]
+    warm = {"source": "latest", "uri": "s3://b/runs/k/model/model.pt", "sha256": "a" * 64, "run": "night-1"}
+    rows[2].summary["warm_start"] = warm  # the nightly's third night started from another night's model
+    assert rows[2].provenance["warm_start"]["run"] == "night-1" and "warm_start" not in rows[1].provenance
     page = render_page({"pretrain_nightly": rows}, {"overview": ov, "error": None})
+    assert page.count('<tr data-section="warm_start">') == 1 and "run <code>night-1</code>" in page
     assert "<script" not in page and "&lt;script&gt;" in page
     assert 'data-stack="night"' in page and "$4.08 per day" in page and 'id="would-delete"' in page
     assert page.count('<tr data-run="') == 3 and page.count('class="chart"') == 2
