@@ -173,6 +173,17 @@ def test_report_shows_trained_and_untrained_side_by_side():
     assert html.count('class="versus"') == 1
 
 
+def test_report_names_the_environment_and_image_the_run_trained_in():
+    environment = {"id": "e" * 20, "built": True, "build_s": 12.5, "python": "/shared/pcflow/envs/e/bin/python"}
+    image = {"reference": "oci:/i:<b>", "digest": "sha256:" + "ab" * 32, "imported": False, "runtime": "oci"}
+    doc = {"run_key": "r", "metrics": {}, "cost": {}, "utilisation": {}, "environment": environment, "container": image}
+    html = render_report(doc)
+    assert f'<td id="environment">{"e" * 20} (built by this run in 12.5 s), /shared/pcflow/envs/e/bin/python' in html
+    assert "oci:/i:&lt;b&gt; at" in html and "ab" * 32 in html and "(imported before, oci)" in html
+    plain = render_report({**doc, "environment": {**environment, "id": None, "built": False}, "container": None})
+    assert "<td id=\"environment\">the profile's, " in plain and 'id="container"' not in plain
+
+
 def test_objective_and_leaderboard():
     assert Objective.parse("loss:min") == Objective("loss", "min")
     with pytest.raises(ValueError):
