@@ -15,6 +15,8 @@ from pcflow.code.bundle import BundleRefused, pack
 from pcflow.code.deliver import build, pin_code
 from pcflow.code.sources import check_git_url, checkout_state, resolve_commit
 
+pytestmark = pytest.mark.security  # docs/security.md names this module's refusals
+
 LIMITS = {"max_mib": 1, "allow_secrets": False}
 
 

@@ -181,7 +181,7 @@ def test_report_names_the_environment_and_image_the_run_trained_in():
     assert f'<td id="environment">{"e" * 20} (built by this run in 12.5 s), /shared/pcflow/envs/e/bin/python' in html
     assert "oci:/i:&lt;b&gt; at" in html and "ab" * 32 in html and "(imported before, oci)" in html
     plain = render_report({**doc, "environment": {**environment, "id": None, "built": False}, "container": None})
-    assert "<td id=\"environment\">the profile's, " in plain and 'id="container"' not in plain
+    assert '<td id="environment">the profile\'s, ' in plain and 'id="container"' not in plain
 
 
 def test_objective_and_leaderboard():

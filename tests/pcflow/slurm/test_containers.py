@@ -29,6 +29,7 @@ from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.slurm.payload import build_archive, ship
 from pcflow.slurm.spec import under_runs
 
+pytestmark = pytest.mark.security  # docs/security.md names this module's refusals
 REPO = Path(__file__).resolve().parents[3]
 LAYOUT = REPO / ".stack-images" / "debian-python3"  # the session's `local_image` (tests/conftest.py)
 HEAD_NODE = HeadNode(job_user=DEFAULT_JOB_USER)

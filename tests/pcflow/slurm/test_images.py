@@ -21,6 +21,8 @@ from pcflow.slurm import images
 from pcflow.slurm.render import render_batch_script
 from pcflow.slurm.spec import JobSpec, RunDir
 
+pytestmark = pytest.mark.security  # docs/security.md names this module's refusals
+
 ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com/train"
 DIGEST = "sha256:" + "ab" * 32
 TOKEN = "eyJwYXlsb2FkIjoi-secret-token"
