@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import math
 
@@ -277,3 +278,41 @@ def test_the_work_a_requeue_lost_is_the_step_reached_minus_the_step_resumed_from
     assert resume_record([Point("loss", 1.0, step=3)], restarts=0) == {
         **{"restarts": 0, "resumed_from": None, "reached_step": None, "steps_lost": 0, "attempts": []}
     }
+
+
+@pytest.mark.security
+def test_the_publish_marker_is_read_only_up_to_its_bound():
+    """The marker of what was published (pcflow.metrics.publish) is an object in a bucket others may write:
+    its read asks for no more than the bound + 1 bytes and refuses an object past it, unparsed."""
+    from pcflow.aws.clients import ObjectTooLarge
+    from pcflow.metrics import publish
+
+    asked = []
+
+    class Body:
+        def __init__(self, size: int):
+            self.size = size
+
+        def read(self, n: int) -> bytes:
+            asked.append(n)
+            return b"[" * min(n, self.size)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class S3:
+        def __init__(self, size: int):
+            self.size = size
+
+        def get_object(self, **request):
+            return {"Body": Body(self.size)}
+
+    with pytest.raises(ObjectTooLarge, match="more than pcflow writes there"):
+        publish.read_json(S3(1 << 40), "b", "runs/k/published.json")  # a terabyte planted under the marker's key
+    assert asked == [publish.MAX_MARKER_BYTES + 1]
+    assert publish.read_json(
+        type("S3", (), {"get_object": lambda self, **r: {"Body": io.BytesIO(b"[1]")}})(), "b", "k"
+    ) == [1]
