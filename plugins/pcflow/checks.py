@@ -200,8 +200,42 @@ def check_cost(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> d
 def check_warm_start(run: dict[str, Any], inlet_events: Any, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """The model `training.warm_start` names, resolved against the record its run left (the model's asset
     event: pcflow.warmstart) and its bytes checked against the recorded sha256, before anything is spent: a
-    run key or URI with no record, and bytes someone changed, are refused here. The resolved provenance
+    run key or URI with no record, and bytes someone changed, are refused here. `latest` (the nightly's) takes
+    the newest recorded model whose object still exists, else starts from scratch: a model the bucket's
+    lifecycle or a person deleted must not stop every later night. The resolved provenance
     (`{source, uri, sha256, run}`) goes into the run document as `warm_start`."""
+    import logging
+
+    from pcflow import warmstart
+
+    setting = run["training"].get("warm_start")
+    models = warmstart.stack_models(warmstart.model_events(inlet_events) if setting else [], run["stack"])
+    try:
+        tried = warmstart.candidates(setting, models, bucket=run["dataset"]["bucket"])
+    except warmstart.Unrecorded as exc:
+        raise refused_setting(run, warmstart.SETTING, str(exc)) from None
+    resolved = first_verified(run, tried, aws_conn_id) if tried else None
+    log = logging.getLogger("airflow.task")
+    if resolved is None:
+        run["warm_start"] = {**warmstart.NOTHING, "source": setting}
+        if setting:
+            log.info(
+                "%s: %s: stack %s keeps no model; this run starts from scratch",
+                warmstart.SETTING,
+                setting,
+                run["stack"],
+            )
+        return
+    run["warm_start"] = resolved
+    log.info(
+        "%s: %s (run %s, sha256 %s), verified", warmstart.SETTING, resolved["uri"], resolved["run"], resolved["sha256"]
+    )
+
+
+def first_verified(run: dict[str, Any], tried: list[dict[str, Any]], aws_conn_id: str) -> dict[str, Any] | None:
+    """The first of `tried` whose bytes have their recorded sha256 (downloaded bounded, then discarded: the
+    warm_start task fetches them again for the cluster). Changed bytes are refused, never skipped; an object
+    that is gone is refused when the setting named it, and passed over for an older one under `latest`."""
     import logging
     import tempfile
 
@@ -209,35 +243,23 @@ def check_warm_start(run: dict[str, Any], inlet_events: Any, aws_conn_id: str = 
 
     from pcflow import warmstart
     from pcflow.artifacts import ArtifactRefused
-
-    setting = run["training"].get("warm_start")
-    events = warmstart.model_events(inlet_events) if setting else []
-    try:
-        resolved = warmstart.resolve(
-            setting, warmstart.stack_models(events, run["stack"]), bucket=run["dataset"]["bucket"]
-        )
-    except warmstart.Unrecorded as exc:
-        raise refused_setting(run, warmstart.SETTING, str(exc)) from None
-    run["warm_start"] = resolved
-    log = logging.getLogger("airflow.task")
-    if setting and resolved["uri"] is None:
-        log.info(
-            "%s: latest: stack %s kept no model yet; this run starts from scratch", warmstart.SETTING, run["stack"]
-        )
-    if resolved["uri"] is None:
-        return
     from pcflow.aws.clients import aws_client
 
     s3 = aws_client("s3", aws_conn_id=aws_conn_id, region_name=run["region"])
-    with tempfile.TemporaryDirectory(prefix="pcflow-warm-start-") as directory:
-        try:
-            warmstart.verify(s3, resolved, directory)
-        except ArtifactRefused as exc:
-            raise refused_setting(run, warmstart.SETTING, str(exc), ArtifactRefused) from None
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
-                raise
-            raise refused_setting(run, warmstart.SETTING, f"{resolved['uri']} no longer exists") from None
-    log.info(
-        "%s: %s (run %s, sha256 %s), verified", warmstart.SETTING, resolved["uri"], resolved["run"], resolved["sha256"]
-    )
+    for resolved in tried:
+        with tempfile.TemporaryDirectory(prefix="pcflow-warm-start-") as directory:
+            try:
+                warmstart.verify(s3, resolved, directory)
+                return resolved
+            except ArtifactRefused as exc:
+                raise refused_setting(run, warmstart.SETTING, str(exc), ArtifactRefused) from None
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
+                    raise
+                if resolved["source"] != warmstart.LATEST:
+                    raise refused_setting(run, warmstart.SETTING, f"{resolved['uri']} no longer exists") from None
+                logging.getLogger("airflow.task").warning(
+                    "%s: latest: %s (run %s) no longer exists; trying the model before it",
+                    *(warmstart.SETTING, resolved["uri"], resolved["run"]),
+                )
+    return None

@@ -110,6 +110,17 @@ def resolve(setting: str | None, models: list[Recorded], *, bucket: str) -> dict
     return resolve_uri(setting, models, bucket=bucket)
 
 
+def candidates(setting: str | None, models: list[Recorded], *, bucket: str) -> list[dict[str, Any]]:
+    """What the first task tries to load, in order: for `latest`, every recorded model of the stack, newest
+    first (a model whose object is gone, expired or deleted, gives way to the one before it); for a run key
+    or URI, the one it names (`resolve`). Empty when there is nothing to load. Raises Unrecorded."""
+    if setting == LATEST:
+        usable = [m for m in models if m.model in m.files and in_layout(m.model, bucket, m.run)]
+        return [found(setting, m, m.model) for m in usable]
+    resolved = resolve(setting, models, bucket=bucket)
+    return [resolved] if resolved["uri"] else []
+
+
 def in_layout(uri: str, bucket: str, run: str | None = None) -> re.Match | None:
     """Whether `uri` is where a run of the stack keeps a model (its bucket, `runs/<run key>/model/`; the run
     `run`'s when given): the match, naming the run, else None. A key with `.`, `..` or `//` is never one."""

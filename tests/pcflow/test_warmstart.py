@@ -198,3 +198,19 @@ def test_a_profile_that_does_not_list_it_refuses_it_naming_the_admin(admin_profi
     path.write_text(yaml.safe_dump(document))
     with pytest.raises(PcflowInputError, match=r"training\.warm_start.*only the deployment admin"):
         offline({"profile": profile, "overrides": {"training": {"warm_start": "latest"}}})
+
+
+def test_latest_passes_over_a_model_that_is_gone_but_never_one_that_changed(s3):
+    """The nightly's `latest`: the newest model (SECOND's) was deleted, so the one before it (FIRST's, whose
+    bytes verify) is taken; with that gone too, the run starts from scratch instead of failing every night;
+    bytes that changed are refused, not passed over."""
+    run = run_document("latest")  # SECOND's object was never written: gone
+    check_warm_start(run, inlet_events(*EVENTS))
+    assert run["warm_start"] == {"source": "latest", "uri": uri(FIRST), "sha256": SHA, "run": FIRST}
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{FIRST}/model/model.pt", Body=b"someone else's pickle")
+    with pytest.raises(ArtifactRefused, match="sha256"):
+        check_warm_start(run_document("latest"), inlet_events(*EVENTS))
+    s3.delete_object(Bucket=BUCKET, Key=f"runs/{FIRST}/model/model.pt")
+    run = run_document("latest")
+    check_warm_start(run, inlet_events(*EVENTS))
+    assert run["warm_start"] == {**warmstart.NOTHING, "source": "latest"}
