@@ -75,6 +75,12 @@ def payload_roots() -> list[Path]:
     return [payloads_dir(), examples_dir()]
 
 
+def roots_holding(name: str) -> list[Path]:
+    """The payload roots that have a directory `name`, in lookup order (more than one: an ambiguous name,
+    which shipping refuses; none: no such payload)."""
+    return [root for root in payload_roots() if (root / name).is_dir()]
+
+
 def profile_dirs() -> list[Path]:
     """Where profiles are looked up, first match wins: the admin's directories, then include/profiles/."""
     configured = [Path(p) for p in os.environ.get(PROFILES_DIR_ENV, "").split(os.pathsep) if p]

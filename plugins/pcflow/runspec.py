@@ -19,7 +19,7 @@ from pcflow.datasource import FORMS as SOURCE_FORMS
 from pcflow.errors import refusal
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
-from pcflow.paths import ami_script, include_dir, profile_names, within
+from pcflow.paths import ami_script, include_dir, payload_roots, profile_names, within
 from pcflow.patterns import (
     DEFAULT_CRON,
     DEFAULT_JOB_USER,
@@ -115,8 +115,6 @@ class AmiSettings(_Section):
     @classmethod
     def _in_payload_roots(cls, value: str | None) -> str | None:
         """The requirements the image installs: a file of a payload root (admin-owned), nowhere else."""
-        from pcflow.paths import payload_roots
-
         if value is None:
             return None
         path = value if value.startswith("/") else include_dir() / value

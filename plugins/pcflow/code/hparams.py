@@ -26,7 +26,7 @@ from typing import Any
 
 from pcflow.code.sources import read_bundle_file, read_git_file
 from pcflow.errors import ConfigurationError
-from pcflow.paths import payload_roots, within
+from pcflow.paths import payload_roots, roots_holding, within
 
 SCHEMA_FILE = "hparams.schema.json"
 MAX_SCHEMA_BYTES = 256 << 10
@@ -240,8 +240,8 @@ def local_summary(training: dict[str, Any]) -> str | None:
         directory = Path(code["dir"])
     elif not code and isinstance(training.get("payload"), str):
         # the first root that has it (slurm.payload.payload_source refuses a name in two when a run starts)
-        found = [root / training["payload"] for root in payload_roots() if (root / training["payload"]).is_dir()]
-        directory = found[0] if found else payload_roots()[0] / training["payload"]  # absent: no schema
+        found = roots_holding(training["payload"])
+        directory = (found[0] if found else payload_roots()[0]) / training["payload"]  # absent: no schema
     else:
         return None
     try:

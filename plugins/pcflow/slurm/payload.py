@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pcflow.code.bundle import Bundle, BundleRefused, pack
 from pcflow.errors import ConfigurationError
-from pcflow.paths import payload_roots, remote_within, within
+from pcflow.paths import payload_roots, remote_within, roots_holding, within
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import ABS_PATH
 from pcflow.slurm.trees import TreeCheck, compare_tree
@@ -51,13 +51,18 @@ def payload_source(name: str) -> Path:
     existing directory there (not a link out of it), and named by one root only."""
     if not isinstance(name, str) or not PAYLOAD_NAME.fullmatch(name):
         raise PayloadError(f"payload: {name!r} is not a payload name (lower-case letters, digits, _ and -)")
-    roots = [root for root in payload_roots() if root.is_dir()]
-    found = [root for root in roots if (root / name).is_dir()]
+    found = roots_holding(name)
     if len(found) > 1:
         raise PayloadError(f"payload: {name!r} is a directory of both {found[0]} and {found[1]}: rename one")
     if not found:
         available = sorted(
-            {p.name for root in roots for p in root.iterdir() if p.is_dir() and PAYLOAD_NAME.fullmatch(p.name)}
+            {
+                p.name
+                for root in payload_roots()
+                if root.is_dir()
+                for p in root.iterdir()
+                if p.is_dir() and PAYLOAD_NAME.fullmatch(p.name)
+            }
         )
         where = " and ".join(str(root) for root in payload_roots())
         raise PayloadError(f"payload: no directory {name!r} in {where}; available: {', '.join(available)}")
