@@ -166,12 +166,14 @@ class ParallelClusterProvider:
         ttl: dt.timedelta | None = None,
         dag_run: tuple[str, str] | None = None,
     ) -> RenderedConfig:
-        """Checks the instance type with EC2 (GPUs, EFA) and renders the config with the standard tags
-        (`dag_run`: the DAG run making or adopting the cluster, named in its tags for the janitor)."""
-        facts = check_instance_type(
-            self.clients("ec2"), spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa
-        )
-        efa = facts["efa_supported"] if spec.efa is None else spec.efa
+        """Checks every instance type of every queue with EC2 (GPUs, EFA: `NetworkInfo.EfaSupported`) and
+        renders the config with the standard tags (`dag_run`: the DAG run making or adopting the cluster,
+        named in its tags for the janitor)."""
+        ec2 = self.clients("ec2")
+        efa = {
+            kind: check_instance_type(ec2, kind, gpus_required=spec.gpus_required, efa=spec.efa)["efa_supported"]
+            for kind in spec.all_instance_types
+        }
         tags = standard_tags(stack=stack, component=Component.CLUSTER, run=run, ttl=ttl, dag_run=dag_run)
         return render_config(spec, efa=efa, tags=tags)
 
