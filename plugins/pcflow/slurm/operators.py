@@ -128,6 +128,8 @@ class SlurmJobOperator(BaseOperator):
         while the job is pending and its partition's nodes are down for insufficient capacity, the wait moves
         it to the next option's partition and says so with that option's price; the result lists the moves
         (`capacity_moves`). One job only: an array's elements stay where they are.
+    :param fabric_env: the cluster's network settings (its ensure task's `fabric_env`: EFA's libfabric, see
+        pcflow.cluster.fabric), exported by the batch script where `env` does not set them.
     :param deferrable: wait in the triggerer, or in this worker with the same semantics; the default is
         Airflow's `operators.default_deferrable` (pcflow's deployments set it true).
     """
@@ -151,6 +153,7 @@ class SlurmJobOperator(BaseOperator):
         "container",
         "warm_start",
         "capacity",
+        "fabric_env",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -182,11 +185,13 @@ class SlurmJobOperator(BaseOperator):
         warm_start: str | None = None,
         outputs: Sequence[str] = (),
         capacity: list[dict[str, Any]] | None = None,
+        fabric_env: dict[str, str] | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.capacity = capacity
+        self.fabric_env = fabric_env
         self.program = program
         self.payload_dir = payload_dir
         self.hyperparameter_args = hyperparameter_args
@@ -248,6 +253,7 @@ class SlurmJobOperator(BaseOperator):
                 hyperparameter_args=bool(self.hyperparameter_args),
                 container=self.container if (self.container or {}).get("digest") else None,
                 warm_start=self.warm_start or None,
+                fabric_env=self.fabric_env or {},
             )
         except ValidationError as exc:
             raise ConfigurationError(
