@@ -215,7 +215,7 @@ def render_config(
     )
     document = yaml.safe_load(body)
     if spec.extra_config:
-        document = deep_merge(document, spec.extra_config)
+        document = deep_merge(document, spec.extra_config, by_name=True)
         refuse_replaced(spec, document, node_setup)
     digest_value, shape = config_hash(document), shape_hash(document)
     all_tags = {**spec.tags, **dict(tags or {}), TAG_CONFIG_HASH: digest_value, TAG_SHAPE_HASH: shape}
