@@ -96,6 +96,16 @@ def check_option(capacity_type: str, strategy: str | None, reservation: str | No
         raise ValueError("capacity_reservation_id: a capacity reservation is on-demand capacity, not spot")
 
 
+def strategy_for(capacity_type: str, strategy: str | None) -> str | None:
+    """The run's own queue's allocation strategy for the capacity type the run chose (a trigger user may pick
+    on-demand over the profile's spot): a strategy that type cannot take gives way to ParallelCluster's default."""
+    if capacity_type.lower() == "ondemand" and strategy not in ONDEMAND_STRATEGIES:
+        return None
+    if capacity_type.lower() == "spot" and strategy == "prioritized":
+        return None
+    return strategy
+
+
 class CapacitySettings(BaseModel):
     """The run's own compute resource's extra types and strategy, and the fallback options in order."""
 
@@ -117,11 +127,12 @@ def capacity_order(run: Mapping[str, Any], first_partition: str | None) -> list[
     queues are `<queue>-2`, `<queue>-3`...; a static cluster: the job's partition, None: the default one)."""
     capacity = CapacitySettings.model_validate(run.get("capacity") or {})
     types = [run["instance_type"], *(t for t in capacity.instance_types if t != run["instance_type"])]
-    check_option(run["capacity_type"], capacity.allocation_strategy, capacity.capacity_reservation_id)
+    strategy = strategy_for(run["capacity_type"], capacity.allocation_strategy)
+    check_option(run["capacity_type"], strategy, capacity.capacity_reservation_id)
     first = CapacityOption(
         instance_types=types,
         capacity_type=run["capacity_type"],
-        allocation_strategy=capacity.allocation_strategy,
+        allocation_strategy=strategy,
         capacity_reservation_id=capacity.capacity_reservation_id,
         partition=first_partition,
     )

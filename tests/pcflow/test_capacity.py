@@ -65,6 +65,10 @@ def test_options_take_partitions_from_the_provider():
     with pytest.raises(ValueError, match=r"capacity.fallback\[0\].partition: a static cluster's option names"):
         capacity_order({**run, "cluster": {"provider": "static"}}, "compute")
     assert capacity_order({**run, "capacity": {}, "cluster": {"provider": "static"}}, None)[0]["partition"] is None
+    # A trigger user's on-demand over the profile's spot: the spot strategy gives way to ParallelCluster's default.
+    spot_strategy = {**run["capacity"], "allocation_strategy": "price-capacity-optimized"}
+    ondemand = capacity_order({**run, "capacity_type": "ondemand", "capacity": spot_strategy}, "gpu")[0]
+    assert ondemand["allocation_strategy"] is None
 
 
 def test_what_parallelcluster_would_refuse_is_refused_in_the_profile():

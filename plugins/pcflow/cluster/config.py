@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from pcflow.capacity import strategy_for
 from pcflow.cluster.node_setup import NodeSetup, node_setup_for
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.merge import deep_merge
@@ -154,7 +155,7 @@ def queues(spec: ClusterSpec, efa: bool | Mapping[str, bool]) -> list[dict[str, 
     first = {
         "instance_types": [spec.instance_type, *(t for t in spec.instance_types if t != spec.instance_type)],
         "capacity_type": spec.capacity_type,
-        "allocation_strategy": spec.allocation_strategy,
+        "allocation_strategy": strategy_for(spec.capacity_type, spec.allocation_strategy),
         "capacity_reservation_id": spec.capacity_reservation_id,
     }
     options = [first] + [
