@@ -101,3 +101,19 @@ def test_the_estimate_prices_the_dearest_option_never_the_cheaper_first():
     assert [o["usd_per_node_hour"] for o in run["capacity_order"]] == [G6_12XLARGE, G5_12XLARGE]
     assert "2 x g5.12xlarge on-demand at $5.67/h" in cost["summary"]
     assert "the dearest of the run's capacity options" in cost["summary"]
+
+
+def test_the_bill_after_a_fallback_prices_the_capacity_the_job_ran_on():
+    """The metrics stage prices the nodes as the last move left them (the train task's `capacity_moves`)."""
+    from pcflow.metrics.operators import HarvestMetricsOperator
+
+    moved = {"capacity_moves": [{"from": "gpu", "to": "gpu-2", **ORDER[1]}]}
+    kwargs = {
+        "task_id": "metrics",
+        "bucket": "b",
+        "stack": "s",
+        "instance_type": "g6.12xlarge",
+        "capacity_type": "spot",
+    }
+    assert HarvestMetricsOperator(job=moved, **kwargs).capacity_used() == ("g5.12xlarge", "ondemand")
+    assert HarvestMetricsOperator(job={"capacity_moves": []}, **kwargs).capacity_used() == ("g6.12xlarge", "spot")
