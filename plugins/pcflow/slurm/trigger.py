@@ -523,7 +523,8 @@ class SlurmJobTrigger(HeadNodeTrigger):
             verdict = self.watch.assess(self.info, self.marker, view.now)
             if verdict is None and self.info is not None and self.info.state is JobState.RUNNING:
                 await self.stop_early_if_due(seat, self.job_id, self.run_dir)
-            if verdict is None and self.capacity and self.info is not None and self.info.state is JobState.PENDING:
+            fallback = len(self.capacity or ()) > 1  # an option to move to: else no question is asked
+            if verdict is None and fallback and self.info is not None and self.info.state is JobState.PENDING:
                 await self.fall_back_if_short(seat)
             if verdict is None and self.info is not None and marker_matches(self.marker, self.info):
                 seat.confirm_soon()  # the marker says over, slurmctld not yet: ask again shortly
