@@ -31,16 +31,20 @@ NETWORK = {
 def test_local_runs_three_trials_at_once_and_a_trigger_user_may_lower_it(offline):
     run = offline({"nodes": 1, "trials": SIX}, sweep=True)
     assert (run["sweep"]["max_parallel"], run["sweep"]["parallel"]) == (3, 3)
-    one_at_a_time = offline({"nodes": 1, "trials": SIX, "overrides": {"sweep": {"max_parallel": 1}}}, sweep=True)
+    one_at_a_time = offline({"nodes": 1, "trials": SIX, "trials_at_once": 1}, sweep=True)  # the form's field
     assert one_at_a_time["sweep"]["parallel"] == 1
+    overridden = offline({"trials": SIX, "overrides": {"sweep": {"max_parallel": 2}}}, sweep=True)
+    assert overridden["sweep"]["parallel"] == 2
     assert offline({"trials": SIX[:2]}, sweep=True)["sweep"]["parallel"] == 2  # no more than there are trials
     assert offline({})["sweep"]["parallel"] == 1  # a run that is no sweep
 
 
 def test_more_trials_at_once_than_the_profile_allows_is_refused_naming_the_setting(offline):
     with pytest.raises(AirflowFailException) as refused:
-        offline({"trials": SIX, "overrides": {"sweep": {"max_parallel": 4}}}, sweep=True)
-    assert "sweep.max_parallel: 4 is outside what the profile allows (1 to 3)" in str(refused.value)
+        offline({"trials": SIX, "trials_at_once": 4}, sweep=True)
+    assert "sweep.max_parallel (form field 'trials_at_once'): 4 is outside what the profile allows (1 to 3)" in str(
+        refused.value
+    )
 
 
 def sweep_run(profile: str, trials: list[dict], **settings) -> dict:
