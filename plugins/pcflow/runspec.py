@@ -666,6 +666,21 @@ class BudgetSettings(_Section):
         return self
 
 
+class SweepSettings(_Section):
+    """How a sweep's trials share the cluster: at most `max_parallel` of them run at once, each an element of
+    the run's job array on nodes of its own (the array's `%` throttle). A trigger user may lower it (or raise
+    it, up to what the profile's `overridable` allows); on ParallelCluster the queue is sized for
+    `training.nodes` x the trials that run at once."""
+
+    max_parallel: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="how many of a sweep's trials may run at once, each on `training.nodes` nodes of its own; "
+        "1: one after another",
+    )
+
+
 #: Which failed runs alert besides cleanups (pcflow.alerts.should_alert).
 RUN_FAILURE_ALERTS = ("unattended", "all", "none")
 RUN_FAILURE_CHOICES = (
@@ -740,6 +755,7 @@ class RunSpec(_Section):
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
     nightly: NightlySettings = Field(default_factory=NightlySettings)
+    sweep: SweepSettings = Field(default_factory=SweepSettings)
 
     @field_validator("stack")
     @classmethod
