@@ -30,8 +30,14 @@ from the marker's mtime (`detection_s`: the wrapper wrote it, the event came), w
 beside it. One job in FAIL_EVERY exits 3, as a sweep's diverging trials do: the wait must report it
 failed, with Slurm's word, without asking slurmctld more often (pcflow asks slurmdbd: sacct).
 
+With --slurm synthetic the waits run against benchmarks/synthetic_slurm.py instead of slurmctld: the same
+triggers, the same sshd and SSH channel, their `slurm_bin` pointing at squeue/sacct/scontrol that answer in
+Slurm's formats from a job table the harness drives (each job's end written as pcflow's wrapper writes it).
+On this 2-core machine slurmctld fails launches at 1,000 jobs; the synthetic table does not, so N=1000 measures
+the trigger path alone (results in trigger_scale_synthetic.json). Failing jobs and the peer as above.
+
 Usage: .venv/bin/python benchmarks/trigger_scale.py [--sizes 50,200,1000] [--peer-sizes 50,200]
-           [--job-seconds 20]
+           [--job-seconds 20] [--slurm stack|synthetic] [--spread-seconds 60] [--out FILE]
 Needs the local stack (started when down); prints one JSON object as its last line.
 """
 
@@ -607,6 +613,7 @@ def main() -> int:
         help="stack: the local stack's real Slurm; synthetic: benchmarks/synthetic_slurm.py over the real sshd",
     )
     parser.add_argument("--spread-seconds", type=float, default=60.0, help="synthetic: the ends spread over this")
+    parser.add_argument("--out", type=Path, help="the result file (default: by --slurm, in benchmarks/results)")
     parser.add_argument("--wait", type=Path, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.wait:
@@ -625,7 +632,7 @@ def main() -> int:
     sizes = [int(n) for n in args.sizes.split(",") if n]
     peer_sizes = [int(n) for n in args.peer_sizes.split(",") if n]
     if args.slurm == "synthetic":
-        return run_synthetic(stack, sizes, peer_sizes, args.job_seconds, args.spread_seconds)
+        return run_synthetic(stack, sizes, peer_sizes, args)
     partition, oversubscribe, cpus = default_partition()
     shared_by = f"FORCE:{-(-args.running_at_once // cpus)}"
     slurm("scontrol", "update", f"PartitionName={partition}", f"OverSubscribe={shared_by}")
@@ -639,13 +646,14 @@ def main() -> int:
     finally:
         slurm("scontrol", "update", f"PartitionName={partition}", f"OverSubscribe={oversubscribe.split(':')[0]}")
     result = report(pcflow, peer, args.job_seconds, f"{shared_by} on {cpus} CPUs")
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    (args.out or RESULTS).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0
 
 
-def run_synthetic(stack: dict, sizes: list[int], peer_sizes: list[int], seconds: float, spread: float) -> int:
-    """Every phase against the synthetic Slurm; the result in trigger_scale_synthetic.json."""
+def run_synthetic(stack: dict, sizes: list[int], peer_sizes: list[int], args: argparse.Namespace) -> int:
+    """Every phase against the synthetic Slurm; the result in trigger_scale_synthetic.json (or --out)."""
+    seconds, spread = args.job_seconds, args.spread_seconds
     pcflow, peer = {}, {}
     for side, counts, found in (("pcflow", sizes, pcflow), ("peer", peer_sizes, peer)):
         for n in counts:
@@ -654,7 +662,7 @@ def run_synthetic(stack: dict, sizes: list[int], peer_sizes: list[int], seconds:
     result = report(pcflow, peer, seconds, "none (synthetic Slurm: every job runs at once)")
     result["metrics"]["slurm"] = SYNTHETIC_NOTE
     result["metrics"]["job_seconds"] = f"ends spread evenly from {seconds:g} s to {seconds + spread:g} s after release"
-    RESULTS_SYNTHETIC.write_text(json.dumps(result, indent=2) + "\n")
+    (args.out or RESULTS_SYNTHETIC).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0
 
