@@ -258,3 +258,34 @@ def test_a_waiter_whose_files_changed_is_served_first():
 
     asyncio.run(scenario())
     assert order[:150].index("149") >= 100 and order[150:].index("149") < 50
+
+
+def test_a_thousand_waits_share_one_connection_one_stat_a_tick_and_one_sacct_for_fifty_failures():
+    """Issue 28's scale (1,000 waits on one head node), in counts: one connection, a stat per tick for all of
+    them, no squeue before the confirm interval, and the markers that cannot settle their jobs (50) asked about
+    together in one sacct (slurmdbd), not a question each and not a squeue brought forward."""
+    server = Server()
+
+    async def one(waiter: Waiter) -> None:
+        async with joined(waiter) as seat:
+            await seat.next_view()
+            if int(waiter.name) % 20 == 19:
+                seat.confirm_soon()
+            for _ in range(3):
+                await seat.next_view()
+
+    async def scenario() -> None:
+        waiters = [Waiter(server, str(i), accounting=True, watch_policy=PATIENT) for i in range(1000)]
+        await asyncio.gather(*(one(w) for w in waiters))
+
+    asyncio.run(scenario())
+    assert len(server.connections) == 1
+    stats = [c for c in server.commands if c.startswith("stat ")]
+    # One per tick for every due waiter's two files: 4,000 views in a few dozen stats at most (a waiter still busy
+    # with its last view is served at the next tick, so a loaded machine makes a few more), never one per wait.
+    assert 4 <= len(stats) <= 40 and stats[0] == "stat 2000 paths"
+    asked = [c for c in server.commands if not c.startswith("stat ")]
+    assert [c.split(" ", 1)[0] for c in asked] == ["sacct"]
+    failed = set(asked[0].split(" -j ", 1)[1].split(" ", 1)[0].split(","))
+    # Those that had asked by the time it was due (the rest wait FAST_CONFIRM_S for the next): never a running one.
+    assert failed <= {str(i) for i in range(19, 1000, 20)} and len(failed) > 25
