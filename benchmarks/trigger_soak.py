@@ -36,6 +36,11 @@ os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".stack" / "airflow"))
 import synthetic_slurm  # noqa: E402  (benchmarks/, on the path above)
 
 RESULTS = REPO / "benchmarks" / "results" / "trigger_soak.json"
+NOTE = (
+    "ssh_connections_opened: every connection the stack's sshd accepted during the soak, other clients of the same "
+    "sshd included (tests, benchmarks); the waits' own: session_connections_opened in the samples (the triggerer's "
+    "log says when it reconnected)."
+)
 #: Every FAIL_EVERY-th job exits 3: its wait must say failed (Slurm asked through sacct), as in trigger_scale.
 FAIL_EVERY = 20
 #: The child starts each wait this long after the harness submitted its job (its directory exists).
@@ -193,6 +198,7 @@ async def soak(spec: dict) -> dict:
                     "rss_mb": round(rss_mb(), 1),
                     "python_blocks": sys.getallocatedblocks(),
                     "session_seats": sum(len(s.seats) for s in sessions),
+                    "session_connections_opened": sum(s.connections_opened for s in sessions),
                     "session_answers": sum(len(s.answers) for s in sessions),
                     "detection_median_s": round(statistics.median(done["detection"]), 3) if done["detection"] else None,
                 }
@@ -243,6 +249,7 @@ def summary(found: dict, args: argparse.Namespace, calls: dict, sshd) -> dict:
         "waits_run_after_first_turnover": ran,
         "rss_growth_per_1000_waits_run_mb": round(growth * 1000 / ran, 2) if growth is not None and ran else None,
         "ssh_connections_opened": sshd.accepted,
+        "note": NOTE,
         "synthetic_slurm_calls": calls,
         "samples": samples,
     }
