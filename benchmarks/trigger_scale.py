@@ -30,8 +30,14 @@ from the marker's mtime (`detection_s`: the wrapper wrote it, the event came), w
 beside it. One job in FAIL_EVERY exits 3, as a sweep's diverging trials do: the wait must report it
 failed, with Slurm's word, without asking slurmctld more often (pcflow asks slurmdbd: sacct).
 
+With --slurm synthetic the waits run against benchmarks/synthetic_slurm.py instead of slurmctld: the same
+triggers, the same sshd and SSH channel, their `slurm_bin` pointing at squeue/sacct/scontrol that answer in
+Slurm's formats from a job table the harness drives (each job's end written as pcflow's wrapper writes it).
+On this 2-core machine slurmctld fails launches at 1,000 jobs; the synthetic table does not, so N=1000 measures
+the trigger path alone (results in trigger_scale_synthetic.json). Failing jobs and the peer as above.
+
 Usage: .venv/bin/python benchmarks/trigger_scale.py [--sizes 50,200,1000] [--peer-sizes 50,200]
-           [--job-seconds 20]
+           [--job-seconds 20] [--slurm stack|synthetic] [--spread-seconds 60] [--out FILE]
 Needs the local stack (started when down); prints one JSON object as its last line.
 """
 
@@ -42,6 +48,7 @@ import asyncio
 import importlib
 import itertools
 import json
+import math
 import os
 import re
 import resource
@@ -60,6 +67,12 @@ sys.path[:0] = [str(REPO / "plugins"), str(REPO / "tests")]
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".stack" / "airflow"))
 
 RESULTS = REPO / "benchmarks" / "results" / "trigger_scale.json"
+RESULTS_SYNTHETIC = REPO / "benchmarks" / "results" / "trigger_scale_synthetic.json"
+SYNTHETIC_NOTE = (
+    "synthetic: squeue, sacct and scontrol answer from a job table (benchmarks/synthetic_slurm.py) over the stack's "
+    "real sshd (the waits' slurm_bin); the harness writes each job's log, marker and exit-code file at its end. "
+    "slurmctld_job_queries counts squeue and scontrol calls, slurmdbd_job_queries sacct calls."
+)
 GOAL = (
     "pcflow at N=1000: <= 1 SSH connection per head node per triggerer, <= 1 slurmctld job query per cluster "
     "per 30 s, detection median <= 1 s and p99 <= 3 s, triggerer CPU <= 20% of one core over the wait, 0 jobs lost"
@@ -282,6 +295,101 @@ def deadline_s(side: str, count: int, seconds: float) -> float:
     return 120 + (count / 200 + 1) * (2 * seconds + 30)
 
 
+#: Synthetic job ids start here, far above the stack's own (PCFLOW_FIRST_JOB_ID is in the thousands).
+SYNTHETIC_FIRST_ID = 9_000_000
+
+
+def synthetic_jobs(stack: dict, side: str, count: int, seconds: float, spread: float) -> tuple[list[dict], Path]:
+    """`count` jobs of the synthetic Slurm (benchmarks/synthetic_slurm.py), installed fresh for the phase:
+    their run directories on the shared root, their ids, and the directory of its commands."""
+    import synthetic_slurm
+
+    from pcflow.slurm.spec import RunDir
+
+    label = f"synthetic-{side}-{count}"
+    fake = synthetic_slurm.install(stack["dir"] / "bench" / f"{label}-slurm")
+    run_key = f"bench-{label}-{uuid.uuid4().hex[:8]}"
+    first = SYNTHETIC_FIRST_ID + int(time.time()) % 100_000 * 10
+    jobs = []
+    for i in range(count):
+        code = 3 if i % FAIL_EVERY == FAIL_EVERY - 1 else 0
+        run_dir = RunDir.for_job(str(stack["shared"]), run_key, f"t{i}")
+        job_id = str(first + i)
+        # Ends spread evenly over `spread` s from `seconds` after the release (set then): about
+        # count / spread ends a second, each wait concurrent with all the others.
+        offset = seconds + spread * i / count
+        jobs.append({"run_dir": run_dir, "job_id": job_id, "meant_to_fail": code != 0, "offset": offset, "code": code})
+    return jobs, fake
+
+
+def synthetic_triggers(side: str, jobs: list[dict], fake: Path) -> list[list]:
+    """The waits' kwargs: pcflow's as its operator makes them, then pointed at the synthetic Slurm
+    (`slurm_bin`, as the connection's extra names it; accounting on: it answers sacct)."""
+    if side == "peer":
+        return peer_triggers(jobs, [j["job_id"] for j in jobs])
+    from pcflow.slurm.operators import SlurmJobOperator
+
+    ops = [{"op": SlurmJobOperator(task_id=f"t{i}", program=["true"]), **j} for i, j in enumerate(jobs)]
+    triggers = pcflow_triggers(ops, [j["job_id"] for j in jobs])
+    for _, kwargs in triggers:
+        kwargs.update(slurm_bin=str(fake), accounting=True)
+    return triggers
+
+
+def run_synthetic_phase(stack: dict, side: str, count: int, seconds: float, spread: float) -> dict:
+    """One side waiting for `count` synthetic jobs over the real sshd: the harness plays the cluster
+    (benchmarks/synthetic_slurm.py), the child the triggerer, as in run_phase."""
+    import synthetic_slurm
+
+    jobs, fake = synthetic_jobs(stack, side, count, seconds, spread)
+    table = synthetic_slurm.JobTable(fake)
+    for i, job in enumerate(jobs):
+        name = f"{posixpath_name(job['run_dir'].root)}.t{i}"
+        table.submit(synthetic_slurm.Job(job["job_id"], job["run_dir"].root, name, math.inf, math.inf, job["code"]))
+    table.save()
+    work = stack["dir"] / "bench" / f"synthetic-{side}-{count}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    roots = [j["run_dir"].root for j in jobs]
+    evidence = "exit.json" if side == "pcflow" else "peer_exit"
+    spec = {
+        "triggers": synthetic_triggers(side, jobs, fake),
+        "stamps": [f"{root}/end" for root in roots],
+        "ends": [f"{root}/{evidence}" for root in roots],
+        "deadline_s": 120 + seconds + spread,
+        "diagnose_ticks": side == "pcflow",
+    }
+    (work / "spec.json").write_text(json.dumps(spec))
+    load_start, started, wall0 = os.getloadavg(), time.monotonic(), time.time()
+    with SshdWatch(stack["dir"], stack["sshd_port"]) as sshd, open(work / "triggerer.log", "wb") as log:
+        child = subprocess.Popen([sys.executable, __file__, "--wait", str(work)], stdout=log, stderr=subprocess.STDOUT)
+        while not (work / "ready").exists() and child.poll() is None:
+            time.sleep(0.2)
+        release = time.time()
+        for job in jobs:  # released: each runs from a second after the release to its end
+            held = table.jobs[job["job_id"]]
+            held.start, held.end = release + 1.0, release + job["offset"]
+            table.schedule(held)
+        while child.poll() is None:
+            table.advance(time.time())
+            time.sleep(0.05)
+    if child.returncode != 0:
+        raise RuntimeError(f"the waiting process failed ({child.returncode}); see {work / 'triggerer.log'}")
+    window_s = time.monotonic() - started
+    calls = synthetic_slurm.queries(fake, since=wall0)
+    waited = json.loads((work / "result.json").read_text())
+    for result, job in zip(waited["results"], jobs, strict=True):
+        result["slurm"], result["meant_to_fail"] = table.jobs[job["job_id"]].state, job["meant_to_fail"]
+    found = summarise(waited, calls, window_s, sshd, load_start, dbd_job_queries=calls["sacct"])
+    found["synthetic_slurm_calls"] = calls
+    return found
+
+
+def posixpath_name(root: str) -> str:
+    """The run key of a run directory `<...>/<run key>/<task>`: the job's name, as pcflow names it."""
+    return Path(root).parent.name
+
+
 def slurm_outcomes(ids: list[str]) -> dict[str, str]:
     """How Slurm says each job ended (its last attempt), from accounting: the referee of every verdict."""
     time.sleep(5)  # slurmdbd takes the last completions a moment after slurmctld
@@ -293,9 +401,10 @@ def summarise(
     waited: dict, rpcs: dict[str, int], window_s: float, sshd: SshdWatch, load_start: tuple, *, dbd_job_queries: int
 ) -> dict:
     """`window_s`: from sdiag's reset to the last event (the triggerer's start-up included); `dbd_job_queries`:
-    sacct's questions to slurmdbd in that window (they cost slurmctld nothing)."""
+    sacct's questions to slurmdbd in that window (they cost slurmctld nothing). `rpcs`: slurmctld's RPCs by
+    type, or the synthetic Slurm's calls by command (squeue and scontrol are its controller's)."""
     results = waited["results"]
-    job_queries = sum(rpcs.get(name, 0) for name in JOB_QUERIES)
+    job_queries = sum(rpcs.get(name, 0) for name in (*JOB_QUERIES, "squeue", "scontrol"))
     wait_s = waited["wait_s"]
     return {
         "jobs": len(results),
@@ -497,6 +606,14 @@ def main() -> int:
     parser.add_argument("--peer-sizes", default="50,200")
     parser.add_argument("--job-seconds", type=float, default=20.0)
     parser.add_argument("--running-at-once", type=int, default=RUNNING_AT_ONCE)
+    parser.add_argument(
+        "--slurm",
+        choices=("stack", "synthetic"),
+        default="stack",
+        help="stack: the local stack's real Slurm; synthetic: benchmarks/synthetic_slurm.py over the real sshd",
+    )
+    parser.add_argument("--spread-seconds", type=float, default=60.0, help="synthetic: the ends spread over this")
+    parser.add_argument("--out", type=Path, help="the result file (default: by --slurm, in benchmarks/results)")
     parser.add_argument("--wait", type=Path, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.wait:
@@ -514,6 +631,8 @@ def main() -> int:
     }
     sizes = [int(n) for n in args.sizes.split(",") if n]
     peer_sizes = [int(n) for n in args.peer_sizes.split(",") if n]
+    if args.slurm == "synthetic":
+        return run_synthetic(stack, sizes, peer_sizes, args)
     partition, oversubscribe, cpus = default_partition()
     shared_by = f"FORCE:{-(-args.running_at_once // cpus)}"
     slurm("scontrol", "update", f"PartitionName={partition}", f"OverSubscribe={shared_by}")
@@ -527,7 +646,23 @@ def main() -> int:
     finally:
         slurm("scontrol", "update", f"PartitionName={partition}", f"OverSubscribe={oversubscribe.split(':')[0]}")
     result = report(pcflow, peer, args.job_seconds, f"{shared_by} on {cpus} CPUs")
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    (args.out or RESULTS).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+def run_synthetic(stack: dict, sizes: list[int], peer_sizes: list[int], args: argparse.Namespace) -> int:
+    """Every phase against the synthetic Slurm; the result in trigger_scale_synthetic.json (or --out)."""
+    seconds, spread = args.job_seconds, args.spread_seconds
+    pcflow, peer = {}, {}
+    for side, counts, found in (("pcflow", sizes, pcflow), ("peer", peer_sizes, peer)):
+        for n in counts:
+            found[str(n)] = run_synthetic_phase(stack, side, n, seconds, spread)
+            print(json.dumps({side: n, **found[str(n)]}), flush=True)
+    result = report(pcflow, peer, seconds, "none (synthetic Slurm: every job runs at once)")
+    result["metrics"]["slurm"] = SYNTHETIC_NOTE
+    result["metrics"]["job_seconds"] = f"ends spread evenly from {seconds:g} s to {seconds + spread:g} s after release"
+    (args.out or RESULTS_SYNTHETIC).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0
 

@@ -69,8 +69,7 @@ def resume(model, optimizer, hp, place: dist.Place) -> tuple[int, int]:
     """(epochs done, step) of the newest checkpoint; every process loads the same one (rank 0 picks)."""
     chosen = [None]
     if place.main:
-        found = checkpoints.latest()
-        chosen = [found[0] if found else None]
+        chosen = [checkpoints.latest()]  # verified against its sidecar: never one cut short
     if place.world > 1:
         torch_dist.broadcast_object_list(chosen, 0)
     if chosen[0] is None:

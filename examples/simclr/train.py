@@ -102,11 +102,11 @@ def checkpoint_dir() -> Path:
 
 
 def resume(model: SimCLR, optimizer: torch.optim.Optimizer, hp: Hparams, env: DistEnv) -> tuple[int, int]:
-    """(epochs done, global step) of the newest checkpoint rank 0 sees, loaded on every rank."""
+    """(epochs done, global step) of the newest verified checkpoint rank 0 sees, loaded on every rank."""
     chosen = [None]
-    if env.is_main:
-        found = checkpoint.list_checkpoints(checkpoint_dir())
-        chosen = [str(found[-1][1]) if found else None]
+    if env.is_main:  # the newest whose sidecar verifies: never a checkpoint cut short
+        found = checkpoint.newest_verified(checkpoint_dir())
+        chosen = [str(found) if found else None]
     if env.distributed:
         dist.broadcast_object_list(chosen, 0)
     if chosen[0] is None:

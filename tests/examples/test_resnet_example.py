@@ -81,7 +81,8 @@ def test_resnet_learns_the_digits_from_shards_and_leaves_the_contracts_outputs(s
     assert [line["epoch"] for line in lines if line["name"] == "accuracy"] == [0, 1, 2]
     assert last(lines, "epoch_loss")["value"] < next(x for x in lines if x["name"] == "epoch_loss")["value"]
     checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
-    assert checkpoints == ["epoch-0002.pt", "epoch-0003.pt"], checkpoints  # keep_checkpoints: 2, no temporaries
+    kept = [f"epoch-000{n}.pt{sidecar}" for n in (2, 3) for sidecar in ("", ".sha256.json")]
+    assert checkpoints == kept, checkpoints  # keep_checkpoints: 2, each with its sidecar, no temporaries
     read = subprocess.run(
         [str(PAYLOAD_PYTHON), "-c", READ_MODEL, str(PROJECT), str(tmp_path / "run" / "model.pt")],
         capture_output=True,

@@ -68,15 +68,43 @@ def check_checkpoint_round_trip_prune_and_fallback():
         for done in (1, 2, 3):
             checkpoint.save(tmp, done, {"epochs_done": done, "model": model.state_dict()}, keep=2)
         names = sorted(os.listdir(tmp))
-        assert names == ["epoch-0002.pt", "epoch-0003.pt"], names  # pruned, no temporary files left
+        # pruned with their sidecars, no temporary files left
+        assert names == [f"epoch-000{n}.pt{s}" for n in (2, 3) for s in ("", ".sha256.json")], names
         path, state = checkpoint.load_latest(tmp)
         assert path.name == "epoch-0003.pt" and state["epochs_done"] == 3
         restored = torch.nn.Linear(3, 2)
         restored.load_state_dict(state["model"])
         assert torch.equal(restored.weight, model.weight)
-        (Path(tmp) / "epoch-0004.pt").write_bytes(b"torn")  # a damaged newest file
+        (Path(tmp) / "epoch-0004.pt").write_bytes(b"torn")  # a damaged newest file, without its sidecar
         path, state = checkpoint.load_latest(tmp)
         assert path.name == "epoch-0003.pt", path
+
+
+def check_a_truncated_checkpoint_is_never_resumed_from():
+    """A newest checkpoint cut short (a job killed while the file was copied or restored, whatever wrote it)
+    whose sidecar names the whole file's size and sha256: passed over for the one before, which verifies.
+    Without the sidecar check the cut file is the newest, and torch.load of a zip cut past its first members
+    can still fail late or not at all."""
+    import checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = torch.nn.Linear(64, 64)
+        for done in (1, 2):
+            checkpoint.save(tmp, done, {"epochs_done": done, "model": model.state_dict()}, keep=3)
+        newest = Path(tmp) / "epoch-0002.pt"
+        whole = newest.read_bytes()
+        newest.write_bytes(whole[: len(whole) // 2])  # the sidecar still says the whole size and sha256
+        assert checkpoint.newest_verified(tmp).name == "epoch-0001.pt"
+        path, state = checkpoint.load_latest(tmp)
+        assert (path.name, state["epochs_done"]) == ("epoch-0001.pt", 1)
+        newest.write_bytes(whole[:-1] + bytes([whole[-1] ^ 1]))  # same size, one bit changed
+        assert "sha256" in checkpoint.unverified(newest)
+        assert checkpoint.newest_verified(tmp).name == "epoch-0001.pt"
+        newest.write_bytes(whole)  # the bytes back: it verifies again
+        assert checkpoint.newest_verified(tmp).name == "epoch-0002.pt"
+        checkpoint.sidecar_for(newest).unlink()  # killed between the checkpoint's rename and its sidecar's
+        assert "no epoch-0002.pt.sha256.json" in checkpoint.unverified(newest)
+        assert checkpoint.newest_verified(tmp).name == "epoch-0001.pt"
 
 
 def check_metrics_line_format():

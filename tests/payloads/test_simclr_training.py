@@ -102,7 +102,9 @@ def test_two_task_ddp_training_beats_the_untrained_encoder(slurm: SlurmHook, pay
     assert log.count("joining gloo process group") == 2 and "2 task(s)" in log
     assert sorted(p.name for p in Path(result["run_dir"], "checkpoints").iterdir()) == [
         "epoch-0004.pt",
+        "epoch-0004.pt.sha256.json",
         "epoch-0005.pt",
+        "epoch-0005.pt.sha256.json",
     ]
 
 

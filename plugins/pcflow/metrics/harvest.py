@@ -234,7 +234,7 @@ def harvest_job(
         "outcome": _outcome(ref, usage, early_stop, budget),
         "early_stop": early_stop,
         "budget_exhausted": budget,
-        "resume": resume_record(from_file, ref.restarts),
+        "resume": resume_record(from_file, ref.restarts, usage.history if usage else ()),
         "accounting": usage.as_dict() if usage else None,
         "elapsed_s": usage.elapsed_s if usage and usage.elapsed_s is not None else ref.elapsed_s,
         "objective": obj,

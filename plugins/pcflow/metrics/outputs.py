@@ -24,6 +24,12 @@ asset event, metrics.json and the report): a later run loads an artifact through
 `pcflow.artifacts.load_artifact`, which refuses bytes that do not have them. A file whose hash is
 already on the S3 object (`pcflow-sha256`, a retried harvest) is not copied again.
 
+Checkpoints that follow the checkpoint contract (include/payloads/README.md) each have a sidecar,
+`<name>.sha256.json`, with the size and sha256 the program wrote: the checkpoint copied is then the newest
+with a sidecar, and only when the bytes hashed on the cluster match it (size and sha256); one that does not
+(cut short, damaged) is not copied and the log says so: S3 never holds a checkpoint a resume would refuse.
+A sidecar is never copied as a checkpoint.
+
 The asset event that announces the model (its S3 URI, and the partition it was trained on): pcflow/lineage.py.
 """
 
@@ -41,6 +47,8 @@ if TYPE_CHECKING:
 
 MODEL_FILE = "model.pt"
 CHECKPOINTS = "checkpoints"
+#: The checkpoint contract's sidecar beside each checkpoint: `<checkpoint name>` + this.
+SIDECAR_SUFFIX = ".sha256.json"
 #: Bytes of the output listing read at most (a job could leave any number of files behind).
 LISTING_LIMIT = 1 << 20
 PART_BYTES = 8 << 20
@@ -66,6 +74,7 @@ class RemoteFile:
     size: int
     mtime: str  # as find printed it: compared, never computed with
     sha256: str = ""  # hex, computed on the cluster (hash_outputs)
+    sidecar: str = ""  # a checkpoint's sidecar (its size and sha256 as the program wrote them), if it has one
 
 
 def list_outputs(hook: SlurmHook, run_dir: str) -> list[RemoteFile]:
@@ -80,9 +89,39 @@ def list_outputs(hook: SlurmHook, run_dir: str) -> list[RemoteFile]:
         if ODD_NAME.search(path):  # not a name the job's payload writes, nor one a checksum list can carry
             continue
         (found if path == MODEL_FILE else checkpoints).append(RemoteFile(path, int(size), mtime))
-    if checkpoints:
-        found.append(max(checkpoints, key=lambda f: (float(f.mtime), f.path)))
-    return found
+    newest = newest_checkpoint(checkpoints)
+    return [*found, newest] if newest else found
+
+
+def newest_checkpoint(files: list[RemoteFile]) -> RemoteFile | None:
+    """The newest checkpoint, never a sidecar; among those with a sidecar when any has one (a newer one without
+    is a write that did not finish)."""
+    sidecars = {f.path.removesuffix(SIDECAR_SUFFIX) for f in files if f.path.endswith(SIDECAR_SUFFIX)}
+    candidates = [f for f in files if not f.path.endswith(SIDECAR_SUFFIX)]
+    recorded = [replace(f, sidecar=f.path + SIDECAR_SUFFIX) for f in candidates if f.path in sidecars]
+    return max(recorded or candidates, key=lambda f: (float(f.mtime), f.path), default=None)
+
+
+def verified(hook: SlurmHook, run_dir: str, files: list[RemoteFile], log: Any) -> list[RemoteFile]:
+    """The files whose bytes, as hashed on the cluster, are what their sidecar records (a file without one
+    passes): a checkpoint that does not match is left out, said in the log."""
+    kept = []
+    for file in files:
+        record = hook.read_json(posixpath.join(run_dir, file.sidecar)) if file.sidecar else None
+        if file.sidecar and (record is None or (record.get("size"), record.get("sha256")) != (file.size, file.sha256)):
+            log.warning(
+                "Not copying %s/%s: %d bytes, sha256 %s, its sidecar %s records %s (a checkpoint cut short or "
+                "damaged); a resume passes over it too",
+                run_dir,
+                file.path,
+                file.size,
+                file.sha256,
+                file.sidecar,
+                record,
+            )
+            continue
+        kept.append(file)
+    return kept
 
 
 def hash_outputs(hook: SlurmHook, run_dir: str, files: list[RemoteFile]) -> list[RemoteFile]:
@@ -161,7 +200,7 @@ def stream_to_s3(hook: SlurmHook, s3: Any, *, run_dir: str, files: list[RemoteFi
 
 def save_outputs(hook: SlurmHook, s3: Any, *, run_dir: str, bucket: str, prefix: str, log: Any) -> dict[str, Any]:
     """Copy the run's model and newest checkpoint to `s3://<bucket>/<prefix>`; returns their URIs and sha256."""
-    files = hash_outputs(hook, run_dir, list_outputs(hook, run_dir))
+    files = verified(hook, run_dir, hash_outputs(hook, run_dir, list_outputs(hook, run_dir)), log)
     todo = [f for f in files if not _in_s3_already(s3, bucket, prefix + f.path, f)]
     sent = stream_to_s3(hook, s3, run_dir=run_dir, files=todo, bucket=bucket, prefix=prefix) if todo else 0
     uris = {f.path: f"s3://{bucket}/{prefix}{f.path}" for f in files}

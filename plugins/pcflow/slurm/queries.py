@@ -65,8 +65,10 @@ def jobs_state(
 ) -> Generator[list[str], str, dict[str, list[JobInfo]]]:
     """Many waits in one question: one `squeue -r` for every job and array (one slurmctld RPC however
     many ids), then, with accounting, one sacct for those squeue has forgotten (a single job it no
-    longer lists, an array short of elements), then scontrol for a single job neither knows. Keyed by
-    the ids asked; an array maps to its elements, a single job to at most one JobInfo."""
+    longer lists, an array short of elements). Keyed by the ids asked; an array maps to its elements, a
+    single job to at most one JobInfo, none when neither knows it. scontrol is not asked: it reads the
+    same slurmctld table `squeue -t all` just read, so a question per forgotten job (a thousand waits
+    back after slurmctld's MinJobAge: a thousand RPCs in one round) would cost slurmctld and tell nothing."""
     found: dict[str, dict[str, JobInfo]] = {job_id: {} for job_id in (*singles, *arrays)}
     if not found:
         return {}
@@ -75,9 +77,6 @@ def jobs_state(
     missing = [j for j in singles if not found[j]] + [a for a, size in arrays.items() if len(found[a]) < size]
     if accounting and missing:
         _collect(found, (yield from _history(missing)))
-    for job_id in singles:
-        if not found[job_id]:
-            _collect(found, [parse_scontrol((yield ["scontrol", "show", "job", "-o", job_id]))])
     return {job_id: sorted(jobs.values(), key=lambda j: j.array_index or 0) for job_id, jobs in found.items()}
 
 

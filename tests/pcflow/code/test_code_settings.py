@@ -31,7 +31,6 @@ def test_a_conf_naming_code_replaces_the_profiles_payload(stack):
     assert run.training.payload is None and run.training.code.kind == "dir"
 
 
-
 def test_other_code_starts_from_its_own_hyperparameters_not_the_profiles(stack):
     """aws-gpu's hyperparameters are SimCLR's (`temperature`): a ResNet project's schema refuses that name, so a
     ResNet run on aws-gpu was refused before it started. The profile's values go with the profile's code."""

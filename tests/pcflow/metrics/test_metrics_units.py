@@ -271,13 +271,44 @@ def test_the_work_a_requeue_lost_is_the_step_reached_minus_the_step_resumed_from
     lines += [Point("resumed_from", 20, step=20, epoch=2), Point("loss", 0.5, step=30, epoch=3)]
     record = resume_record(lines, restarts=2)
     assert record["attempts"] == [
-        {"reached_step": 26, "resumed_from_step": 20, "resumed_from_epoch": 2, "steps_lost": 6},
-        {"reached_step": 24, "resumed_from_step": 20, "resumed_from_epoch": 2, "steps_lost": 4},
+        {"reached_step": 26, "resumed_from_step": 20, "resumed_from_epoch": 2, "steps_lost": 6, "recovery_s": None},
+        {"reached_step": 24, "resumed_from_step": 20, "resumed_from_epoch": 2, "steps_lost": 4, "recovery_s": None},
     ]
     assert (record["restarts"], record["steps_lost"], record["resumed_from"]) == (2, 10, {"step": 20, "epoch": 2})
+    assert record["recovery_s"] is None  # no Slurm record of the requeues, no times on the lines
     assert resume_record([Point("loss", 1.0, step=3)], restarts=0) == {
-        **{"restarts": 0, "resumed_from": None, "reached_step": None, "steps_lost": 0, "attempts": []}
+        **{"restarts": 0, "resumed_from": None, "reached_step": None, "steps_lost": 0, "recovery_s": None},
+        "attempts": [],
     }
+
+
+def test_recovery_time_runs_from_slurms_requeue_to_the_first_step_after_the_resume():
+    """Per resumed attempt: Slurm's End of the lost attempt to the first training step logged after the
+    `resumed_from` line (not the resumed_from line itself: loading is part of the recovery)."""
+    import datetime as dt
+
+    from pcflow.metrics.resume import resume_record
+    from pcflow.metrics.series import Point
+
+    t0 = dt.datetime(2026, 12, 4, 16, 0, 0, tzinfo=dt.UTC).timestamp()
+    history = [
+        {"attempt": 1, "state": "NODE_FAIL", "end": "2026-12-04T16:00:10"},
+        {"attempt": 2, "state": "NODE_FAIL", "end": "2026-12-04T16:01:00"},
+        {"attempt": 3, "state": "COMPLETED", "end": "2026-12-04T16:02:00"},
+    ]
+    lines = [Point("loss", 1.0, step=s, epoch=0, time=t0 + s) for s in range(0, 9)]  # lost at 16:00:10
+    lines += [Point("resumed_from_epoch", 1, step=5, epoch=1, time=t0 + 40)]
+    lines += [Point("resumed_from", 5, step=5, epoch=1, time=t0 + 40)]
+    lines += [Point("loss", 1.0, step=s, epoch=1, time=t0 + 40 + s) for s in range(6, 12)]  # first: 16:00:46
+    lines += [Point("resumed_from", 10, step=10, epoch=2, time=t0 + 70)]  # requeued at 16:01:00
+    lines += [Point("lr", 0.1, step=11, epoch=2, time=t0 + 75), Point("loss", 1.0, step=11, epoch=2, time=t0 + 76)]
+    record = resume_record(lines, restarts=2, history=history)
+    assert [a["recovery_s"] for a in record["attempts"]] == [36.0, 15.0]
+    assert record["recovery_s"] == 51.0
+    assert [a["steps_lost"] for a in record["attempts"]] == [3, 1]
+    # A first attempt that resumed an earlier job's checkpoint (a task retry): no requeue of this job to time.
+    retry = [Point("resumed_from", 5, step=5, epoch=1, time=t0), Point("loss", 1.0, step=6, epoch=1, time=t0 + 1)]
+    assert resume_record(retry, restarts=0, history=history[-1:])["attempts"][0]["recovery_s"] is None
 
 
 @pytest.mark.security

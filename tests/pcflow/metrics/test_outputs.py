@@ -136,3 +136,27 @@ def test_a_later_run_loads_an_artifact_only_with_the_hash_its_run_recorded(slurm
         load_artifact(s3, saved["checkpoint"], None, tmp_path / "c.pt")
     checkpoint = load_artifact(s3, saved["checkpoint"], saved["checkpoint_sha256"], tmp_path / "c.pt")
     assert checkpoint.read_bytes() == b"checkpoint 3"
+
+
+def test_the_checkpoint_copied_is_the_newest_its_sidecar_verifies_never_a_sidecar(slurm, s3, bucket, run_dir):
+    """The checkpoint contract's sidecars (size and sha256 as the program wrote them): the newest checkpoint
+    with one is chosen over a newer one without (its write did not finish), a sidecar is never copied as a
+    checkpoint, and a checkpoint whose bytes no longer match its sidecar (cut short) is not copied at all."""
+    checkpoints = run_dir / "checkpoints"
+    data = b"checkpoint 2, whole"
+    record = f'{{"file": "epoch-0002.pt", "size": {len(data)}, "sha256": "{hashlib.sha256(data).hexdigest()}"}}'
+    (checkpoints / "epoch-0002.pt").write_bytes(data)
+    (checkpoints / "epoch-0002.pt.sha256.json").write_text(record)
+    for name, when in (("epoch-0002.pt", 2000), ("epoch-0002.pt.sha256.json", 2001), ("epoch-0003.pt", 3000)):
+        os.utime(checkpoints / name, (when, when))  # epoch-0003 (the fixture's) is the newest, without a sidecar
+    assert [f.path for f in list_outputs(slurm, str(run_dir))] == ["model.pt", "checkpoints/epoch-0002.pt"]
+    saved = save_outputs(slurm, s3, run_dir=str(run_dir), bucket=bucket, prefix="runs/v/model/", log=log)
+    assert saved["checkpoint"] == f"s3://{bucket}/runs/v/model/checkpoints/epoch-0002.pt"
+    assert saved["checkpoint_sha256"] == hashlib.sha256(data).hexdigest()
+
+    (checkpoints / "epoch-0002.pt").write_bytes(data[:8])  # cut short: its sidecar still records the whole file
+    os.utime(checkpoints / "epoch-0002.pt", (2000, 2000))
+    saved = save_outputs(slurm, s3, run_dir=str(run_dir), bucket=bucket, prefix="runs/w/model/", log=log)
+    assert saved["checkpoint"] is None and saved["copied"] == ["model.pt"]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="runs/w/")["Contents"]]
+    assert keys == ["runs/w/model/model.pt"]

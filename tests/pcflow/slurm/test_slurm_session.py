@@ -177,7 +177,7 @@ def test_jobs_state_asks_squeue_once_then_sacct_for_what_it_forgot():
     found = queries.drive(queries.jobs_state(["5", "6", "8"], {"7": 3}, accounting=True), run)
     assert asked[0] == ["squeue", "-h", "-r", "-t", "all", "-j", "5,6,8,7", "-O", SQUEUE_FORMAT]
     assert asked[1][:7] == ["sacct", "-n", "-P", "-X", "-D", "-j", "6,8,7"]
-    assert asked[2] == ["scontrol", "show", "job", "-o", "8"] and len(asked) == 3
+    assert len(asked) == 2  # 8, which neither knows, is not asked about again (scontrol reads squeue's table)
     assert [j.state.value for j in found["5"]] == ["RUNNING"]
     assert [j.source for j in found["6"]] == ["sacct"] and found["8"] == []
     assert [j.job_id for j in found["7"]] == ["7_0", "7_1", "7_2"] and found["7"][0].source == "squeue"
@@ -234,7 +234,7 @@ def test_an_urgent_wait_without_accounting_brings_the_squeue_forward():
     server = Server()
     views = asyncio.run(views_after(Waiter(server, "5", watch_policy=PATIENT), lambda s: s.confirm_soon(), 30))
     asked = [c.split(" ", 1)[0] for c in server.commands if not c.startswith("stat ")]
-    assert asked == ["squeue", "scontrol"] and any(v.answer("5") == [] for v in views)
+    assert asked == ["squeue"] and any(v.answer("5") == [] for v in views)
 
 
 def test_a_waiter_whose_files_changed_is_served_first():
@@ -258,3 +258,48 @@ def test_a_waiter_whose_files_changed_is_served_first():
 
     asyncio.run(scenario())
     assert order[:150].index("149") >= 100 and order[150:].index("149") < 50
+
+
+def test_a_thousand_waits_share_one_connection_one_stat_a_tick_and_one_sacct_for_fifty_failures():
+    """Issue 28's scale (1,000 waits on one head node), in counts: one connection, a stat per tick for all of
+    them, no squeue before the confirm interval, and the markers that cannot settle their jobs (50) asked about
+    together in one sacct (slurmdbd), not a question each and not a squeue brought forward."""
+    server = Server()
+
+    async def one(waiter: Waiter) -> None:
+        async with joined(waiter) as seat:
+            await seat.next_view()
+            if int(waiter.name) % 20 == 19:
+                seat.confirm_soon()
+            for _ in range(3):
+                await seat.next_view()
+
+    async def scenario() -> None:
+        waiters = [Waiter(server, str(i), accounting=True, watch_policy=PATIENT) for i in range(1000)]
+        await asyncio.gather(*(one(w) for w in waiters))
+
+    asyncio.run(scenario())
+    assert len(server.connections) == 1
+    stats = [c for c in server.commands if c.startswith("stat ")]
+    # One per tick for every due waiter's two files: 4,000 views in a few dozen stats at most (a waiter still busy
+    # with its last view is served at the next tick, so a loaded machine makes a few more), never one per wait.
+    assert 4 <= len(stats) <= 40 and stats[0] == "stat 2000 paths"
+    asked = [c for c in server.commands if not c.startswith("stat ")]
+    assert [c.split(" ", 1)[0] for c in asked] == ["sacct"]
+    failed = set(asked[0].split(" -j ", 1)[1].split(" ", 1)[0].split(","))
+    # Those that had asked by the time it was due (the rest wait FAST_CONFIRM_S for the next): never a running one.
+    assert failed <= {str(i) for i in range(19, 1000, 20)} and len(failed) > 25
+
+
+def test_a_thousand_jobs_slurmctld_forgot_cost_one_squeue_not_a_scontrol_each():
+    """Waits back after slurmctld's MinJobAge, without accounting: squeue lists none of their jobs, and the
+    question stays one slurmctld RPC (scontrol reads the same table: it was asked once per job, 1,000 RPCs)."""
+    asked = []
+
+    def run(argv: list[str]) -> str:
+        asked.append(argv[0])
+        return ""
+
+    ids = [str(i) for i in range(1000, 2000)]
+    found = queries.drive(queries.jobs_state(ids, {}, accounting=False), run)
+    assert asked == ["squeue"] and found == {job_id: [] for job_id in ids}
