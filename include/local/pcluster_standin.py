@@ -20,7 +20,11 @@ update-cluster follows pcluster's controller (DryrunOperationException's message
 UpdateClusterBadRequestException's "Update failure" with updateValidationErrors) with a simplified
 update policy: queue sizes and tags update in place, anything else is refused as UNSUPPORTED.
 `PCFLOW_STANDIN_FAIL=<failureCode>` at create time makes describe-cluster report CREATE_FAILED with that
-code, as pcluster does after a failed head-node wait condition. The nodes' custom action scripts
+code, as pcluster does after a failed head-node wait condition. `PCFLOW_STANDIN_ICE=<queue>[:<code>]` at create
+time makes that queue's nodes unlaunchable (EC2's InsufficientInstanceCapacity by default): each queue becomes
+a Slurm partition of the local nodes and the short queue's node is DOWN with the reason ParallelCluster's
+slurm_resume writes, `(Code:<code>)Failure when resuming nodes` (carve_partitions); delete-cluster undoes it.
+Without it the cluster's queues are the local Slurm's one partition, `compute`. The nodes' custom action scripts
 (OnNodeConfigured, the head node's and each queue's) are downloaded from S3 as the nodes would, with the
 cluster's rights, and one that cannot be read fails the cluster as pcluster reports it
 (OnNodeConfiguredDownloadFailure); they are not run (they would change this host's accounts and firewall:
@@ -66,6 +70,11 @@ FAIL_TAG = "pcflow-standin:fail"
 #: pcluster's failureReason of each failureCode the stand-in reports (pcluster.models.cluster_resources).
 FAILURE_REASONS = {"OnNodeConfiguredDownloadFailure": "Failed to download OnNodeConfigured script."}
 NODE_TAG = "pcflow-standin:slurm-node"
+#: `PCFLOW_STANDIN_ICE=<queue>[:<code>]` at create time: that queue's nodes cannot be launched (see `carve_partitions`).
+ICE_ENV = "PCFLOW_STANDIN_ICE"
+ICE_TAG = "pcflow-standin:ice"
+#: The partition the local Slurm has without the stand-in's (include/local/slurmconf.py).
+LOCAL_PARTITION = "compute"
 #: Settings the stand-in updates in place (pcluster: RESIZE_UPDATE_STRATEGY_ON_REMOVE / SUPPORTED).
 UPDATABLE = ("Scheduling.SlurmQueues.", "Tags")
 EMULATED = (
@@ -296,6 +305,51 @@ def compute_fleet(config: dict) -> list[tuple[dict, str, str]]:
     return [({**tags, NODE_TAG: node}, kind, subnet) for (tags, kind, subnet), (node, _) in pairs]
 
 
+# -- insufficient capacity: the Slurm side of ParallelCluster's fast fail-over ---------------------
+
+
+def slurm(*argv: str) -> None:
+    """scontrol on the local Slurm, as clustermgtd runs it on the head node."""
+    layout = local_stack.load_layout(create=False)
+    local_stack.run(["scontrol", *argv], env=layout.slurm_env())
+
+
+def carve_partitions(queues: list[str], short: str, code: str = "InsufficientInstanceCapacity") -> dict:
+    """STAND-IN for a cluster one of whose queues cannot launch its nodes: each queue becomes a Slurm partition
+    of its own, as ParallelCluster makes them (the first the default), of the local nodes: `short`'s one node,
+    the other queues the rest (ParallelCluster's queues have nodes of their own; here they share what is left).
+    `short`'s node goes DOWN with slurm_resume's reason, `(Code:<code>)Failure when resuming nodes`: what
+    ParallelCluster's nodes show when EC2 answers an insufficient-capacity error (its fast fail-over)."""
+    nodes = [name for name, _ in local_nodes()]
+    if len(nodes) < 2 or short not in queues:
+        raise SystemExit(f"{ICE_ENV}: queue {short!r} of {queues}, with {len(nodes)} local nodes: needs 2 or more")
+    first, rest = nodes[:1], nodes[1:]
+    carved = {queue: first if queue == short else rest for queue in queues}
+    for index, (queue, members) in enumerate(carved.items()):
+        default = "YES" if index == 0 else "NO"
+        slurm("create", f"PartitionName={queue}", f"Nodes={','.join(members)}", "State=UP", f"Default={default}")
+    slurm(
+        "update",
+        f"NodeName={','.join(carved[short])}",
+        "State=DOWN",
+        f"Reason=(Code:{code})Failure when resuming nodes",
+    )
+    return carved
+
+
+def release_partitions(queues: list[str]) -> None:
+    """Undo `carve_partitions` when the cluster is deleted: its partitions gone, the local one the default
+    again, the short node back up."""
+    for queue in queues:
+        slurm("delete", f"PartitionName={queue}")
+    slurm("update", f"PartitionName={LOCAL_PARTITION}", "Default=YES")
+    layout = local_stack.load_layout(create=False)
+    listed = local_stack.run(["sinfo", "-h", "-N", "-t", "down", "-o", "%N|%E"], env=layout.slurm_env()).stdout
+    short = sorted({line.split("|")[0] for line in listed.splitlines() if "|(Code:" in line})
+    if short:
+        slurm("update", f"NodeName={','.join(short)}", "State=RESUME")
+
+
 # -- the compute fleet: its status in pcluster's table (item COMPUTE_FLEET, as pcluster 3.2+ stores it) --
 
 FLEET_KEY = {"Id": {"S": "COMPUTE_FLEET"}}
@@ -381,6 +435,11 @@ def create(cfn, ec2, args, region: str) -> None:
     failure = os.environ.get("PCFLOW_STANDIN_FAIL") or scripts_failure(config, region)
     if failure:
         stack_tags.append({"Key": FAIL_TAG, "Value": failure})
+    queues = [q["Name"] for q in config["Scheduling"]["SlurmQueues"]]
+    if os.environ.get(ICE_ENV):  # the nodes pcflow's train wait sees, as clustermgtd leaves them
+        short, _, code = os.environ[ICE_ENV].partition(":")
+        carve_partitions(queues, short, code or "InsufficientInstanceCapacity")
+        stack_tags.append({"Key": ICE_TAG, "Value": ",".join(queues)})
     arn = cfn.create_stack(
         StackName=name,
         TemplateBody=template_for(config, name, tags),
@@ -547,6 +606,9 @@ def delete(cfn, ec2, args, region: str) -> None:
     if stack_of(cfn, name) is None:
         hint = " In case you have running instances belonging to a deleted cluster please use the "
         not_found(name, hint + "DeleteClusterInstances API.")
+    tags = {t["Key"]: t["Value"] for t in (stack_of(cfn, name) or {}).get("Tags", [])}
+    if tags.get(ICE_TAG):
+        release_partitions(tags[ICE_TAG].split(","))
     instances = cluster_instances(ec2, name)
     if instances:  # the stack's cleanup on deletion (a function with a cluster role) terminates the nodes
         with acting_as(BY_THE_CLUSTER):

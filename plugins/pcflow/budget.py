@@ -63,13 +63,45 @@ def usd(amount: float | None) -> str:
     return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.2g}"
 
 
+def capacity_options(run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The run's capacity options in order (pcflow.capacity; the first task's `capacity_order`), or its
+    one instance type and capacity type where the document has none."""
+    options = run.get("capacity_order")
+    return (
+        list(options)
+        if options
+        else [{"instance_types": [run["instance_type"]], "capacity_type": run["capacity_type"]}]
+    )
+
+
 def compute_price(run: Mapping[str, Any], table: Mapping[str, Any], ec2: Any, now: dt.datetime) -> Price | None:
-    """One compute node's price per hour: on-demand from the Price List API or the table; spot at the
+    """One compute node's price per hour, never under-estimated: the dearest instance type of the dearest
+    capacity option the run may fall back to (pcflow.capacity), each priced by `type_price`; None when one
+    has no price (the run then cannot be priced). Each option's own price goes into it (`usd_per_node_hour`)."""
+    dearest: Price | None = None
+    for option in capacity_options(run):
+        prices = [type_price(t, option["capacity_type"], table, ec2, now) for t in option["instance_types"]]
+        if any(p is None for p in prices):
+            return None
+        top = max(prices, key=lambda p: p.usd_per_hour)  # type: ignore[union-attr]
+        option["usd_per_node_hour"] = top.usd_per_hour  # type: ignore[union-attr]
+        if dearest is None or top.usd_per_hour > dearest.usd_per_hour:  # type: ignore[union-attr]
+            dearest = top
+    options = capacity_options(run)
+    if dearest is not None and len(options) + len(options[0]["instance_types"]) > 2:
+        basis = f"the dearest of the run's capacity options; {dearest.basis}"
+        dearest = Price(dearest.usd_per_hour, dearest.source, dearest.item, basis)
+    return dearest
+
+
+def type_price(
+    instance_type: str, capacity_type: str, table: Mapping[str, Any], ec2: Any, now: dt.datetime
+) -> Price | None:
+    """One instance type's price per hour: on-demand from the Price List API or the table; spot at the
     highest price of the last day in the region's zones (EC2's history), else at on-demand (what spot never
     exceeds by default)."""
-    instance_type = run["instance_type"]
     on_demand = on_demand_quote(table, instance_type)
-    if run["capacity_type"] == "spot":
+    if capacity_type == "spot":
         history = spot_prices(ec2, instance_type, now - SPOT_HISTORY, now) if ec2 is not None else []
         if history:
             basis = "highest spot price of the last day, EC2 spot price history"
@@ -112,7 +144,8 @@ def plan_cost(
     budget, training, now = run["budget"], run["training"], now or dt.datetime.now(dt.UTC)
     head = cluster_infrastructure(run["cluster"]["provider"], run["cluster"]["config"]).head_instance_type
     try:
-        table = run_prices(run["region"], [run["instance_type"], head], pricing=pricing, today=now.date())
+        types = [t for option in capacity_options(run) for t in option["instance_types"]]
+        table = run_prices(run["region"], [*dict.fromkeys(types), head], pricing=pricing, today=now.date())
     except NoPrices as exc:
         table, unknown, compute, infra = {}, [str(exc)], None, []
     else:
@@ -129,6 +162,7 @@ def plan_cost(
         "price_table_as_of": table.get("as_of"),
         "price_list_as_of": (table.get("price_list") or {}).get("as_of"),
         "capacity_type": run["capacity_type"],
+        "priced_capacity_type": priced_capacity_type(run, compute),
         "nodes": training["nodes"],
         "compute_per_node_hour": compute.usd_per_hour if compute else None,
         "infrastructure_per_hour": round(sum(p.usd_per_hour for p in infra), 6),
@@ -156,6 +190,16 @@ def plan_cost(
     }
     cost["summary"] = summary(cost)
     return cost
+
+
+def priced_capacity_type(run: Mapping[str, Any], compute: Price | None) -> str:
+    """The capacity type of the option the compute price is (a fallback's on-demand may be above the run's spot)."""
+    found = (
+        o["capacity_type"]
+        for o in capacity_options(run)
+        if compute and compute.item in o["instance_types"] and o.get("usd_per_node_hour") == compute.usd_per_hour
+    )
+    return next(found, run["capacity_type"])
 
 
 def per_hour(cost: Mapping[str, Any]) -> float | None:
@@ -200,7 +244,7 @@ def summary(cost: Mapping[str, Any]) -> str:
 def breakdown(cost: Mapping[str, Any]) -> str:
     """How the maximum is reached: price per hour and what makes it, hours, trials, the cluster's life."""
     compute, *infra = cost["prices"]
-    capacity = "spot" if cost["capacity_type"] == "spot" else "on-demand"
+    capacity = "spot" if cost.get("priced_capacity_type", cost["capacity_type"]) == "spot" else "on-demand"
     parts = [f"{cost['nodes']} x {compute['item']} {capacity} at {usd(compute['usd_per_hour'])}/h"]
     parts += [f"{p['item']} {usd(p['usd_per_hour'])}/h" for p in infra]
     text = f"{usd(cost['per_hour'])}/h ({', '.join(parts)})"

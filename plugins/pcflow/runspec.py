@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pcflow.capacity import CapacitySettings
 from pcflow.datasource import DIGITS
 from pcflow.datasource import FORMS as SOURCE_FORMS
 from pcflow.errors import refusal
@@ -743,6 +744,8 @@ class RunSpec(_Section):
     region: str
     instance_type: str
     capacity_type: Literal["spot", "ondemand"] = "ondemand"
+    #: More instance types, the allocation strategy, a capacity reservation and the fallback options (pcflow.capacity).
+    capacity: CapacitySettings = Field(default_factory=CapacitySettings)
     ttl_hours: float = Field(24, gt=0, le=24 * 30)
     network: dict[str, Any] = Field(default_factory=dict, description="NetworkSpec fields (aws/network.py)")
     dataset: DatasetSettings

@@ -91,6 +91,7 @@ def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_pro
         "shared_root": "/shared",
         "hyperparameters": {**run["training"]["hyperparameters"], "data_dir": "/shared/20261129"},
         "trials": [],
+        "fabric_env": {"FI_PROVIDER": "efa"},  # what the cluster's network needs (an EFA cluster's)
     }
     digest = "0123456789abcdef0123"
     shipped = {"name": "simclr", "digest": digest, "dir": f"/shared/pcflow/payloads/{digest}"}
@@ -109,6 +110,7 @@ def test_the_train_task_gets_its_job_as_validated(dags, offline, form, admin_pro
     assert task.hyperparameters["tag"] == "1e5" and task.hyperparameters["data_dir"] == "/shared/20261129"
     assert task.allocation == run["training"]["allocation"] and task.program == run["training"]["program"]
     assert isinstance(task.max_restarts, int) and task.early_stopping is None
+    assert task.fabric_env == {"FI_PROVIDER": "efa"} and task.capacity == run["capacity_order"]
     assert HeadNode.of(task.head_node) == HeadNode("slurm_default")  # one value, from the cluster's XCom
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from pcflow.capacity import strategy_for
 from pcflow.cluster.node_setup import NodeSetup, node_setup_for
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.merge import deep_merge
@@ -145,16 +146,54 @@ def node_iam(spec: ClusterSpec, node_setup: NodeSetup | None) -> dict[str, Any]:
     return iam
 
 
+def queues(spec: ClusterSpec, efa: bool | Mapping[str, bool]) -> list[dict[str, Any]]:
+    """The Slurm queues in the profile's capacity order (pcflow.capacity): the run's own (`queue_name`), then one
+    per fallback option (`<queue_name>-2`, ...), each with one compute resource of its instance types. EFA where
+    every type of the queue has it (`efa`: a bool for all, or each type's answer from EC2) and the spec allows;
+    a cluster placement group where EFA is on, unless the spec says otherwise (ParallelCluster warns of EFA
+    without one); the GPU health check on a GPU queue unless the spec says otherwise."""
+    first = {
+        "instance_types": [spec.instance_type, *(t for t in spec.instance_types if t != spec.instance_type)],
+        "capacity_type": spec.capacity_type,
+        "allocation_strategy": strategy_for(spec.capacity_type, spec.allocation_strategy),
+        "capacity_reservation_id": spec.capacity_reservation_id,
+    }
+    options = [first] + [
+        {**o.model_dump(exclude={"partition"}), "capacity_type": o.capacity_type.upper()} for o in spec.fallback
+    ]
+    found = []
+    for index, option in enumerate(options):
+        suffix = f"-{index + 1}" if index else ""
+        types = option["instance_types"]
+        supported = all(efa.get(t, False) for t in types) if isinstance(efa, Mapping) else efa
+        queue_efa = supported if spec.efa is None else spec.efa
+        placement = queue_efa if spec.placement_group is None else spec.placement_group
+        found.append(
+            {
+                **option,
+                "name": f"{spec.queue_name}{suffix}",
+                "compute_resource_name": f"{spec.compute_resource_name}{suffix}",
+                "instances": [{"InstanceType": t} for t in types],
+                "min_count": spec.min_count if not index else 0,  # no fallback keeps nodes up
+                "efa": queue_efa,
+                "placement_group": placement,
+                "gpu_health_checks": spec.gpus_required if spec.gpu_health_checks is None else spec.gpu_health_checks,
+            }
+        )
+    return found
+
+
 def render_config(
     spec: ClusterSpec,
     *,
-    efa: bool = False,
+    efa: bool | Mapping[str, bool] = False,
     tags: Mapping[str, str] | None = None,
     template: str = DEFAULT_TEMPLATE,
     node_script: bytes | None = None,
 ) -> RenderedConfig:
     """The ParallelCluster YAML for `spec`; the spec's own tags, then `tags` (e.g. `naming.standard_tags`)
-    and the config-hash tag, go on the cluster's CloudFormation stack and everything in it. pcflow's tags
+    and the config-hash tag, go on the cluster's CloudFormation stack and everything in it (`efa`: whether the
+    instance types have EFA, one answer for all or each type's, `queues`). pcflow's tags
     come last, so no spec tag replaces them (the spec refuses `pcflow:` keys anyway). `node_script`: the
     node setup's bytes (default: pcflow's, node-setup.sh), whose hash names the object the config runs."""
     data_path = export_path = None
@@ -167,7 +206,7 @@ def render_config(
         .get_template(template)
         .render(
             s=spec,
-            efa=efa,
+            queues=queues(spec, efa),
             data_repository_path=data_path,
             export_path=export_path,
             node_iam=node_iam(spec, node_setup),
@@ -177,7 +216,7 @@ def render_config(
     )
     document = yaml.safe_load(body)
     if spec.extra_config:
-        document = deep_merge(document, spec.extra_config)
+        document = deep_merge(document, spec.extra_config, by_name=True)
         refuse_replaced(spec, document, node_setup)
     digest_value, shape = config_hash(document), shape_hash(document)
     all_tags = {**spec.tags, **dict(tags or {}), TAG_CONFIG_HASH: digest_value, TAG_SHAPE_HASH: shape}

@@ -7,6 +7,7 @@ is new, so its address and key come from here, never from trust-on-first-use).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,6 +43,8 @@ class ClusterInfo:
     scheduler: str = "slurm"
     status: str = "ready"
     adopted: bool = False
+    #: What every job on it exports for its network (EFA's libfabric settings, pcflow.cluster.fabric); {}: none.
+    fabric_env: Mapping[str, str] = field(default_factory=dict)
 
     def to_xcom(self) -> dict[str, Any]:
         """JSON for the ensure task's XCom; `HeadNode.from_cluster` and `from_xcom` read it back."""
@@ -57,6 +60,7 @@ class ClusterInfo:
             "partitions": [asdict(p) for p in self.partitions],
             "config_hash": self.config_hash,
             "adopted": self.adopted,
+            "fabric_env": dict(self.fabric_env),
         }
 
     @classmethod
@@ -76,4 +80,5 @@ class ClusterInfo:
             scheduler=value.get("scheduler", "slurm"),
             status=value.get("status", "ready"),
             adopted=bool(value.get("adopted", False)),
+            fabric_env=dict(value.get("fabric_env") or {}),
         )

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcflow.cluster.config import TAG_CONFIG_HASH, TAG_SHAPE_HASH, RenderedConfig, render_config
+from pcflow.cluster.config import TAG_CONFIG_HASH, TAG_SHAPE_HASH, RenderedConfig, queues, render_config
+from pcflow.cluster.fabric import fabric_env
 from pcflow.cluster.info import ClusterInfo, Partition
 from pcflow.cluster.node_setup import ensure_uploaded
 from pcflow.cluster.pcluster import ParallelClusterHook, PclusterError
@@ -166,14 +167,27 @@ class ParallelClusterProvider:
         ttl: dt.timedelta | None = None,
         dag_run: tuple[str, str] | None = None,
     ) -> RenderedConfig:
-        """Checks the instance type with EC2 (GPUs, EFA) and renders the config with the standard tags
-        (`dag_run`: the DAG run making or adopting the cluster, named in its tags for the janitor)."""
-        facts = check_instance_type(
-            self.clients("ec2"), spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa
-        )
-        efa = facts["efa_supported"] if spec.efa is None else spec.efa
+        """Checks every instance type of every queue with EC2 (GPUs, EFA: `NetworkInfo.EfaSupported`) and
+        renders the config with the standard tags (`dag_run`: the DAG run making or adopting the cluster,
+        named in its tags for the janitor)."""
         tags = standard_tags(stack=stack, component=Component.CLUSTER, run=run, ttl=ttl, dag_run=dag_run)
-        return render_config(spec, efa=efa, tags=tags)
+        return render_config(spec, efa=self.efa_support(spec), tags=tags)
+
+    def efa_support(self, spec: ClusterSpec) -> dict[str, bool]:
+        """Each instance type of each queue: whether EC2 says it has EFA (refusing a CPU type for a GPU queue,
+        and a type without EFA where the spec asks for it)."""
+        ec2 = self.clients("ec2")
+        return {
+            kind: check_instance_type(ec2, kind, gpus_required=spec.gpus_required, efa=spec.efa)["efa_supported"]
+            for kind in spec.all_instance_types
+        }
+
+    def job_fabric_env(self, spec: ClusterSpec) -> dict[str, str]:
+        """The job environment of the cluster's network (pcflow.cluster.fabric): EFA's settings when every
+        queue has EFA (a job may run in any of them), none otherwise."""
+        rendered = queues(spec, self.efa_support(spec))
+        efa = all(q["efa"] for q in rendered)
+        return fabric_env(efa, [t for q in rendered for t in q["instance_types"]])
 
     def validate(self, spec: ClusterSpec, rendered: RenderedConfig) -> dict[str, Any]:
         """ParallelCluster's own validators, nothing created: `create-cluster --dryrun true`, or for a
@@ -322,6 +336,7 @@ class ParallelClusterProvider:
             config_hash=describe_tags(described).get(TAG_CONFIG_HASH),
             status=status,
             adopted=step_action in ("adopted", "refreshed"),
+            fabric_env=self.job_fabric_env(spec),
         )
 
     def start_fleet_if_stopped(self, name: str) -> None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pcflow.aws.clients import error_code, validate_region
 from pcflow.aws.ssh_ingress import refuse_anywhere
+from pcflow.capacity import AllocationStrategy, CapacityOption
 from pcflow.cluster.node_setup import DEFAULT_JOB_UID
 from pcflow.errors import ConfigurationError
 from pcflow.naming import AWS_TAG_VALUE_RE, TAG_PREFIX
@@ -138,8 +139,16 @@ class ClusterSpec(BaseModel):
     max_count: int = Field(1, ge=1, le=1000)
     job_nodes: int = Field(1, ge=1)
     gpus_required: bool = True
-    placement_group: bool = False
-    efa: bool | None = None  # None: enabled when the instance type supports it
+    #: More instance types of the first queue's compute resource (ParallelCluster's flexible instance types),
+    #: its allocation strategy and capacity reservation; the fallback queues, tried in order (pcflow.capacity).
+    instance_types: tuple[str, ...] = ()
+    allocation_strategy: AllocationStrategy | None = None
+    capacity_reservation_id: str | None = Field(None, pattern=r"^cr-[0-9a-f]{8,17}$")
+    fallback: tuple[CapacityOption, ...] = ()
+    placement_group: bool | None = None  # None: on for a queue with EFA
+    efa: bool | None = None  # None: enabled when every instance type of the queue supports it
+    #: ParallelCluster's GPU health check before each job (HealthChecks.Gpu); None: on for a GPU queue.
+    gpu_health_checks: bool | None = None
     scaledown_idletime_minutes: int = Field(10, ge=1)
     slurm_accounting: bool = False
     s3_bucket: str | None = None
@@ -277,6 +286,12 @@ class ClusterSpec(BaseModel):
         if not self.ssh_allowed_ips.startswith("pl-"):
             refuse_anywhere([self.ssh_allowed_ips], self.allow_ssh_from_anywhere, "ssh_allowed_ips")
         return self
+
+    @property
+    def all_instance_types(self) -> tuple[str, ...]:
+        """Every type a queue of this cluster may launch: what DescribeInstanceTypes is asked about."""
+        types = [self.instance_type, *self.instance_types, *(t for o in self.fallback for t in o.instance_types)]
+        return tuple(dict.fromkeys(types))
 
     @property
     def compute_subnets(self) -> tuple[str, ...]:

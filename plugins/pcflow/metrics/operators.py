@@ -202,9 +202,10 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         if window_s is not None and (start is None or end is None):  # no accounting: the run's window
             start, end = start or now - dt.timedelta(seconds=window_s), end or now
         head, fsx_gib, fsx_type = self.priced_infrastructure()
+        instance_type, capacity_type = self.capacity_used()
         inputs = cost.CostInputs(
-            instance_type=self.instance_type,
-            capacity_type=self.capacity_type,
+            instance_type=instance_type,
+            capacity_type=capacity_type,
             node_seconds=node_seconds,
             window_s=window_s,
             head_instance_type=head,
@@ -214,13 +215,23 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             end=end,
         )
         try:
-            types = [self.instance_type, head]
+            types = [instance_type, head]
             table = cost.run_prices(self.hook.region_name, types, pricing=self.pricing, overrides=self.prices)
         except cost.NoPrices as exc:  # never another region's prices
             self.log.warning("Not priced: %s", exc)
             return cost.unpriced(inputs, str(exc))
-        ec2 = self.client("ec2") if self.capacity_type == "spot" else None
+        ec2 = self.client("ec2") if capacity_type == "spot" else None
         return cost.estimate(inputs, table, ec2=ec2)
+
+    def capacity_used(self) -> tuple[str, str]:
+        """The instance type and capacity type the job ran on: the run's, or after a capacity fallback
+        (the train task's `capacity_moves`, pcflow.capacity) the last option's capacity type and its first
+        listed type (which of its types EC2 launched is not known here)."""
+        moves = (self.job or {}).get("capacity_moves") if isinstance(self.job, Mapping) else None
+        if not moves:
+            return self.instance_type, self.capacity_type
+        option = moves[-1]
+        return option["instance_types"][0], option["capacity_type"]
 
     def cost_over_time(self, document: Mapping[str, Any], context: Context) -> dict[str, Any]:
         """What the first task said the run may cost, and the cost so far at each evaluation."""

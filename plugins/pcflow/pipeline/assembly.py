@@ -250,6 +250,8 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         "container": image,
         "warm_start": warm["path"],  # $PCFLOW_WARM_START; None without a warm start
         "budget": RUN.cost,  # the wait logs the cost so far and stops the job at the budget
+        "capacity": RUN.capacity_order,  # a job pending for insufficient capacity moves to the next option
+        "fabric_env": inputs["fabric_env"],  # EFA's libfabric settings where the cluster has EFA
         "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }
     if sweep:

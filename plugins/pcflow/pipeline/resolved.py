@@ -101,6 +101,9 @@ class ResolvedRun(RunSpec):
     keep_resources: bool = Field(description="teardown.policy is `never`: the teardowns only report")
     expiry: Expiry
     cost: dict[str, Any] = Field(description="the price, maximum and approval (pcflow.budget.plan_cost)")
+    capacity_order: list[dict[str, Any]] = Field(
+        description="the capacity options in order, each with its partition and price (pcflow.capacity)"
+    )
     warm_start: WarmStart = Field(description="the model the run starts from (training.warm_start, resolved)")
 
 

@@ -10,6 +10,12 @@ FIELDS: dict[str, Any] = {
     "region": None,
     "instance_type": None,
     "capacity_type": None,
+    "capacity": {
+        "instance_types": None,
+        "allocation_strategy": None,
+        "capacity_reservation_id": None,
+        "fallback": None,
+    },
     "ttl_hours": None,
     "network": None,
     "dataset": {
@@ -168,6 +174,7 @@ FIELDS: dict[str, Any] = {
         "kept_hours": None,
     },
     "cost": None,
+    "capacity_order": None,
     "warm_start": {
         "source": None,
         "uri": None,

@@ -173,6 +173,7 @@ def resolve_for_run(
     spec = resolve_run_spec(params["profile"], overrides_from_params(params))
     document = spec.model_dump(mode="json")
     document["training"]["allocation"] = spec.training.allocation()
+    document["capacity_order"] = run_capacity_order(document)  # the options a pending job falls back through
     # XCom is readable by whoever can see the run: the train task resolves the values itself (RunEnv).
     document["training"]["env"] = sorted(spec.training.env)
     document["training"]["secrets"] = spec.training.secret_references()
@@ -188,6 +189,37 @@ def resolve_for_run(
     document["keep_resources"] = spec.teardown.policy == "never"
     document["expiry"] = expiry_hours(document)  # the stamps outlast the run's longest possible time
     return document
+
+
+def run_capacity_order(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's capacity options in order (pcflow.capacity), each with its Slurm partition: ParallelCluster's
+    queue (cluster.config.queue_name, its fallbacks `<queue>-2`...), a static cluster's job partition."""
+    from pcflow.capacity import capacity_order
+    from pcflow.cluster.spec import ClusterSpec
+
+    config = document["cluster"]["config"]
+    if document["cluster"]["provider"] == "parallelcluster":
+        first = config.get("queue_name") or ClusterSpec.model_fields["queue_name"].default
+    else:
+        first = document["training"]["allocation"].get("partition") or config.get("partition")
+    try:
+        return capacity_order(document, first)
+    except ValueError as exc:
+        raise refused("capacity", str(exc), deployment_admin()) from None
+
+
+def cluster_capacity(run: dict[str, Any]) -> dict[str, Any]:
+    """The ClusterSpec fields of the run's `capacity` section: the first queue's more instance types, strategy
+    and reservation, and the fallback options (each its own queue; ParallelCluster names their partitions)."""
+    capacity = run.get("capacity") or {}
+    fallback = [{k: v for k, v in option.items() if k != "partition"} for option in capacity.get("fallback") or ()]
+    found = {
+        "instance_types": capacity.get("instance_types") or [],
+        "allocation_strategy": capacity.get("allocation_strategy"),
+        "capacity_reservation_id": capacity.get("capacity_reservation_id"),
+        "fallback": fallback,
+    }
+    return {k: v for k, v in found.items() if v}
 
 
 def trials_at_once(run: dict[str, Any]) -> int:
@@ -296,5 +328,6 @@ def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id:
         "s3_prefix": run["dataset"]["prefix"],
         "job_user": run["cluster"].get("job_user"),  # every node makes it (cluster/node_setup.py)
         "job_accounts": run["cluster"].get("job_accounts", 1),  # and the rest of the pool
+        **cluster_capacity(run),  # more instance types, the fallback queues (pcflow.capacity)
         **settings,
     }

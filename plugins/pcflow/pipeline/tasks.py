@@ -375,8 +375,9 @@ def training_inputs(
     trials: list[dict] | None = None,
     job_account: str | None = None,
 ) -> dict[str, Any]:
-    """Where and how to reach the cluster, and the data's path there, for the train task (DATA_DIR is one
-    of runspec.RESERVED_HYPERPARAMETERS: the first task refused it in the profile, conf, trials and grid)."""
+    """Where and how to reach the cluster, the data's path there and what its network needs in the job's
+    environment, for the train task (DATA_DIR is one of runspec.RESERVED_HYPERPARAMETERS: the first task
+    refused it in the profile, conf, trials and grid)."""
     from pcflow.runspec import DATA_DIR
 
     head_node = HeadNode.from_cluster(cluster).running_jobs_as(job_account)
@@ -389,4 +390,5 @@ def training_inputs(
         "shared_root": cluster.get("shared_root"),
         "hyperparameters": hyperparameters,
         "trials": [{**hyperparameters, **trial} for trial in (trials or [])],
+        "fabric_env": dict(cluster.get("fabric_env") or {}),  # EFA's libfabric settings (pcflow.cluster.fabric)
     }

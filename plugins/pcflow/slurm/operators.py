@@ -124,6 +124,12 @@ class SlurmJobOperator(BaseOperator):
         against its run's recorded sha256, read-only): the job reads its path in `$PCFLOW_WARM_START`.
     :param secret_env: the references (`{name: {"variable": key}}`, pcflow.runspec.SecretReference) of the
         secrets among `env`: the trigger reads them again so the log lines it streams show `***` instead.
+    :param capacity: the run's capacity options in order (the first task's `capacity_order`, pcflow.capacity):
+        while the job is pending and its partition's nodes are down for insufficient capacity, the wait moves
+        it to the next option's partition and says so with that option's price; the result lists the moves
+        (`capacity_moves`). One job only: an array's elements stay where they are.
+    :param fabric_env: the cluster's network settings (its ensure task's `fabric_env`: EFA's libfabric, see
+        pcflow.cluster.fabric), exported by the batch script where `env` does not set them.
     :param deferrable: wait in the triggerer, or in this worker with the same semantics; the default is
         Airflow's `operators.default_deferrable` (pcflow's deployments set it true).
     """
@@ -146,6 +152,8 @@ class SlurmJobOperator(BaseOperator):
         "secret_env",
         "container",
         "warm_start",
+        "capacity",
+        "fabric_env",
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
@@ -176,10 +184,14 @@ class SlurmJobOperator(BaseOperator):
         container: dict[str, Any] | None = None,
         warm_start: str | None = None,
         outputs: Sequence[str] = (),
+        capacity: list[dict[str, Any]] | None = None,
+        fabric_env: dict[str, str] | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.capacity = capacity
+        self.fabric_env = fabric_env
         self.program = program
         self.payload_dir = payload_dir
         self.hyperparameter_args = hyperparameter_args
@@ -241,6 +253,7 @@ class SlurmJobOperator(BaseOperator):
                 hyperparameter_args=bool(self.hyperparameter_args),
                 container=self.container if (self.container or {}).get("digest") else None,
                 warm_start=self.warm_start or None,
+                fabric_env=self.fabric_env or {},
             )
         except ValidationError as exc:
             raise ConfigurationError(
@@ -410,7 +423,7 @@ class SlurmJobOperator(BaseOperator):
         the worker."""
         from pcflow.slurm.trigger import SlurmJobTrigger
 
-        return SlurmJobTrigger(log_offset=log_offset, **self.trigger_kwargs(run_dir))
+        return SlurmJobTrigger(log_offset=log_offset, capacity=self.capacity, **self.trigger_kwargs(run_dir))
 
     def policy_kwargs(self) -> dict[str, Any]:
         """The waiter's pacing as WatchPolicy's fields, its defaults filled in: the trigger rebuilds the same
@@ -493,7 +506,8 @@ class SlurmJobOperator(BaseOperator):
         info = JobInfo.from_dict(event["job"]) if event.get("job") else None
         if event["outcome"] == str(Outcome.SUCCESS):
             self.check_outputs(run_dir, event.get("log_tail") or [])
-        return self.result(run_dir, info, exit_code=event.get("exit_code") or 0, outcome=event["outcome"])
+        result = self.result(run_dir, info, exit_code=event.get("exit_code") or 0, outcome=event["outcome"])
+        return {**result, "capacity_moves": event.get("capacity_moves") or []}
 
     def check_outputs(self, run_dir: RunDir, log_tail: Sequence[str] = ()) -> None:
         """A job that completed without one of its declared outputs, or with one empty or cut short, did not do

@@ -88,6 +88,7 @@ def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_ke
         command=spec.command,
         payload_dir=spec.payload_dir,
         warm_start=spec.warm_start,
+        fabric_env=spec.fabric_env,
         hyperparameter_args=spec.hyperparameter_args,
         python=spec.python,
         procs_per_node=spec.resources.tasks_per_node,

@@ -174,6 +174,9 @@ class JobSpec(BaseModel):
     python: str = Field("python3", description="interpreter on the cluster (for torchrun/vissl), e.g. a venv's")
     resources: Resources = Field(default_factory=Resources)
     env: dict[str, str] = Field(default_factory=dict)
+    #: The cluster's network settings (EFA's libfabric, pcflow.cluster.fabric): exported by the batch script
+    #: where `env` (sbatch's environment) does not set them.
+    fabric_env: dict[str, str] = Field(default_factory=dict)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     rdzv_port: int = Field(29500, ge=1024, le=64535, description="base port; the job id modulo 1000 is added")
     array: ArraySpec | None = None
@@ -203,7 +206,7 @@ class JobSpec(BaseModel):
             raise ValueError(f"python must be a command name or an absolute path, got {python!r}")
         return python
 
-    @field_validator("env")
+    @field_validator("env", "fabric_env")
     @classmethod
     def _env(cls, env: dict[str, str]) -> dict[str, str]:
         for name, value in env.items():

@@ -30,6 +30,7 @@ from typing import Any
 import asyncssh
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from pcflow import capacity
 from pcflow.budget import CostMeter
 from pcflow.metrics.harvest import EARLY_STOP_FILE
 from pcflow.metrics.jsonlines import from_line_start
@@ -408,9 +409,13 @@ async def secret_values(references: dict[str, dict[str, str]], log: Any) -> tupl
 class SlurmJobTrigger(HeadNodeTrigger):
     """Fires once, when one job is over for good (requeues included) or the wait gives up."""
 
-    def __init__(self, *, log_offset: int = 0, **kwargs: Any) -> None:
+    def __init__(self, *, log_offset: int = 0, capacity: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.log_offset = log_offset
+        #: The run's capacity options in order (pcflow.capacity): a pending job whose partition's nodes are
+        #: down for insufficient capacity is moved to the next one's partition; the moves made, for the result.
+        self.capacity = capacity
+        self.moves: list[dict[str, Any]] = []
         self.watch = JobWatch(self.job_id, self.watch_policy)
         self.cursor = LogCursor(offset=log_offset)
         self.progress = JobProgress()
@@ -419,7 +424,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
         self.info: JobInfo | None = None  # what Slurm said last
 
     def kwargs(self) -> dict[str, Any]:
-        return {**super().kwargs(), "log_offset": self.log_offset}
+        return {**super().kwargs(), "log_offset": self.log_offset, "capacity": self.capacity}
 
     async def wait(self) -> dict[str, Any]:
         self.cursor.hidden = await secret_values(self.secret_env or {}, self.log)
@@ -522,6 +527,9 @@ class SlurmJobTrigger(HeadNodeTrigger):
             verdict = self.watch.assess(self.info, self.marker, view.now)
             if verdict is None and self.info is not None and self.info.state is JobState.RUNNING:
                 await self.stop_early_if_due(seat, self.job_id, self.run_dir)
+            fallback = len(self.capacity or ()) > 1  # an option to move to: else no question is asked
+            if verdict is None and fallback and self.info is not None and self.info.state is JobState.PENDING:
+                await self.fall_back_if_short(seat)
             if verdict is None and self.info is not None and marker_matches(self.marker, self.info):
                 seat.confirm_soon()  # the marker says over, slurmctld not yet: ask again shortly
         if verdict is None:
@@ -533,6 +541,31 @@ class SlurmJobTrigger(HeadNodeTrigger):
             size = await self.size_of(seat.sftp, self.log_path)  # Slurm ended it: its last lines may be newer
         await self.finish_log(seat.sftp, size)
         return self.payload(self.after_budget(verdict), self.final_info())
+
+    async def fall_back_if_short(self, seat: Seat) -> None:
+        """The job is pending: when its partition's nodes are down for insufficient capacity (ParallelCluster's
+        `(Code:InsufficientInstanceCapacity)...` reason), move it to the next capacity option's partition
+        (`scontrol update`, as the job's own user: Slurm lets an owner move a pending job), and say so with
+        that option's price. Asked at slurmctld's cadence, only while pending and only with options."""
+        partition = (await seat.run(["squeue", "-h", "-j", self.job_id, "-o", "%P"])).strip()
+        if not partition:
+            return
+        move = capacity.decide(
+            self.capacity or [], partition, capacity.parse_nodes(await seat.run([*capacity.SINFO_NODES, partition]))
+        )
+        if move is None:
+            return
+        update = ["scontrol", "update", f"JobId={self.job_id}", f"Partition={move.to_partition}"]
+        await seat.run(as_job_user(update, self.head_node.job_user))
+        now_in = (await seat.run(["squeue", "-h", "-j", self.job_id, "-o", "%P"])).strip()
+        if now_in != move.to_partition:  # refused (the partition's AllowAccounts), or the job started meanwhile
+            self.log.warning(
+                "capacity: could not move Slurm job %s to %s (it is in %r)", self.job_id, move.to_partition, now_in
+            )
+            return
+        self.log.warning("%s", move.message(self.job_id))
+        self.moves.append({"from": move.from_partition, "to": move.to_partition, "code": move.code, **move.option})
+        seat.confirm_soon()  # see it start in its new partition
 
     def marker_is_ours(self) -> bool:
         """Whether the exit marker names this job: a marker left by an earlier job in the same directory settles
@@ -561,6 +594,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
             "job": info.as_dict() if info is not None else None,
             "log_offset": self.cursor.offset,
             "log_tail": list(self.cursor.tail),
+            "capacity_moves": self.moves,  # the fallbacks the wait made (pcflow.capacity)
         }
 
     def error_payload(self, exc: Exception) -> dict[str, Any]:

@@ -120,3 +120,32 @@ def test_the_node_setup_passes_the_real_dry_run_which_looks_its_script_up(pclust
     for node in (config["HeadNode"], *config["Scheduling"]["SlurmQueues"]):
         assert node["CustomActions"]["OnNodeConfigured"]["Script"] == setup.uri
         assert node["Iam"]["AdditionalIamPolicies"] == [{"Policy": NODE_POLICY}]
+
+
+def test_flexible_types_fallback_queues_efa_and_health_checks_pass_the_real_dry_run(pcluster_cli, site):
+    """aws-gpu's capacity section (issue 27.3/27.5) as the pipeline hands it to the cluster: a spot queue of
+    g5.12xlarge and g6.12xlarge (flexible instance types, price-capacity-optimized), an on-demand fallback queue,
+    EFA and a placement group on both (EC2 says both types have EFA), GPU health checks. ParallelCluster's own
+    validators judge it (InstancesAcceleratorsValidator, InstancesEFAValidator, EfaPlacementGroupValidator,
+    InstancesAllocationStrategyValidator...); only the rehearsal's moto-suppressed ones are skipped."""
+    from pcflow.pipeline.settings import cluster_capacity
+
+    capacity = load_profile("aws-gpu")["capacity"]
+    spec = site.spec(instance_type="g5.12xlarge", capacity_type="SPOT", **cluster_capacity({"capacity": capacity}))
+    result = validate_cluster(provider(pcluster_cli), spec, stack=site.stack)
+    assert not [m for m in result["validation_messages"] if m["level"] == "ERROR"], result["validation_messages"]
+    spot, ondemand = yaml.safe_load(result["config"])["Scheduling"]["SlurmQueues"]
+    assert (spot["Name"], spot["CapacityType"], spot["AllocationStrategy"]) == (
+        "gpu",
+        "SPOT",
+        "price-capacity-optimized",
+    )
+    assert spot["ComputeResources"][0]["Instances"] == [
+        {"InstanceType": "g5.12xlarge"},
+        {"InstanceType": "g6.12xlarge"},
+    ]
+    assert (ondemand["Name"], ondemand["CapacityType"]) == ("gpu-2", "ONDEMAND")
+    for queue in (spot, ondemand):
+        assert queue["ComputeResources"][0]["Efa"] == {"Enabled": True}
+        assert queue["Networking"]["PlacementGroup"] == {"Enabled": True}
+        assert queue["HealthChecks"] == {"Gpu": {"Enabled": True}}

@@ -99,7 +99,8 @@ def test_a_job_account_without_what_its_setup_needs_is_refused(overrides, messag
     [
         ({"HeadNode": {"CustomActions": {"OnNodeConfigured": {"Script": "s3://elsewhere/x.sh"}}}}, "HeadNode"),
         ({"HeadNode": {"CustomActions": {"OnNodeConfigured": {"Args": ["root", "0", "ubuntu"]}}}}, "HeadNode"),
-        ({"Scheduling": {"SlurmQueues": [{"Name": "open", "ComputeResources": []}]}}, "SlurmQueues[0]"),
+        # a queue of its own, without the node setup (merged by Name: appended after pcflow's own)
+        ({"Scheduling": {"SlurmQueues": [{"Name": "open", "ComputeResources": []}]}}, "SlurmQueues[1]"),
         ({"Imds": {"ImdsSupport": "v1.0"}}, "Imds.ImdsSupport"),
     ],
 )

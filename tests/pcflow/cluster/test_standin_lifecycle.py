@@ -8,6 +8,7 @@ against moto's CloudFormation and FSx."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -401,3 +402,29 @@ def test_nodes_download_their_setup_script_with_their_own_s3_access(standin_cli,
         )
     finally:
         delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+
+
+def test_standin_ice_knob_leaves_a_queues_nodes_down_as_parallelcluster_does_until_delete(
+    standin_cli, site, local_stack, monkeypatch
+):
+    """`PCFLOW_STANDIN_ICE=gpu` (a stand-in knob): the cluster's queues become partitions of the local Slurm,
+    the first the default, and `gpu`'s node is DOWN with slurm_resume's reason; delete-cluster undoes it."""
+    monkeypatch.setenv("PCFLOW_STANDIN_ICE", "gpu")
+    provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
+    spec = site.spec(fallback=[{"instance_types": ["g5.xlarge"], "capacity_type": "ondemand"}])
+    slurm_env = {**os.environ, **local_stack.env}  # SLURM_CONF: the local stack's
+
+    def sinfo() -> list[str]:
+        argv = ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%E"]
+        return subprocess.run(argv, capture_output=True, text=True, env=slurm_env, check=True).stdout.splitlines()
+
+    try:
+        ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)
+        lines = sinfo()
+        assert any("|gpu*|down|(Code:InsufficientInstanceCapacity)Failure when resuming nodes" in s for s in lines)
+        assert any("|gpu-2|idle|" in line for line in lines)
+    finally:
+        monkeypatch.delenv("PCFLOW_STANDIN_ICE")
+        delete_cluster(provider, spec["name"], waiter_delay=1, waiter_max_attempts=10)
+    assert {line.split("|")[1] for line in sinfo()} == {"compute*"}
+    assert not [line for line in sinfo() if "|down" in line]
