@@ -124,6 +124,11 @@ class SlurmJobOperator(BaseOperator):
         against its run's recorded sha256, read-only): the job reads its path in `$PCFLOW_WARM_START`.
     :param secret_env: the references (`{name: {"variable": key}}`, pcflow.runspec.SecretReference) of the
         secrets among `env`: the trigger reads them again so the log lines it streams show `***` instead.
+    :param retry_failed_jobs: whether a job that failed in a way a retry may fix (a node lost, preempted, out
+        of time; the waiter giving up) fails the task with retries (a retry submits it again) or for good. False
+        (the pipelines' train task): the task's retries are for the orchestrator's own losses (a worker or
+        triggerer gone), whose retry adopts the job; a failed job costs no second allocation unless a person
+        clears the task.
     :param deferrable: wait in the triggerer, or in this worker with the same semantics; the default is
         Airflow's `operators.default_deferrable` (pcflow's deployments set it true).
     """
@@ -176,6 +181,7 @@ class SlurmJobOperator(BaseOperator):
         container: dict[str, Any] | None = None,
         warm_start: str | None = None,
         outputs: Sequence[str] = (),
+        retry_failed_jobs: bool = True,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -200,6 +206,7 @@ class SlurmJobOperator(BaseOperator):
         self.container = container
         self.warm_start = warm_start
         self.outputs = tuple(outputs)
+        self.retry_failed_jobs = retry_failed_jobs
         self.deferrable = deferrable
         self.job_id: str | None = None
         self.run_started: float | None = None
@@ -466,8 +473,9 @@ class SlurmJobOperator(BaseOperator):
         self.hook.write_file(run_dir.hparams, render_hparams(spec), mode=JOB_READS)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The wait's end: the result XCom on success; a host-key mismatch fails without retry; any other
-        failure raises JobFailed (retried), after cancelling a job the waiter gave up on."""
+        """The wait's end: the result XCom on success; a host-key mismatch fails without retry; a job's failure
+        raises JobFailed (retried; for good without `retry_failed_jobs`), after cancelling a job the waiter gave
+        up on; the wait's own error (its track of the job lost) is retried: the retry re-attaches."""
         from pcflow.slurm.spec import RunDir
 
         event = validate_event(event, task=self.task_id, required=("job_id", "run_dir", "message"))
@@ -482,6 +490,9 @@ class SlurmJobOperator(BaseOperator):
             raise PcflowInputError(event["message"])
         if event.get("outcome") in {str(o) for o in Outcome if o.needs_cancel}:
             self.hook.cancel(self.job_id)
+        if not self.retry_failed_jobs and event["status"] == "failed":
+            message = f"{event['message']} This task does not retry a failed job: clear it to submit it again."
+            raise JobFailedForGood(self.failure_message(run_dir, {**event, "message": message}))
         raise JobFailed(self.failure_message(run_dir, event))
 
     def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:
