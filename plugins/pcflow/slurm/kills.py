@@ -7,8 +7,13 @@ API server out of reach). Cancelling the job in all of these would turn an orche
 lost training run (Airflow PR #73454 is about this; SkyPilot #5031 the same in a controller). So the kill
 asks Airflow once what this task instance is now: anything but `running` is a person's action, and the
 job is cancelled; `running` is the orchestrator going away, and the job keeps running for the next try to
-adopt (the operator's exactly-once rules); no answer is treated as the latter. A deferred wait needs
-none of this: the triggerer calls its trigger's `on_kill` only on a person's action.
+adopt (the operator's exactly-once rules); no answer is treated as the latter.
+
+A deferred wait is asked the same. The triggerer calls its trigger's `on_kill` for every trigger that is
+no longer its own, and that is not only a person's action: when its heartbeat was late (a busy host, a
+database that was away) another triggerer took its triggers over, and it cancels its copies of them the
+same way. The task instance is then still `deferred`: the job keeps running, and the other triggerer
+waits on it.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from typing import Any
 #: How long a kill waits for Airflow's answer. The question is asked from another thread: the kill runs
 #: in a signal handler, which may have interrupted this process in the middle of its own request.
 ASK_TIMEOUT_S = 10.0
-#: The one state in which the server still expects this task instance to run.
+#: The one state in which the server still expects this task instance to run (in a worker).
 RUNNING = "running"
+#: ... and to wait, in a triggerer.
+DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,9 @@ def task_state_now(ti: Any, timeout: float = ASK_TIMEOUT_S) -> str:
 
     def ask() -> None:
         try:
-            states = ti.get_task_states(
+            # A task's RuntimeTaskInstance asks; a trigger may hold the bare workload, then the SDK's call.
+            get_task_states = getattr(ti, "get_task_states", None) or runtime_task_states()
+            states = get_task_states(
                 dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
             )
             key = ti.task_id if (ti.map_index is None or ti.map_index < 0) else f"{ti.task_id}_{ti.map_index}"
@@ -58,12 +67,20 @@ def task_state_now(ti: Any, timeout: float = ASK_TIMEOUT_S) -> str:
     return "none" if state is None else str(getattr(state, "value", state))
 
 
-def kill_verdict(ti: Any) -> KillVerdict:
-    """Whether the kill is a person's action: Airflow says this task instance no longer runs."""
+def runtime_task_states() -> Any:
+    """The Task SDK's question for task states (sent to the process's supervisor: a worker's or a triggerer's)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance  # the SDK's runtime: not at DAG parse
+
+    return RuntimeTaskInstance.get_task_states
+
+
+def kill_verdict(ti: Any, ours: str = RUNNING) -> KillVerdict:
+    """Whether the kill is a person's action: Airflow says this task instance is no longer `ours` (RUNNING in
+    a worker, DEFERRED for a trigger)."""
     if ti is None:
         return KillVerdict(False, "no task instance to ask about")
     try:
         state = task_state_now(ti)
     except Exception as exc:
         return KillVerdict(False, f"no answer from Airflow ({type(exc).__name__}: {exc})")
-    return KillVerdict(state != RUNNING, state)
+    return KillVerdict(state != ours, state)

@@ -45,6 +45,7 @@ from pcflow.slurm.hook import (
     quote_command,
     with_slurm_bin,
 )
+from pcflow.slurm.kills import DEFERRED, kill_verdict
 from pcflow.slurm.outcomes import Outcome
 from pcflow.slurm.progress import ArrayProgress, JobProgress
 from pcflow.slurm.session import CONNECTION_ERRORS, Seat, View
@@ -376,11 +377,29 @@ class HeadNodeTrigger(BaseTrigger):
                     return {**payload, "slurm_queries": self.queries_sent}
 
     async def on_kill(self) -> None:
-        """A user killed the deferred task: cancel the job so it stops using (and billing) nodes."""
+        """The trigger was taken from this triggerer: a person stopped the deferred task (marked it failed or
+        succeeded, cleared it), and the job is cancelled so it stops using (and billing) nodes; or another
+        triggerer took the wait over (this one's heartbeat was late), and the job keeps running
+        (pcflow.slurm.kills: Airflow is asked which)."""
+        from asgiref.sync import sync_to_async
+
+        verdict = await sync_to_async(kill_verdict)(getattr(self, "task_instance", None), DEFERRED)
+        if not verdict.by_person:
+            self.log.warning(
+                "Slurm job %s keeps running: this wait was taken from this triggerer, but not by a person (%s); "
+                "another triggerer waits on the job. To stop it, mark the task failed or clear it.",
+                self.job_id,
+                verdict.said,
+            )
+            return
         conn = await self.connect()
         try:
             await self.run_command(conn, as_job_user(["scancel", self.job_id], self.head_node.job_user))
-            self.log.info("Cancelled Slurm job %s because the task was killed", self.job_id)
+            self.log.info(
+                "Cancelled Slurm job %s: a person stopped this task (Airflow has it as %s now)",
+                self.job_id,
+                verdict.said,
+            )
         finally:
             await self.close(conn)
 
