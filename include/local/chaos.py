@@ -119,6 +119,7 @@ class Chaos:
     def __init__(self, deployment: Deployment, lay: Layout, conf: dict | None = None, log: Callable = print):
         self.airflow, self.lay, self.conf, self.log = deployment, lay, conf or RUN_CONF, log
         self.env = {**os.environ, **stack_env(lay), **lay.slurm_env()}
+        self.revived: list[str] = []
 
     # -- Slurm and S3, as the measures read them ----------------------------------------------------------
     def slurm(self, *argv: str) -> str:
@@ -191,14 +192,24 @@ class Chaos:
         raise AssertionError(f"train not at {moment} in {MOMENT_TIMEOUT_S} s")
 
     def follow(self, run_id: str) -> str:
-        """The run's end state (or its state at the timeout)."""
+        """The run's end state (or its state at the timeout), reviving what exits meanwhile."""
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline:
+            self.revive()
             state = self.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
             if state in ("success", "failed"):
                 return state
             time.sleep(3)
         return "timeout"
+
+    def revive(self) -> list[str]:
+        """Start again each replica that exited, as compose's `restart: always` does (the scheduler, the
+        dag-processor and the triggerers exit when their database connection fails); recorded in `revived`."""
+        gone = [name for name in self.airflow.names() if self.airflow.processes.pid(name) is None]
+        for name in gone:
+            self.airflow.spawn(self.airflow.names()[name], name)
+            self.revived.append(name)
+        return gone
 
     # -- the faults ---------------------------------------------------------------------------------------
     def replica(self, name: str) -> None:
@@ -352,6 +363,7 @@ class Chaos:
         """One run, its faults in turn (each at its moment: those while submitting first): trigger, wait for
         the moment, kill and restart, then follow the run to its end and measure it."""
         run_id, notes = self.trigger(), []
+        self.revived.clear()
         for fault in faults:
             try:
                 ti = self.at_moment(run_id, fault.moment)
@@ -364,6 +376,8 @@ class Chaos:
             self.log(f"  {fault.name}: {killed} killed and back in {time.monotonic() - started:.0f} s ({run_id})")
             notes.append(f"{killed} while train was {ti['state']}")
         outcome = self.measure(faults, run_id, self.follow(run_id))
+        if self.revived:
+            notes.append(f"exited and restarted (compose's restart: always): {', '.join(sorted(set(self.revived)))}")
         outcome.note = "; ".join(notes)
         return outcome
 
@@ -374,8 +388,8 @@ class Chaos:
 def table(outcomes: list[Outcome]) -> str:
     """The figures as a Markdown table, one row per fault (docs/reliability.md keeps one)."""
     lines = [
-        "| fault | survived | run | Slurm jobs | duplicates | self-cancelled | lost | detection (s) | train tries |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| fault | survived | run | Slurm jobs | duplicates | self-cancelled | lost | detection (s) | tries | what |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         jobs = ", ".join(f"{j} {s}" for j, s in zip(o.jobs, o.states, strict=True)) or "none"
@@ -383,7 +397,7 @@ def table(outcomes: list[Outcome]) -> str:
         lost = ", ".join(o.lost) or "0"
         lines.append(
             f"| {o.fault} | {'yes' if o.survived else 'NO'} | {o.state} (expected {o.expected}) | {jobs} | "
-            f"{o.duplicates} | {o.self_cancelled} | {lost} | {delay} | {o.train_tries} |"
+            f"{o.duplicates} | {o.self_cancelled} | {lost} | {delay} | {o.train_tries} | {o.note} |"
         )
     return "\n".join(lines)
 
