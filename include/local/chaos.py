@@ -315,7 +315,7 @@ class Chaos:
             return ["summary"]
         summary = json.loads(entry["value"]) if isinstance(entry["value"], str) else entry["value"]
         missing = [] if (summary.get("metrics") or {}) else ["metrics"]
-        s3 = boto3.client("s3", endpoint_url=self.env["AWS_ENDPOINT_URL"])
+        s3 = boto3.client("s3")  # the stack's endpoint, CA and keys: in the environment (main, the tests)
         for what, uri in (("report", summary.get("report")), ("model", (summary.get("model") or {}).get("model"))):
             bucket, _, key = (uri or "").removeprefix("s3://").partition("/")
             try:
@@ -444,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     faults = [BY_NAME[name] for name in args.faults.split(",")]
     lay = load_layout(create=False)
+    os.environ.update(stack_env(lay))  # a client of the stack, as the tests are: boto3 finds its endpoint
     deployment = chaos_deployment(lay)
     started = time.monotonic()
     try:

@@ -13,8 +13,8 @@ its own state directory and 2 of each), and stopped by it. One deployment for th
   first night's dataset stage is SIGKILLed mid-load; the stage is retried on the other worker,
   nothing is created twice, and both nights succeed on the shared network and image.
 - a short version of `make chaos` (include/local/chaos.py): one `pretrain` run whose worker is SIGKILLed as
-  train submits, then slurmctld while its job runs; it succeeds with one Slurm job, none cancelled, nothing
-  lost.
+  train submits, then the head node's sshd while its job runs; it succeeds with one Slurm job, none
+  cancelled, nothing lost.
 - the trigger form of `pretrain` in headless Chromium, after logging in as the first user.
 - `make airflow` as a person uses it: the login it prints, a second `up` finding everything up, the
   form filled in and submitted in Chromium, the run's success, pcflow's page listing it; then `down`.
@@ -684,15 +684,17 @@ def test_the_metrics_task_s_extra_link_opens_the_report_inside_airflow(airflow, 
 # -- faults: a short version of `make chaos`, on this module's deployment -----------------------------------
 
 #: One pretrain run, two faults (include/local/chaos.py): its worker SIGKILLed while train submits, then
-#: slurmctld SIGKILLed while the job runs; each started again. `make chaos` runs them all, a run each.
-CI_FAULTS = ("worker-mid-submit", "slurmctld")
+#: the head node's sshd (with its sessions) while the job runs; each started again. `make chaos` runs them
+#: all, a run each.
+CI_FAULTS = ("worker-mid-submit", "sshd")
 
 
-def test_a_run_survives_its_worker_killed_mid_submit_and_slurmctld_killed(airflow, artifacts_dir):
+def test_a_run_survives_its_worker_killed_mid_submit_and_the_head_node_s_sshd_killed(airflow, artifacts_dir):
     """Issue 28: kill -9 of the worker running train as it submits (the scheduler fails the task when its
-    heartbeat stops; the retry adopts the job, or submits the one that never was), then of slurmctld while
-    the job runs (started again: the job runs on, its end is noticed). The run succeeds with one Slurm job
-    under its name, none cancelled by pcflow, and its summary, report and model in S3."""
+    heartbeat stops; the retry adopts the job, or submits the one that never was), then of the head node's
+    sshd while the job runs (the wait's connection drops; it reconnects once sshd is back, and notices the
+    job's end). The run succeeds with one Slurm job under its name, none cancelled by pcflow, and its
+    summary, report and model in S3."""
     from chaos import BY_NAME, Chaos, table
     from stack import load_layout
 
