@@ -90,12 +90,14 @@ class Outcome:
     lost: list[str] = field(default_factory=list)
     detection_s: float | None = None
     train_tries: int = 0
+    person_said: bool | None = None  # a person's action: the log says the job was cancelled for it
     note: str = ""
 
     @property
     def survived(self) -> bool:
         """The run ended as it would have, with nothing duplicated, cancelled by pcflow itself or lost."""
-        return self.state == self.expected and not (self.duplicates or self.self_cancelled or self.lost)
+        clean = not (self.duplicates or self.self_cancelled or self.lost or self.person_said is False)
+        return self.state == self.expected and clean
 
 
 def kill_family(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -294,7 +296,8 @@ class Chaos:
         elif fault.name in ("sshd", "slurmctld"):
             self.stack_service(fault.name)
         elif fault.name == "slurmd":
-            node = next((row[3] for row in self.jobs(self.job_name(run_id)) if row[1] == "RUNNING"), "")
+            nodes = next((row[3] for row in self.jobs(self.job_name(run_id)) if row[1] == "RUNNING"), "")
+            node = self.slurm("scontrol", "show", "hostnames", nodes).split()[0]  # node[1-2]: node1
             self.stack_service(f"slurmd-{node}", whole_family=False)  # its jobs' steps are not its children
             return f"slurmd-{node}"
         elif fault.name == "mark-failed":
@@ -334,6 +337,13 @@ class Chaos:
         job_end = max(datetime.fromisoformat(e) for e in ends).astimezone(UTC)
         task_end = datetime.fromisoformat(ti["end_date"].replace("Z", "+00:00"))
         return round((task_end - job_end).total_seconds(), 1)
+
+    def said_by_person(self, run_id: str) -> bool:
+        """Whether train's log (the triggerer's part of it) says its job was cancelled because a person
+        stopped the task."""
+        logs = Path(self.airflow.container("airflow-triggerer", "airflow-triggerer-1").path("/opt/airflow/logs"))
+        folder = logs / f"dag_id={DAG_ID}" / f"run_id={run_id}" / "task_id=train"
+        return any("a person stopped this task" in f.read_text(errors="replace") for f in folder.glob("*.log*"))
 
     def measure(self, faults: tuple[Fault, ...], run_id: str, state: str) -> Outcome:
         """The run's row: its end, its Slurm jobs, what it left, how fast its job's end was seen."""
@@ -376,6 +386,8 @@ class Chaos:
             self.log(f"  {fault.name}: {killed} killed and back in {time.monotonic() - started:.0f} s ({run_id})")
             notes.append(f"{killed} while train was {ti['state']}")
         outcome = self.measure(faults, run_id, self.follow(run_id))
+        if outcome.expected == "failed":
+            outcome.person_said = self.said_by_person(run_id)
         if self.revived:
             notes.append(f"exited and restarted (compose's restart: always): {', '.join(sorted(set(self.revived)))}")
         outcome.note = "; ".join(notes)

@@ -18,6 +18,7 @@ waits on it.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -39,20 +40,25 @@ class KillVerdict:
     said: str  # what Airflow answered (a state, "none" for a cleared task), or why there was no answer
 
 
+def ask_task_state(ti: Any) -> str:
+    """The task instance's state as Airflow has it now ("none": no state, a cleared task), asked in this
+    thread; raises what the Task SDK raised when there is no answer."""
+    # A task's RuntimeTaskInstance asks; a trigger may hold the bare workload, then the SDK's call.
+    get_task_states = getattr(ti, "get_task_states", None) or runtime_task_states()
+    states = get_task_states(dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index)
+    key = ti.task_id if (ti.map_index is None or ti.map_index < 0) else f"{ti.task_id}_{ti.map_index}"
+    state = (states.get(ti.run_id) or {}).get(key)
+    return "none" if state is None else str(getattr(state, "value", state))
+
+
 def task_state_now(ti: Any, timeout: float = ASK_TIMEOUT_S) -> str:
-    """The task instance's state as Airflow has it now ("none": no state, a cleared task); raises
-    TimeoutError or what the Task SDK raised when there is no answer."""
+    """ask_task_state from another thread, for a kill that runs in a signal handler (which may have interrupted
+    this process in the middle of its own request); raises TimeoutError when there is no answer in time."""
     answer: dict[str, Any] = {}
 
     def ask() -> None:
         try:
-            # A task's RuntimeTaskInstance asks; a trigger may hold the bare workload, then the SDK's call.
-            get_task_states = getattr(ti, "get_task_states", None) or runtime_task_states()
-            states = get_task_states(
-                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
-            )
-            key = ti.task_id if (ti.map_index is None or ti.map_index < 0) else f"{ti.task_id}_{ti.map_index}"
-            answer["state"] = (states.get(ti.run_id) or {}).get(key)
+            answer["state"] = ask_task_state(ti)
         except Exception as exc:  # no Task SDK, the supervisor gone, the API server out of reach
             answer["error"] = exc
 
@@ -63,8 +69,7 @@ def task_state_now(ti: Any, timeout: float = ASK_TIMEOUT_S) -> str:
         raise TimeoutError(f"Airflow gave no answer within {timeout:.0f} s")
     if "error" in answer:
         raise answer["error"]
-    state = answer["state"]
-    return "none" if state is None else str(getattr(state, "value", state))
+    return answer["state"]
 
 
 def runtime_task_states() -> Any:
@@ -74,13 +79,28 @@ def runtime_task_states() -> Any:
     return RuntimeTaskInstance.get_task_states
 
 
-def kill_verdict(ti: Any, ours: str = RUNNING) -> KillVerdict:
-    """Whether the kill is a person's action: Airflow says this task instance is no longer `ours` (RUNNING in
-    a worker, DEFERRED for a trigger)."""
+def kill_verdict(ti: Any) -> KillVerdict:
+    """Whether the kill is a person's action: Airflow says this task instance no longer runs."""
     if ti is None:
         return KillVerdict(False, "no task instance to ask about")
     try:
         state = task_state_now(ti)
     except Exception as exc:
         return KillVerdict(False, f"no answer from Airflow ({type(exc).__name__}: {exc})")
-    return KillVerdict(state != ours, state)
+    return KillVerdict(state != RUNNING, state)
+
+
+async def wait_kill_verdict(ti: Any) -> KillVerdict:
+    """kill_verdict for a trigger's `on_kill`, in the triggerer's event loop: the Task SDK's call runs through
+    asgiref (sync_to_async), which hands its request back to this loop; from a thread of its own (as
+    task_state_now asks) it never gets an answer there (seen on the Celery deployment: a person's "mark failed"
+    left the job running)."""
+    from asgiref.sync import sync_to_async  # Airflow's own dependency; only a trigger's kill needs it
+
+    if ti is None:
+        return KillVerdict(False, "no task instance to ask about")
+    try:
+        state = await asyncio.wait_for(sync_to_async(ask_task_state)(ti), ASK_TIMEOUT_S)
+    except Exception as exc:
+        return KillVerdict(False, f"no answer from Airflow ({type(exc).__name__}: {exc})")
+    return KillVerdict(state != DEFERRED, state)

@@ -45,7 +45,7 @@ from pcflow.slurm.hook import (
     quote_command,
     with_slurm_bin,
 )
-from pcflow.slurm.kills import DEFERRED, kill_verdict
+from pcflow.slurm.kills import wait_kill_verdict
 from pcflow.slurm.outcomes import Outcome
 from pcflow.slurm.progress import ArrayProgress, JobProgress
 from pcflow.slurm.session import CONNECTION_ERRORS, Seat, View
@@ -381,9 +381,7 @@ class HeadNodeTrigger(BaseTrigger):
         succeeded, cleared it), and the job is cancelled so it stops using (and billing) nodes; or another
         triggerer took the wait over (this one's heartbeat was late), and the job keeps running
         (pcflow.slurm.kills: Airflow is asked which)."""
-        from asgiref.sync import sync_to_async
-
-        verdict = await sync_to_async(kill_verdict)(getattr(self, "task_instance", None), DEFERRED)
+        verdict = await wait_kill_verdict(getattr(self, "task_instance", None))
         if not verdict.by_person:
             self.log.warning(
                 "Slurm job %s keeps running: this wait was taken from this triggerer, but not by a person (%s); "
