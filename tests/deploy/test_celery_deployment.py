@@ -712,6 +712,24 @@ def test_a_run_survives_its_worker_killed_mid_submit_and_the_head_node_s_sshd_ki
     assert outcome.train_tries >= 2, f"train was not retried after its worker was killed: {outcome}"
 
 
+def test_a_person_s_mark_failed_cancels_the_deferred_job_and_says_so(airflow, artifacts_dir):
+    """Issue 28, point 2, the other side: a person marks the deferred train task failed; the triggerer cancels
+    the trigger as a user's action and calls its on_kill: the run's one job is cancelled and train's log
+    says a person stopped the task."""
+    from chaos import BY_NAME, Chaos, table
+    from stack import load_layout
+
+    started = time.monotonic()
+    chaos = Chaos(airflow, load_layout(create=False), log=print)
+    outcome = chaos.run(BY_NAME["mark-failed"])
+    (artifacts_dir / "chaos.md").write_text(table([outcome]) + "\n")
+    seconds = round(time.monotonic() - started, 1)
+    (artifacts_dir / "chaos.json").write_text(json.dumps({**asdict(outcome), "seconds": seconds}, indent=1))
+    assert outcome.state == "failed" and len(outcome.jobs) == 1, outcome
+    assert outcome.states[0].startswith("CANCELLED"), f"the person's mark-failed did not cancel the job: {outcome}"
+    assert outcome.person_said, f"train's log does not say a person stopped it: {outcome}"
+
+
 # -- `make airflow`: the UI as a person uses it, then `make airflow-down` ---------------------------------
 
 #: The form's field for the run's data partition, and the dialog's button that submits it.

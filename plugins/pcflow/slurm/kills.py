@@ -7,18 +7,12 @@ API server out of reach). Cancelling the job in all of these would turn an orche
 lost training run (Airflow PR #73454 is about this; SkyPilot #5031 the same in a controller). So the kill
 asks Airflow once what this task instance is now: anything but `running` is a person's action, and the
 job is cancelled; `running` is the orchestrator going away, and the job keeps running for the next try to
-adopt (the operator's exactly-once rules); no answer is treated as the latter.
-
-A deferred wait is asked the same. The triggerer calls its trigger's `on_kill` for every trigger that is
-no longer its own, and that is not only a person's action: when its heartbeat was late (a busy host, a
-database that was away) another triggerer took its triggers over, and it cancels its copies of them the
-same way. The task instance is then still `deferred`: the job keeps running, and the other triggerer
-waits on it.
+adopt (the operator's exactly-once rules); no answer is treated as the latter. A deferred wait needs
+none of this: the triggerer calls its trigger's `on_kill` only on a person's action.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +20,8 @@ from typing import Any
 #: How long a kill waits for Airflow's answer. The question is asked from another thread: the kill runs
 #: in a signal handler, which may have interrupted this process in the middle of its own request.
 ASK_TIMEOUT_S = 10.0
-#: The one state in which the server still expects this task instance to run (in a worker).
+#: The one state in which the server still expects this task instance to run.
 RUNNING = "running"
-#: ... and to wait, in a triggerer.
-DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -40,25 +32,18 @@ class KillVerdict:
     said: str  # what Airflow answered (a state, "none" for a cleared task), or why there was no answer
 
 
-def ask_task_state(ti: Any) -> str:
-    """The task instance's state as Airflow has it now ("none": no state, a cleared task), asked in this
-    thread; raises what the Task SDK raised when there is no answer."""
-    # A task's RuntimeTaskInstance asks; a trigger may hold the bare workload, then the SDK's call.
-    get_task_states = getattr(ti, "get_task_states", None) or runtime_task_states()
-    states = get_task_states(dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index)
-    key = ti.task_id if (ti.map_index is None or ti.map_index < 0) else f"{ti.task_id}_{ti.map_index}"
-    state = (states.get(ti.run_id) or {}).get(key)
-    return "none" if state is None else str(getattr(state, "value", state))
-
-
 def task_state_now(ti: Any, timeout: float = ASK_TIMEOUT_S) -> str:
-    """ask_task_state from another thread, for a kill that runs in a signal handler (which may have interrupted
-    this process in the middle of its own request); raises TimeoutError when there is no answer in time."""
+    """The task instance's state as Airflow has it now ("none": no state, a cleared task); raises
+    TimeoutError or what the Task SDK raised when there is no answer."""
     answer: dict[str, Any] = {}
 
     def ask() -> None:
         try:
-            answer["state"] = ask_task_state(ti)
+            states = ti.get_task_states(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
+            )
+            key = ti.task_id if (ti.map_index is None or ti.map_index < 0) else f"{ti.task_id}_{ti.map_index}"
+            answer["state"] = (states.get(ti.run_id) or {}).get(key)
         except Exception as exc:  # no Task SDK, the supervisor gone, the API server out of reach
             answer["error"] = exc
 
@@ -69,14 +54,8 @@ def task_state_now(ti: Any, timeout: float = ASK_TIMEOUT_S) -> str:
         raise TimeoutError(f"Airflow gave no answer within {timeout:.0f} s")
     if "error" in answer:
         raise answer["error"]
-    return answer["state"]
-
-
-def runtime_task_states() -> Any:
-    """The Task SDK's question for task states (sent to the process's supervisor: a worker's or a triggerer's)."""
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance  # the SDK's runtime: not at DAG parse
-
-    return RuntimeTaskInstance.get_task_states
+    state = answer["state"]
+    return "none" if state is None else str(getattr(state, "value", state))
 
 
 def kill_verdict(ti: Any) -> KillVerdict:
@@ -88,19 +67,3 @@ def kill_verdict(ti: Any) -> KillVerdict:
     except Exception as exc:
         return KillVerdict(False, f"no answer from Airflow ({type(exc).__name__}: {exc})")
     return KillVerdict(state != RUNNING, state)
-
-
-async def wait_kill_verdict(ti: Any) -> KillVerdict:
-    """kill_verdict for a trigger's `on_kill`, in the triggerer's event loop: the Task SDK's call runs through
-    asgiref (sync_to_async), which hands its request back to this loop; from a thread of its own (as
-    task_state_now asks) it never gets an answer there (seen on the Celery deployment: a person's "mark failed"
-    left the job running)."""
-    from asgiref.sync import sync_to_async  # Airflow's own dependency; only a trigger's kill needs it
-
-    if ti is None:
-        return KillVerdict(False, "no task instance to ask about")
-    try:
-        state = await asyncio.wait_for(sync_to_async(ask_task_state)(ti), ASK_TIMEOUT_S)
-    except Exception as exc:
-        return KillVerdict(False, f"no answer from Airflow ({type(exc).__name__}: {exc})")
-    return KillVerdict(state != DEFERRED, state)

@@ -45,7 +45,6 @@ from pcflow.slurm.hook import (
     quote_command,
     with_slurm_bin,
 )
-from pcflow.slurm.kills import wait_kill_verdict
 from pcflow.slurm.outcomes import Outcome
 from pcflow.slurm.progress import ArrayProgress, JobProgress
 from pcflow.slurm.session import CONNECTION_ERRORS, Seat, View
@@ -377,26 +376,16 @@ class HeadNodeTrigger(BaseTrigger):
                     return {**payload, "slurm_queries": self.queries_sent}
 
     async def on_kill(self) -> None:
-        """The trigger was taken from this triggerer: a person stopped the deferred task (marked it failed or
-        succeeded, cleared it), and the job is cancelled so it stops using (and billing) nodes; or another
-        triggerer took the wait over (this one's heartbeat was late), and the job keeps running
-        (pcflow.slurm.kills: Airflow is asked which)."""
-        verdict = await wait_kill_verdict(getattr(self, "task_instance", None))
-        if not verdict.by_person:
-            self.log.warning(
-                "Slurm job %s keeps running: this wait was taken from this triggerer, but not by a person (%s); "
-                "another triggerer waits on the job. To stop it, mark the task failed or clear it.",
-                self.job_id,
-                verdict.said,
-            )
-            return
+        """A person stopped the deferred task (marked it failed or succeeded, cleared it): Airflow cancels its
+        trigger as a user's action, and the job is cancelled so it stops using (and billing) nodes. Airflow
+        cancels the same way a trigger another triggerer took over while this one's heartbeat was late
+        (docs/reliability.md: asking Airflow first, as the operator's on_kill does, got no answer here)."""
         conn = await self.connect()
         try:
             await self.run_command(conn, as_job_user(["scancel", self.job_id], self.head_node.job_user))
             self.log.info(
-                "Cancelled Slurm job %s: a person stopped this task (Airflow has it as %s now)",
+                "Cancelled Slurm job %s: a person stopped this task (Airflow cancelled its wait as a user's action)",
                 self.job_id,
-                verdict.said,
             )
         finally:
             await self.close(conn)

@@ -209,42 +209,17 @@ def test_on_kill_leaves_the_job_running_when_the_orchestrator_went_away(slurm: S
         slurm.cancel(op.job_id)
 
 
-def kill_trigger(slurm: SlurmHook, task_id: str, airflow_says) -> str:
-    """A deferred job's trigger, its task instance as the triggerer gives it, killed with Airflow saying
-    `airflow_says` of the task; returns the job's id."""
+def test_trigger_on_kill_cancels_a_deferred_job(slurm: SlurmHook, capfd):
     import asyncio
 
-    op = SlurmJobOperator(task_id=task_id, program=bash("sleep 120"), **FAST)
-    context = make_context(task_id)
-    trigger = defer(op, context)
-    trigger.task_instance = context["ti"]
-    context["ti"].state = airflow_says
+    op = SlurmJobOperator(task_id="deferred-kill", program=bash("sleep 120"), **FAST)
+    trigger = defer(op, make_context("deferred-kill"))
     asyncio.run(trigger.on_kill())
-    return trigger.job_id
-
-
-@pytest.mark.parametrize("airflow_says", ["failed", None], ids=["marked-failed", "cleared"])
-def test_trigger_on_kill_cancels_a_deferred_job_a_person_stopped(slurm: SlurmHook, airflow_says, capfd):
-    job_id = kill_trigger(slurm, "deferred-kill", airflow_says)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and slurm.job_info(job_id).state is not JobState.CANCELLED:
+    while time.monotonic() < deadline and slurm.job_info(trigger.job_id).state is not JobState.CANCELLED:
         time.sleep(0.2)
-    assert slurm.job_info(job_id).state is JobState.CANCELLED
-    assert f"Cancelled Slurm job {job_id}: a person stopped this task" in capfd.readouterr().out
-
-
-@pytest.mark.parametrize(
-    "airflow_says", ["deferred", ConnectionError("no supervisor")], ids=["taken-over", "no-answer"]
-)
-def test_trigger_on_kill_leaves_a_wait_another_triggerer_took_over(slurm: SlurmHook, airflow_says, capfd):
-    """Issue 28, point 2: a triggerer whose heartbeat was late cancels the triggers another took over, with
-    the same on_kill as a person's action; the task instance is still deferred, so the job runs on."""
-    job_id = kill_trigger(slurm, "deferred-takeover", airflow_says)
-    try:
-        assert slurm.job_info(job_id).state in (JobState.PENDING, JobState.RUNNING)
-        assert f"Slurm job {job_id} keeps running: this wait was taken from this triggerer" in capfd.readouterr().out
-    finally:
-        slurm.cancel(job_id)
+    assert slurm.job_info(trigger.job_id).state is JobState.CANCELLED
+    assert f"Cancelled Slurm job {trigger.job_id}: a person stopped this task" in capfd.readouterr().out
 
 
 def is_pending(hook: SlurmHook, job_id: str) -> bool:
