@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 PAYLOAD_VENV := .venv-payload
 
-.PHONY: help setup system-deps venv payload-env local-image pcluster iam-simulator lock lint test demo example rehearsal airflow airflow-down stack-up stack-down stack-status stack-clean clean
+.PHONY: help setup system-deps venv payload-env local-image pcluster iam-simulator lock lint test demo example rehearsal airflow airflow-down chaos stack-up stack-down stack-status stack-clean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -99,6 +99,9 @@ airflow: stack-up payload-env  ## the Airflow UI on this machine (compose's serv
 
 airflow-down:  ## stop what `make airflow` started, and nothing else (its database stays)
 	@if [ -x $(PY) ]; then $(AIRFLOW_UI) down; else echo "airflow down (no environment)"; fi
+
+chaos: stack-up payload-env  ## kill -9 each part of the Celery deployment and the cluster mid-run: the table of docs/reliability.md
+	@$(PY) include/local/chaos.py $(CHAOS_ARGS)
 
 clean: stack-clean  ## remove the environment and all generated state
 	rm -rf $(VENV) .pytest_cache .ruff_cache tests/artifacts

@@ -37,6 +37,23 @@ IMAGE_AIRFLOW_HOME = "/opt/airflow"
 #: Airflow settings for one small machine, which a `.env` of this deployment carries (compose passes its
 #: lines to every service): one API worker process, 4 task slots per Celery worker (default 4 and 16).
 ONE_MACHINE_SETTINGS = {"AIRFLOW__API__WORKERS": "1", "AIRFLOW__CELERY__WORKER_CONCURRENCY": "4"}
+#: Settings the compose file leaves at Airflow's defaults, lowered in this deployment's `.env` (as a user
+#: tunes theirs) so that a failover takes seconds instead of minutes on a 2-core machine:
+FAILOVER_SETTINGS = {
+    # A task whose worker died is failed (then retried) once its heartbeat is this old: the task's
+    # supervisor heartbeats every 5 s ([workers] min_heartbeat_interval); the default waits 300 s.
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+    # A triggerer whose heartbeat (every job_heartbeat_sec, default 5) is older than the threshold
+    # (default 30 s) is dead: another triggerer takes its triggers over.
+    "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+    "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+    # The tests trigger every run themselves (a sweep, a backfill): unpausing the nightly DAG must not
+    # also start last night's run of its own schedule.
+    "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+}
 #: Ports a process listens on inside its own container; here each replica gets one of its own.
 PRIVATE_PORTS = {
     "airflow-worker": "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT",

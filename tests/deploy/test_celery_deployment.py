@@ -12,6 +12,9 @@ its own state directory and 2 of each), and stopped by it. One deployment for th
 - a backfill of `pretrain_nightly` over 2 days, started with the real CLI: the worker running the
   first night's dataset stage is SIGKILLed mid-load; the stage is retried on the other worker,
   nothing is created twice, and both nights succeed on the shared network and image.
+- a short version of `make chaos` (include/local/chaos.py): one `pretrain` run whose worker is SIGKILLed as
+  train submits, then the head node's sshd while its job runs; it succeeds with one Slurm job, none
+  cancelled, nothing lost.
 - the trigger form of `pretrain` in headless Chromium, after logging in as the first user.
 - `make airflow` as a person uses it: the login it prints, a second `up` finding everything up, the
   form filled in and submitted in Chromium, the run's success, pcflow's page listing it; then `down`.
@@ -38,11 +41,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import asdict
 from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from airflow_services import ONE_MACHINE_SETTINGS, Deployment
+from airflow_services import FAILOVER_SETTINGS, ONE_MACHINE_SETTINGS, Deployment
 
 from deploy.browser import BrowserError, Chromium
 from deploy.compose import REPO, fill_env_file
@@ -64,23 +68,6 @@ NIGHTLY_CONF = {"tasks_per_node": 1, "hyperparameters": {"epochs": 1, "lr": 0.00
 RUN_TIMEOUT_S = 720
 
 
-#: Settings the compose file leaves at Airflow's defaults, lowered in this deployment's `.env` (as a user
-#: tunes theirs) so that a failover takes seconds instead of minutes on a 2-core machine:
-FAILOVER_SETTINGS = {
-    # A task whose worker died is failed (then retried) once its heartbeat is this old: the task's
-    # supervisor heartbeats every 5 s ([workers] min_heartbeat_interval); the default waits 300 s.
-    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
-    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
-    # A triggerer whose heartbeat (every job_heartbeat_sec, default 5) is older than the threshold
-    # (default 30 s) is dead: another triggerer takes its triggers over.
-    "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
-    "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
-    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
-    # The tests trigger every run themselves (a sweep, a backfill): unpausing the nightly DAG must not
-    # also start last night's run of its own schedule.
-    "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
-    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
-}
 AIRFLOW_UI = REPO / "include" / "local" / "airflow_ui.py"
 
 
@@ -693,6 +680,55 @@ def test_the_metrics_task_s_extra_link_opens_the_report_inside_airflow(airflow, 
     assert "default-src 'none'" in policy and "sandbox" in policy and "script-src" not in policy, policy
     assert refused(airflow, href, {}) == 401
     (artifacts_dir / "timing.json").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1)}))
+
+
+# -- faults: a short version of `make chaos`, on this module's deployment -----------------------------------
+
+#: One pretrain run, two faults (include/local/chaos.py): its worker SIGKILLed while train submits, then
+#: the head node's sshd (with its sessions) while the job runs; each started again. `make chaos` runs them
+#: all, a run each.
+CI_FAULTS = ("worker-mid-submit", "sshd")
+
+
+def test_a_run_survives_its_worker_killed_mid_submit_and_the_head_node_s_sshd_killed(airflow, artifacts_dir):
+    """Issue 28: kill -9 of the worker running train as it submits (the scheduler fails the task when its
+    heartbeat stops; the retry adopts the job, or submits the one that never was), then of the head node's
+    sshd while the job runs (the wait's connection drops; it reconnects once sshd is back, and notices the
+    job's end). The run succeeds with one Slurm job under its name, none cancelled by pcflow, and its
+    summary, report and model in S3."""
+    from chaos import BY_NAME, Chaos, table
+    from stack import load_layout
+
+    started = time.monotonic()
+    wait_for_dag(airflow, "pretrain")
+    chaos = Chaos(airflow, load_layout(create=False), log=print)
+    outcome = chaos.run(*(BY_NAME[name] for name in CI_FAULTS))
+    (artifacts_dir / "chaos.md").write_text(table([outcome]) + "\n")
+    seconds = round(time.monotonic() - started, 1)
+    (artifacts_dir / "chaos.json").write_text(json.dumps({**asdict(outcome), "seconds": seconds}, indent=1))
+    assert outcome.state == "success", outcome
+    assert outcome.duplicates == 0 and len(outcome.jobs) == 1, outcome
+    assert outcome.self_cancelled == 0 and outcome.states == ["COMPLETED"], outcome
+    assert outcome.lost == [], outcome
+    assert outcome.train_tries >= 2, f"train was not retried after its worker was killed: {outcome}"
+
+
+def test_a_person_s_mark_failed_cancels_the_deferred_job_and_says_so(airflow, artifacts_dir):
+    """Issue 28, point 2, the other side: a person marks the deferred train task failed; the triggerer cancels
+    the trigger as a user's action and calls its on_kill: the run's one job is cancelled and train's log
+    says a person stopped the task."""
+    from chaos import BY_NAME, Chaos, table
+    from stack import load_layout
+
+    started = time.monotonic()
+    chaos = Chaos(airflow, load_layout(create=False), log=print)
+    outcome = chaos.run(BY_NAME["mark-failed"])
+    (artifacts_dir / "chaos.md").write_text(table([outcome]) + "\n")
+    seconds = round(time.monotonic() - started, 1)
+    (artifacts_dir / "chaos.json").write_text(json.dumps({**asdict(outcome), "seconds": seconds}, indent=1))
+    assert outcome.state == "failed" and len(outcome.jobs) == 1, outcome
+    assert outcome.states[0].startswith("CANCELLED"), f"the person's mark-failed did not cancel the job: {outcome}"
+    assert outcome.person_said, f"train's log does not say a person stopped it: {outcome}"
 
 
 # -- `make airflow`: the UI as a person uses it, then `make airflow-down` ---------------------------------

@@ -39,6 +39,11 @@ from pcflow.pipeline.validation import validate_run
 #: Every stage is idempotent, so a retry is always safe: it adopts what the failed attempt made. Training
 #: is the exception (a retry costs GPU hours): Slurm requeues lost nodes itself, a user retries the rest.
 DEFAULT_ARGS = {"retries": 2, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
+#: The train task's retries are for the orchestrator's losses only: a worker killed while it submits, a wait
+#: that lost track of its job (the scheduler fails the task; the retry adopts or re-attaches to the job, never
+#: submits a second). A failed job fails the task for good (retry_failed_jobs=False): no second allocation
+#: unless a person clears it. With no retry, such a loss failed the run and left its job running, unowned.
+TRAIN_ARGS = {"retries": 2, "retry_failed_jobs": False}
 #: What a DAG built with `build_training_pipeline` must set. No native rendering: Jinja's native mode
 #: literal-evaluates strings (`'..''/''..''/x'` becomes `../../x`, `"0x10"` becomes 16); operators get
 #: their values through `RUN`/`task_value` instead, as data. Every task's failure goes to the
@@ -257,13 +262,13 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
     if sweep:
         # Up to sweep.parallel trials at once (the array's `%` throttle), each on nodes of its own.
         trials = {"trials": inputs["trials"], "max_parallel": RUN.sweep.parallel, "min_success_ratio": 0.5}
-        train = SlurmArrayJobOperator(task_id="train", retries=0, pool=TRIAL_POOL, **trials, **job)
+        train = SlurmArrayJobOperator(task_id="train", pool=TRIAL_POOL, **TRAIN_ARGS, **trials, **job)
     else:
         hyperparameters = inputs["hyperparameters"]
         # What the payload's program leaves when it completes: a job that completed without them fails here.
         outputs = (MODEL_FILE, "metrics.jsonl")
         train = SlurmJobOperator(
-            task_id="train", hyperparameters=hyperparameters, outputs=outputs, retries=0, pool=TRIAL_POOL, **job
+            task_id="train", hyperparameters=hyperparameters, outputs=outputs, pool=TRIAL_POOL, **TRAIN_ARGS, **job
         )
     [inputs, environment, image, warm] >> train
     provenance = {"prepare_environment": prepared, "ship_payload": payload, "warm_start": warm}

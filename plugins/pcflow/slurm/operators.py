@@ -130,6 +130,11 @@ class SlurmJobOperator(BaseOperator):
         (`capacity_moves`). One job only: an array's elements stay where they are.
     :param fabric_env: the cluster's network settings (its ensure task's `fabric_env`: EFA's libfabric, see
         pcflow.cluster.fabric), exported by the batch script where `env` does not set them.
+    :param retry_failed_jobs: whether a job that failed in a way a retry may fix (a node lost, preempted, out
+        of time; the waiter giving up) fails the task with retries (a retry submits it again) or for good. False
+        (the pipelines' train task): the task's retries are for the orchestrator's own losses (a worker or
+        triggerer gone), whose retry adopts the job; a failed job costs no second allocation unless a person
+        clears the task.
     :param deferrable: wait in the triggerer, or in this worker with the same semantics; the default is
         Airflow's `operators.default_deferrable` (pcflow's deployments set it true).
     """
@@ -186,6 +191,7 @@ class SlurmJobOperator(BaseOperator):
         outputs: Sequence[str] = (),
         capacity: list[dict[str, Any]] | None = None,
         fabric_env: dict[str, str] | None = None,
+        retry_failed_jobs: bool = True,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -212,6 +218,7 @@ class SlurmJobOperator(BaseOperator):
         self.container = container
         self.warm_start = warm_start
         self.outputs = tuple(outputs)
+        self.retry_failed_jobs = retry_failed_jobs
         self.deferrable = deferrable
         self.job_id: str | None = None
         self.run_started: float | None = None
@@ -483,8 +490,9 @@ class SlurmJobOperator(BaseOperator):
         self.hook.write_file(run_dir.hparams, render_hparams(spec), mode=JOB_READS)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The wait's end: the result XCom on success; a host-key mismatch fails without retry; any other
-        failure raises JobFailed (retried), after cancelling a job the waiter gave up on."""
+        """The wait's end: the result XCom on success; a host-key mismatch fails without retry; a job's failure
+        raises JobFailed (retried; for good without `retry_failed_jobs`), after cancelling a job the waiter gave
+        up on; the wait's own error (its track of the job lost) is retried: the retry re-attaches."""
         from pcflow.slurm.spec import RunDir
 
         event = validate_event(event, task=self.task_id, required=("job_id", "run_dir", "message"))
@@ -499,6 +507,9 @@ class SlurmJobOperator(BaseOperator):
             raise PcflowInputError(event["message"])
         if event.get("outcome") in {str(o) for o in Outcome if o.needs_cancel}:
             self.hook.cancel(self.job_id)
+        if not self.retry_failed_jobs and event["status"] == "failed":
+            message = f"{event['message']} This task does not retry a failed job: clear it to submit it again."
+            raise JobFailedForGood(self.failure_message(run_dir, {**event, "message": message}))
         raise JobFailed(self.failure_message(run_dir, event))
 
     def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:

@@ -381,11 +381,17 @@ class HeadNodeTrigger(BaseTrigger):
                     return {**payload, "slurm_queries": self.queries_sent}
 
     async def on_kill(self) -> None:
-        """A user killed the deferred task: cancel the job so it stops using (and billing) nodes."""
+        """A person stopped the deferred task (marked it failed or succeeded, cleared it): Airflow cancels its
+        trigger as a user's action, and the job is cancelled so it stops using (and billing) nodes. Airflow
+        cancels the same way a trigger another triggerer took over while this one's heartbeat was late
+        (docs/reliability.md: asking Airflow first, as the operator's on_kill does, got no answer here)."""
         conn = await self.connect()
         try:
             await self.run_command(conn, as_job_user(["scancel", self.job_id], self.head_node.job_user))
-            self.log.info("Cancelled Slurm job %s because the task was killed", self.job_id)
+            self.log.info(
+                "Cancelled Slurm job %s: a person stopped this task (Airflow cancelled its wait as a user's action)",
+                self.job_id,
+            )
         finally:
             await self.close(conn)
 

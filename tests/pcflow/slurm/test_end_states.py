@@ -163,6 +163,23 @@ def test_a_final_end_fails_without_retry_a_retryable_one_with_and_old_events_sta
         assert not isinstance(failure.value, AirflowFailException)
 
 
+def test_without_retry_failed_jobs_a_failed_job_fails_for_good_but_a_lost_wait_is_retried():
+    """The pipelines' train task (TRAIN_ARGS): retries that only the orchestrator's losses use. A job that
+    failed, even in a way a retry could fix, fails the task for good (no second allocation); the wait's own
+    error (it lost track of the job) stays retryable, for the retry to re-attach to the job."""
+    from pcflow.pipeline.assembly import TRAIN_ARGS
+
+    op = operator(FakeHook({}))
+    op.retry_failed_jobs = TRAIN_ARGS["retry_failed_jobs"]
+    assert TRAIN_ARGS["retries"] >= 1 and op.retry_failed_jobs is False
+    with pytest.raises(JobFailedForGood) as final:
+        op.execute_complete({}, event("failed", "failed", retryable=True))
+    assert "clear it to submit it again" in str(final.value) and "last line" in str(final.value)
+    with pytest.raises(JobFailed) as lost:
+        op.execute_complete({}, event("error", "error", retryable=True))
+    assert not isinstance(lost.value, AirflowFailException)
+
+
 def test_a_completed_job_without_its_declared_outputs_fails_naming_them():
     recorded = {"job_id": "7", "exit_code": 0, "outputs": {"model.pt": 2048, "metrics.jsonl": 10}}
     complete = FakeHook({"model.pt": 2048, "metrics.jsonl": 10}, recorded)
