@@ -111,7 +111,10 @@ def test_concurrent_first_runs_make_one_network(aws, stack, bucket, counts):
     [t.join(timeout=120) for t in threads]
     assert results["a"].vpc_id == results["b"].vpc_id and counts()["vpc"] == 1
     assert sorted(ids.created for ids in results.values()) == [False, True]
-    assert [r["network_deleted"] for r in (release(aws, stack, bucket, "a"), release(aws, stack, bucket, "b"))] == [False, True]
+    assert [r["network_deleted"] for r in (release(aws, stack, bucket, "a"), release(aws, stack, bucket, "b"))] == [
+        False,
+        True,
+    ]
 
 
 def test_the_lock_is_one_holder_at_a_time_and_a_retry_takes_its_own_over(aws, stack, bucket):
