@@ -39,6 +39,7 @@ from pcflow.aws.storage import TASK_KEY_TAG
 from pcflow.cluster.operators import DeleteClusterOperator
 from pcflow.dataset.manifest import read_manifest
 from pcflow.naming import run_key
+from pcflow.pipeline.settings import cluster_name
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1500)]
 PARTITION = "e2e"
@@ -69,9 +70,11 @@ def export_started(key: str) -> bool:
 
 @paused()  # the test's lookups, not the run's calls
 def census(key: str, stack: str, job_name: str) -> dict[str, int]:
-    """What exists, by kind, counted by pcflow's tags (the run's, or the stack's for what it keeps)."""
+    """What exists, by kind, counted by pcflow's tags (the run's, or the stack's for what it keeps and shares:
+    image, network)."""
     ec2, fsx = boto3.client("ec2"), boto3.client("fsx")
     by_run = [{"Name": "tag:pcflow:run", "Values": [key]}]
+    network = [{"Name": "tag:pcflow:stack", "Values": [stack]}, {"Name": "tag:pcflow:component", "Values": ["network"]}]
     builders = [{"Name": "tag:pcflow:stack", "Values": [stack]}, {"Name": "tag:pcflow:component", "Values": ["ami"]}]
 
     def instances(filters: list[dict]) -> list[dict]:
@@ -84,12 +87,10 @@ def census(key: str, stack: str, job_name: str) -> dict[str, int]:
     file_systems = [
         fs for fs in fsx.describe_file_systems()["FileSystems"] if {"Key": "pcflow:run", "Value": key} in fs["Tags"]
     ]
-    gateways = ec2.describe_nat_gateways(Filter=by_run)["NatGateways"]
-    stacks = [
-        s for s in boto3.client("cloudformation").describe_stacks()["Stacks"] if s["StackName"].endswith("-cluster")
-    ]
+    gateways = ec2.describe_nat_gateways(Filter=network)["NatGateways"]
+    stacks = boto3.client("cloudformation").describe_stacks()["Stacks"]
     return {
-        "vpc": len(ec2.describe_vpcs(Filters=by_run)["Vpcs"]),
+        "vpc": len(ec2.describe_vpcs(Filters=network)["Vpcs"]),
         "nat-gateway": sum(g["State"] not in ("deleted", "deleting") for g in gateways),
         "image": len(ec2.describe_images(Owners=["self"], Filters=builders[:1])["Images"]),
         "image-builder": len(instances(builders)),  # terminated ones included: ever launched
@@ -124,7 +125,7 @@ def rehearse(local_stack, stack: str, *, conf: dict, run_id: str, when: dt.datet
     key = run_key("pretrain", run_id)
     kills = []
     started = spawn("start", "pretrain", run_id, when, log=log, conf=conf)
-    kill_when(started, lambda: cluster_stack_exists(f"pcflow-{stack}-cluster"), log, "the cluster's creation")
+    kill_when(started, lambda: cluster_stack_exists(cluster_name(stack, key)), log, "the cluster's creation")
     kills.append(unfinished_tasks("pretrain", run_id))
     # The run's next FSx task, the export before delete, runs for 5 s: the kill lands while it does.
     tell_standin(local_stack, "fsx/task-outcomes", {"results": [{"Lifecycle": "SUCCEEDED", "Seconds": 5}]})

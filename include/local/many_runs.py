@@ -1,0 +1,177 @@
+"""Many runs on one stack at once (issue 27): two `pretrain` runs and a 4-trial `pretrain_sweep` on the same
+stack, each its own `dag.test` process on the stack's Airflow home, then what they shared and what is left.
+
+The first `pretrain` run starts alone; the second and the sweep start as soon as its image exists (every run
+needs the stack's image, and a bake is the longest stage: they reuse it), and all three then run side by side:
+network references, clusters (one per run on ParallelCluster; the local Slurm, one job account each, on
+`local`), Slurm jobs and teardowns overlap. Prints each run's summary line, then
+
+    concurrent: {"runs": 3, "succeeded": 3, "clusters_created": K, "networks_created": 1}
+
+and each run's time to first job (from its DAG run's start to its Slurm job's submission: the second run's
+is the figure of a stack whose network and image exist). Exits non-zero unless every run succeeded and
+nothing tagged with a run key, nor the stack's network, is left.
+
+Usage: many_runs.py [PROFILE] (default aws-gpu-rehearsal; `make rehearsal` runs it after the single-run
+rehearsal, `make concurrent` with `local`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dagrun import REPO, DagRunResult, run_dag, tagged_resources
+from demo import prepare
+
+#: The runs: (name, DAG, conf beyond the profile). One epoch: the point is what they share, not accuracy.
+FAST = {"hyperparameters": {"epochs": 1}}
+RUNS = (
+    ("pretrain-1", "pretrain", {"partition": "concurrent", **FAST}),
+    ("pretrain-2", "pretrain", {"partition": "concurrent", **FAST}),
+    ("sweep", "pretrain_sweep", {"partition": "concurrent", "trials": [{"seed": s} for s in range(4)], **FAST}),
+)
+
+
+def child(dag_id: str, run_after: str, conf: str, out: str) -> int:
+    """One run to its end in this process; what it returned goes to `out` as JSON."""
+    prepare()
+    result = run_dag(dag_id, json.loads(conf), run_after=dt.datetime.fromisoformat(run_after))
+    Path(out).write_text(json.dumps(result.__dict__, default=str))
+    return 0
+
+
+def start(name: str, dag_id: str, conf: dict[str, Any], when: dt.datetime, logs: Path) -> tuple[Any, Path]:
+    """A run in a process of its own (its Airflow output in a log file); returns the process and where it answers."""
+    out = logs / f"concurrent-{name}-{when:%Y%m%dT%H%M%S}.json"
+    log = (logs / f"concurrent-{name}-{when:%Y%m%dT%H%M%S}.log").open("w")
+    argv = [sys.executable, __file__, "--child", dag_id, when.isoformat(), json.dumps(conf), str(out)]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), out
+
+
+def task_state(dag_id: str, run_id: str, task_id: str) -> str | None:
+    """A task's state in the stack's Airflow database (None before the run or the task exists)."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ti = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id).one_or_none()
+        return str(ti.state) if ti is not None and ti.state else None
+
+
+def wait_for(dag_id: str, run_id: str, task_id: str, process: Any) -> None:
+    """Until the task has ended (or its run's process has)."""
+    while process.poll() is None and task_state(dag_id, run_id, task_id) not in ("success", "failed", "skipped"):
+        time.sleep(2)
+
+
+def time_to_first_job(dag_id: str, run_id: str) -> float | None:
+    """Seconds from the DAG run's start to its train task's start (the Slurm job's submission)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        run = session.query(DagRun).filter_by(dag_id=dag_id, run_id=run_id).one()
+        train = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run_id, task_id="train").one_or_none()
+        if train is None or train.start_date is None or run.start_date is None:
+            return None
+        return round((train.start_date - run.start_date).total_seconds(), 1)
+
+
+def stack_network_left(stack: str) -> list[str]:
+    """The stack's network resources still there (all runs gave their reference back: none)."""
+    from pcflow.aws.clients import DEFAULT_AWS_CONN_ID, aws_client
+    from pcflow.aws.teardown import Selector, build_handlers
+
+    def clients(service: str) -> Any:
+        return aws_client(service, aws_conn_id=DEFAULT_AWS_CONN_ID)
+
+    selector = Selector(stack=stack, components=frozenset({"network"}))
+    return [r.describe() for handler in build_handlers(clients, ["ec2"]) for r in handler.list(selector)]
+
+
+def summary(results: dict[str, DagRunResult]) -> dict[str, Any]:
+    """The concurrent line's counts and each run's own line."""
+    runs = {}
+    for name, result in results.items():
+        out = result.returned
+        cluster = out.get("cluster") or {}
+        runs[name] = {
+            "dag_id": result.dag_id,
+            "state": result.state,
+            "run_key": result.run_key,
+            "time_to_first_job_s": time_to_first_job(result.dag_id, result.run_id),
+            "network": {k: (out.get("network") or {}).get(k) for k in ("vpc_id", "created")},
+            "image": {k: (out.get("image") or {}).get(k) for k in ("image_id", "reused")},
+            "cluster": {k: cluster.get(k) for k in ("provider", "name", "adopted")},
+            "job_account": out.get("lease_job_account"),
+            "released_network": {k: (out.get("release_network") or {}).get(k) for k in ("network_deleted", "kept")},
+            "failed_tasks": sorted(t for t, s in result.task_states.items() if s not in ("success", "skipped")),
+            "left_tagged_with_run_key": tagged_resources("pcflow:run", result.run_key) if result.run_key else ["?"],
+        }
+    made = [r for r in runs.values() if r["cluster"]["provider"] == "parallelcluster" and not r["cluster"]["adopted"]]
+    counts = {
+        "runs": len(runs),
+        "succeeded": sum(r["state"] == "success" for r in runs.values()),
+        "clusters_created": len(made),
+        "networks_created": sum(bool(r["network"]["created"]) for r in runs.values()),
+    }
+    return {"concurrent": counts, "runs": runs}
+
+
+def run_many(profile: str) -> dict[str, DagRunResult]:
+    """The runs of RUNS on `profile`, each in its own process, the first alone until its image exists."""
+    stack_dir = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
+    logs = stack_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    began = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    started: dict[str, tuple[Any, Path]] = {}
+    for index, (name, dag_id, conf) in enumerate(RUNS):
+        when = began + dt.timedelta(seconds=index)  # run ids apart
+        process, out = start(name, dag_id, {"profile": profile, **conf}, when, logs)
+        started[name] = (process, out)
+        print(f"  started {name} ({dag_id}, run manual__{when.isoformat()}), log {out.with_suffix('.log')}", flush=True)
+        if index == 0:  # the others start once the stack's image exists, and reuse it
+            wait_for(dag_id, f"manual__{when.isoformat()}", "image", process)
+    results = {}
+    for name, (process, out) in started.items():
+        process.wait()
+        if out.exists():
+            results[name] = DagRunResult(**json.loads(out.read_text()))
+        print(f"  {name}: {results[name].state if name in results else f'no result ({process.returncode})'}")
+    return results
+
+
+def report(results: dict[str, DagRunResult]) -> int:
+    """Print each run's line, the times to first job and the concurrent line; 0 when every run succeeded
+    and nothing of theirs (nor the stack's network) is left."""
+    summary_ = summary(results)
+    stack = next(iter((r.returned.get("validate") or {}).get("stack") for r in results.values()), None)
+    network_left = stack_network_left(stack) if stack else ["(no run ended)"]
+    print(json.dumps(summary_["runs"], indent=2, default=str))
+    for name, run in summary_["runs"].items():
+        print(f"time to first job: {name} {run['time_to_first_job_s']} s")
+    print(f"concurrent: {json.dumps(summary_['concurrent'])}")
+    left = network_left + [x for r in summary_["runs"].values() for x in r["left_tagged_with_run_key"]]
+    ok = summary_["concurrent"]["succeeded"] == len(RUNS) and not left
+    print(f"pcflow concurrent: {'OK' if ok else 'FAILED'} - {len(left)} left {left}", flush=True)
+    return 0 if ok else 1
+
+
+def main(profile: str) -> int:
+    prepare()
+    print(f"pcflow concurrent: 2 x pretrain + a 4-trial sweep at once on one stack, profile {profile} ...", flush=True)
+    return report(run_many(profile))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        sys.exit(child(*sys.argv[2:6]))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "aws-gpu-rehearsal"))
