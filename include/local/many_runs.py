@@ -40,8 +40,9 @@ RUNS = (
 
 
 def child(dag_id: str, run_after: str, conf: str, out: str) -> int:
-    """One run to its end in this process; what it returned goes to `out` as JSON."""
-    prepare()
+    """One run to its end in this process, on the Airflow home its parent set up (inherited environment: the
+    parent's `prepare()`, or a test's); what it returned goes to `out` as JSON."""
+    sys.path.insert(0, str(REPO / "plugins"))  # this checkout's pcflow, as demo.py imports it
     result = run_dag(dag_id, json.loads(conf), run_after=dt.datetime.fromisoformat(run_after))
     Path(out).write_text(json.dumps(result.__dict__, default=str))
     return 0
@@ -55,19 +56,24 @@ def start(name: str, dag_id: str, conf: dict[str, Any], when: dt.datetime, logs:
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), out
 
 
-def task_state(dag_id: str, run_id: str, task_id: str) -> str | None:
-    """A task's state in the stack's Airflow database (None before the run or the task exists)."""
+def task_state(dag_id: str, run_after: dt.datetime, task_id: str) -> str | None:
+    """A task's state in the stack's Airflow database (None before the run or the task exists); the run is
+    found by its `run_after` (its id is `manual__<run_after>_<random suffix>`)."""
+    from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        ti = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id).one_or_none()
+        run = session.query(DagRun).filter_by(dag_id=dag_id, run_after=run_after).one_or_none()
+        if run is None:
+            return None
+        ti = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run.run_id, task_id=task_id).one_or_none()
         return str(ti.state) if ti is not None and ti.state else None
 
 
-def wait_for(dag_id: str, run_id: str, task_id: str, process: Any) -> None:
+def wait_for(dag_id: str, run_after: dt.datetime, task_id: str, process: Any) -> None:
     """Until the task has ended (or its run's process has)."""
-    while process.poll() is None and task_state(dag_id, run_id, task_id) not in ("success", "failed", "skipped"):
+    while process.poll() is None and task_state(dag_id, run_after, task_id) not in ("success", "failed", "skipped"):
         time.sleep(2)
 
 
@@ -137,9 +143,9 @@ def run_many(profile: str) -> dict[str, DagRunResult]:
         when = began + dt.timedelta(seconds=index)  # run ids apart
         process, out = start(name, dag_id, {"profile": profile, **conf}, when, logs)
         started[name] = (process, out)
-        print(f"  started {name} ({dag_id}, run manual__{when.isoformat()}), log {out.with_suffix('.log')}", flush=True)
+        print(f"  started {name} ({dag_id}, run after {when.isoformat()}), log {out.with_suffix('.log')}", flush=True)
         if index == 0:  # the others start once the stack's image exists, and reuse it
-            wait_for(dag_id, f"manual__{when.isoformat()}", "image", process)
+            wait_for(dag_id, when, "image", process)
     results = {}
     for name, (process, out) in started.items():
         process.wait()

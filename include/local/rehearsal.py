@@ -1,6 +1,7 @@
 """`make rehearsal`: the production profile, `aws-gpu`, on the local stack, with two `pretrain` runs and a
 4-trial `pretrain_sweep` on one stack at once (include/local/many_runs.py: one shared network, a cluster per
-run, each run's time to first job, and the `concurrent:` line); the first `pretrain` run is summarized in full. The `aws-gpu-rehearsal` profile is aws-gpu.yaml with only what the emulator needs changed (each
+run, each run's time to first job, and the `concurrent:` line); the first `pretrain` run is summarized in
+full. The `aws-gpu-rehearsal` profile is aws-gpu.yaml with only what the emulator needs changed (each
 line says why); everything else is the production path: network, bake, shard load, config render, the
 real `pcluster --dryrun`, create (the pcluster stand-in: its cluster is the local Slurm), FSx link
 (the FSx stand-in: a local directory the nodes see at /fsx), torchrun, metrics, FSx export, delete.

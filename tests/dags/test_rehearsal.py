@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import os
 import uuid
 from collections import Counter
@@ -31,6 +32,7 @@ from dagrun import (
     unfinished_tasks,
     write_profile,
 )
+from many_runs import RUNS, stack_network_left, start, summary
 from rehearsal import PROFILE, iam_check, own_stack, rehearsal_facts
 from stacktools import tell_standin
 
@@ -53,6 +55,8 @@ class Rehearsed:
     before_delete: dict[str, Any]  # moto's resources by kind and the FSx mount, as the cluster was deleted
     stack: str
     iam: dict[str, Any]  # every AWS call of the runs, pcluster's included, judged against the shipped policies
+    concurrent: dict[str, Any]  # the killed run and the two that ran beside it (many_runs.summary)
+    network_left: list[str]  # the stack's network once all three gave it back
 
 
 @paused()
@@ -127,6 +131,8 @@ def rehearse(local_stack, stack: str, *, conf: dict, run_id: str, when: dt.datet
     started = spawn("start", "pretrain", run_id, when, log=log, conf=conf)
     kill_when(started, lambda: cluster_stack_exists(cluster_name(stack, key)), log, "the cluster's creation")
     kills.append(unfinished_tasks("pretrain", run_id))
+    # Beside it from here on (its image exists): a second `pretrain` run and a 4-trial sweep on the same stack.
+    others = start_others(conf, log.parent)
     # The run's next FSx task, the export before delete, runs for 5 s: the kill lands while it does.
     tell_standin(local_stack, "fsx/task-outcomes", {"results": [{"Lifecycle": "SUCCEEDED", "Seconds": 5}]})
     resumed = spawn("resume", "pretrain", run_id, when, log=log)
@@ -146,7 +152,27 @@ def rehearse(local_stack, stack: str, *, conf: dict, run_id: str, when: dt.datet
         result = resume_dag_run("pretrain", run_id, retry=unfinished_tasks("pretrain", run_id))
     finally:
         DeleteClusterOperator.execute = execute
-    return result, kills, seen
+    return result, kills, seen, {"pretrain-1": result, **finish(others)}
+
+
+def start_others(conf: dict, logs: Path) -> dict[str, tuple[Any, Path]]:
+    """The other runs of `make rehearsal` (many_runs.RUNS), each in a process of its own, on the test's stack."""
+    when = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    return {
+        name: start(name, dag_id, {**run_conf, **conf}, when + dt.timedelta(seconds=i), logs)
+        for i, (name, dag_id, run_conf) in enumerate(RUNS[1:])
+    }
+
+
+def finish(started: dict[str, tuple[Any, Path]]) -> dict[str, DagRunResult]:
+    """Their results once their processes have ended (a process that left none: its log's tail fails the test)."""
+    results = {}
+    for name, (process, out) in started.items():
+        process.wait(timeout=1200)
+        if not out.exists():
+            pytest.fail(f"{name} left no result:\n{out.with_suffix('.log').read_text(errors='replace')[-3000:]}")
+        results[name] = DagRunResult(**json.loads(out.read_text()))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +182,10 @@ def rehearsed(profiles, local_stack, pcluster_cli, tmp_path_factory) -> Rehearse
     run_id, when = manual_run("pretrain")
     log = tmp_path_factory.mktemp("rehearsal") / "killed-runs.log"
     with recording(log.with_name("aws-calls.jsonl")) as calls:
-        result, kills, seen = rehearse(local_stack, stack, conf=conf, run_id=run_id, when=when, log=log)
-    yield Rehearsed(result, rehearsal_facts(result), kills, seen, stack, iam_check(calls))
+        result, kills, seen, runs = rehearse(local_stack, stack, conf=conf, run_id=run_id, when=when, log=log)
+    with paused():
+        concurrent, network_left = summary(runs), stack_network_left(stack)
+    yield Rehearsed(result, rehearsal_facts(result), kills, seen, stack, iam_check(calls), concurrent, network_left)
     assert remove_stack(stack) == []  # what the stack keeps on purpose: its image and data bucket
 
 
@@ -194,6 +222,28 @@ def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
     # the bake on aws-gpu), and the model it left is recorded with its sha256.
     assert out["check_environment"]["dir"].endswith("/.venv-payload") and len(out["check_environment"]["record"]) == 64
     assert len(out["metrics"]["model"]["model_sha256"]) == 64
+
+
+def test_two_pretrain_runs_and_a_sweep_at_once_share_one_network(rehearsed):
+    """Issue 27's must-show, on the rehearsal's stack: the killed run, a second `pretrain` run and a 4-trial sweep
+    ran at once; one network (made by the first, referenced by all three, deleted by the last to leave), a
+    ParallelCluster cluster of each run's own, the image reused, nothing of theirs left."""
+    counts, runs = rehearsed.concurrent["concurrent"], rehearsed.concurrent["runs"]
+    assert {k: counts[k] for k in ("runs", "succeeded", "networks_created")} == {
+        "runs": 3,
+        "succeeded": 3,
+        "networks_created": 1,
+    }
+    assert len({run["network"]["vpc_id"] for run in runs.values()}) == 1
+    assert len({run["cluster"]["name"] for run in runs.values()}) == 3  # and the resumed run adopted its own
+    assert counts["clusters_created"] >= 2 and {run["cluster"]["provider"] for run in runs.values()} == {
+        "parallelcluster"
+    }
+    assert runs["pretrain-2"]["image"]["reused"] and runs["sweep"]["image"]["reused"]
+    assert [run["released_network"]["network_deleted"] for run in runs.values()].count(True) == 1  # the last user
+    assert all(run["time_to_first_job_s"] for run in runs.values())
+    assert [run["left_tagged_with_run_key"] for run in runs.values()] == [[], [], []]
+    assert rehearsed.network_left == []
 
 
 def check_node_setup(out: dict, run: dict) -> None:

@@ -598,8 +598,8 @@ def release_network(
     clients: Any, *, stack: str, bucket: str, run: str, dry_run: bool = False, lock_delay: float = 5.0, **loop: Any
 ) -> dict[str, Any]:
     """`run` stops using the stack's network; the network is deleted when it was the last user and nothing
-    kept (an instance: the nightly's cluster) is in the VPC. Returns what was decided, and the teardown's
-    report when it deleted."""
+    kept (an instance: the nightly's cluster) is in the VPC. Returns what was decided (`network_deleted`: this
+    call deleted it), and the teardown's report when it went on to delete."""
     s3, ec2 = clients("s3"), clients("ec2")
     if not dry_run:
         drop_reference(s3, bucket, stack, run)
@@ -623,7 +623,8 @@ def release_network(
             log.info("network of stack %s kept: instances %s are in its VPC", stack, ", ".join(kept))
             return {"network_deleted": False, "kept": f"{len(kept)} instance(s) in the VPC", "instances": kept}
         report = delete_network(clients, stack=stack, dry_run=dry_run, **loop)
-    return {**report.to_xcom(), "network_deleted": not dry_run, "users": []}
+    # Whether this release deleted it: False when another's release had (both saw no user, one after the other).
+    return {**report.to_xcom(), "network_deleted": bool(report.deleted), "users": []}
 
 
 # --- operators ----------------------------------------------------------------------------------
