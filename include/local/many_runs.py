@@ -1,10 +1,13 @@
 """Many runs on one stack at once (issue 27): two `pretrain` runs and a 4-trial `pretrain_sweep` on the same
 stack, each its own `dag.test` process on the stack's Airflow home, then what they shared and what is left.
 
-The first `pretrain` run starts alone; the second and the sweep start as soon as its image exists (every run
-needs the stack's image, and a bake is the longest stage: they reuse it), and all three then run side by side:
-network references, clusters (one per run on ParallelCluster; the local Slurm, one job account each, on
-`local`), Slurm jobs and teardowns overlap. Prints each run's summary line, then
+All three processes start together; the second `pretrain` run and the sweep begin their DAG runs as soon as
+the first run's image exists (every run needs the stack's image, and two bakes of one recipe at once are not
+what this shows: they reuse it), and all three then run side by side: network references, clusters (one per
+run on ParallelCluster; the local Slurm, one job account each, on `local`), Slurm jobs and teardowns overlap.
+The first run trains the profile's epochs, the others one (what they share matters, not their accuracy).
+`overlapped` says whether all three held the network at once (every network task began before any run's
+`release_network` ended). Prints each run's summary line, then
 
     concurrent: {"runs": 3, "succeeded": 3, "clusters_created": K, "networks_created": 1}
 
@@ -33,26 +36,35 @@ from demo import prepare
 #: The runs: (name, DAG, conf beyond the profile). One epoch: the point is what they share, not accuracy.
 FAST = {"hyperparameters": {"epochs": 1}}
 RUNS = (
-    ("pretrain-1", "pretrain", {"partition": "concurrent", **FAST}),
+    ("pretrain-1", "pretrain", {"partition": "concurrent"}),
     ("pretrain-2", "pretrain", {"partition": "concurrent", **FAST}),
     ("sweep", "pretrain_sweep", {"partition": "concurrent", "trials": [{"seed": s} for s in range(4)], **FAST}),
 )
 
 
-def child(dag_id: str, run_after: str, conf: str, out: str) -> int:
+def child(dag_id: str, run_after: str, conf: str, out: str, after: str = "") -> int:
     """One run to its end in this process, on the Airflow home its parent set up (inherited environment: the
-    parent's `prepare()`, or a test's); what it returned goes to `out` as JSON."""
+    parent's `prepare()`, or a test's); what it returned goes to `out` as JSON. `after`
+    (`<dag_id> <run_after> <task_id>`): loaded first, the run begins once that task has ended."""
     sys.path.insert(0, str(REPO / "plugins"))  # this checkout's pcflow, as demo.py imports it
+    if after:
+        import pcflow.pipeline  # noqa: F401 - what the run's DAG file imports, loaded while it waits
+
+        wait_dag, wait_after, wait_task = after.split()
+        wait_for(wait_dag, dt.datetime.fromisoformat(wait_after), wait_task)
     result = run_dag(dag_id, json.loads(conf), run_after=dt.datetime.fromisoformat(run_after))
     Path(out).write_text(json.dumps(result.__dict__, default=str))
     return 0
 
 
-def start(name: str, dag_id: str, conf: dict[str, Any], when: dt.datetime, logs: Path) -> tuple[Any, Path]:
-    """A run in a process of its own (its Airflow output in a log file); returns the process and where it answers."""
+def start(
+    name: str, dag_id: str, conf: dict[str, Any], when: dt.datetime, logs: Path, *, after: str = ""
+) -> tuple[Any, Path]:
+    """A run in a process of its own (its Airflow output in a log file), begun once `after` has ended (see
+    `child`); returns the process and where it answers."""
     out = logs / f"concurrent-{name}-{when:%Y%m%dT%H%M%S}.json"
     log = (logs / f"concurrent-{name}-{when:%Y%m%dT%H%M%S}.log").open("w")
-    argv = [sys.executable, __file__, "--child", dag_id, when.isoformat(), json.dumps(conf), str(out)]
+    argv = [sys.executable, __file__, "--child", dag_id, when.isoformat(), json.dumps(conf), str(out), after]
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), out
 
 
@@ -71,9 +83,14 @@ def task_state(dag_id: str, run_after: dt.datetime, task_id: str) -> str | None:
         return str(ti.state) if ti is not None and ti.state else None
 
 
-def wait_for(dag_id: str, run_after: dt.datetime, task_id: str, process: Any) -> None:
-    """Until the task has ended (or its run's process has)."""
-    while process.poll() is None and task_state(dag_id, run_after, task_id) not in ("success", "failed", "skipped"):
+def wait_for(dag_id: str, run_after: dt.datetime, task_id: str, timeout: float = 3600) -> None:
+    """Until the task has ended (or `timeout` seconds have passed: the run then starts all the same)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and task_state(dag_id, run_after, task_id) not in (
+        "success",
+        "failed",
+        "skipped",
+    ):
         time.sleep(2)
 
 
@@ -138,14 +155,7 @@ def run_many(profile: str) -> dict[str, DagRunResult]:
     logs = stack_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     began = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    started: dict[str, tuple[Any, Path]] = {}
-    for index, (name, dag_id, conf) in enumerate(RUNS):
-        when = began + dt.timedelta(seconds=index)  # run ids apart
-        process, out = start(name, dag_id, {"profile": profile, **conf}, when, logs)
-        started[name] = (process, out)
-        print(f"  started {name} ({dag_id}, run after {when.isoformat()}), log {out.with_suffix('.log')}", flush=True)
-        if index == 0:  # the others start once the stack's image exists, and reuse it
-            wait_for(dag_id, when, "image", process)
+    started = start_all(RUNS, {"profile": profile}, began, logs)
     results = {}
     for name, (process, out) in started.items():
         process.wait()
@@ -153,6 +163,39 @@ def run_many(profile: str) -> dict[str, DagRunResult]:
             results[name] = DagRunResult(**json.loads(out.read_text()))
         print(f"  {name}: {results[name].state if name in results else f'no result ({process.returncode})'}")
     return results
+
+
+def start_all(
+    runs: tuple[tuple[str, str, dict[str, Any]], ...], conf: dict[str, Any], began: dt.datetime, logs: Path
+) -> dict[str, tuple[Any, Path]]:
+    """Each run's process, now; all but the first begin once the first's image exists. `conf` over each run's."""
+    first_dag = runs[0][1]
+    started = {}
+    for index, (name, dag_id, run_conf) in enumerate(runs):
+        when = began + dt.timedelta(seconds=index)  # run ids apart
+        after = f"{first_dag} {began.isoformat()} image" if index else ""
+        started[name] = start(name, dag_id, {**run_conf, **conf}, when, logs, after=after)
+        print(f"  started {name} ({dag_id}, run after {when.isoformat()}), log {started[name][1].with_suffix('.log')}")
+    return started
+
+
+def overlapped(results: dict[str, DagRunResult]) -> bool | None:
+    """Whether every run's network task began before any run's `release_network` ended: all held the network
+    at once. None when a run lacks either task."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        times = {}
+        for task_id, column in (("network", "start_date"), ("release_network", "end_date")):
+            rows = [
+                session.query(TaskInstance).filter_by(dag_id=r.dag_id, run_id=r.run_id, task_id=task_id).one_or_none()
+                for r in results.values()
+            ]
+            times[task_id] = [getattr(row, column, None) for row in rows]
+    if None in times["network"] + times["release_network"] or not results:
+        return None
+    return max(times["network"]) < min(times["release_network"])
 
 
 def report(results: dict[str, DagRunResult]) -> int:
@@ -165,6 +208,7 @@ def report(results: dict[str, DagRunResult]) -> int:
     for name, run in summary_["runs"].items():
         print(f"time to first job: {name} {run['time_to_first_job_s']} s")
     print(f"concurrent: {json.dumps(summary_['concurrent'])}")
+    print(f"overlapped: {overlapped(results)} (every run held the stack's network at the same time)")
     left = network_left + [x for r in summary_["runs"].values() for x in r["left_tagged_with_run_key"]]
     ok = summary_["concurrent"]["succeeded"] == len(RUNS) and not left
     print(f"pcflow concurrent: {'OK' if ok else 'FAILED'} - {len(left)} left {left}", flush=True)
@@ -179,5 +223,5 @@ def main(profile: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        sys.exit(child(*sys.argv[2:6]))
+        sys.exit(child(*sys.argv[2:7]))
     sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "aws-gpu-rehearsal"))
