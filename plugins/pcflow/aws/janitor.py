@@ -238,8 +238,8 @@ def janitor_view(
     """The janitor's dry run over every stack and what it keeps (as `kept_resources` lists it), from one
     listing of every pcflow resource instead of one for each."""
     everything, rule = Selector(), JanitorRule(now, run_state)
-    network_users(clients, rule)
     reaping = [_Listed(handler, everything) for handler in build_handlers(clients, handler_sets)]
+    network_users(clients, rule)  # before anything is judged
     images = [] if "images" in handler_sets else [_Listed(h, everything) for h in build_handlers(clients, ["images"])]
     dry_run = converge(reaping, replace(everything, predicate=rule), dry_run=True)
     keeps = replace(everything, predicate=lambda tags: not rule(tags))
