@@ -17,6 +17,7 @@ reaches the budget.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,7 @@ def plan_cost(
         "time_limit_hours": limit_s / 3600 if limit_s is not None else None,
         "attempts": int(training.get("max_restarts") or 0) + 1,
         "trials": len(run.get("trials") or []) or 1,
+        "trials_at_once": (run.get("sweep") or {}).get("parallel", 1),
         "cluster_hours": (budget["create_minutes"] + budget["delete_minutes"]) / 60 if infra else 0.0,
         "unknown": unknown,
         "budget_usd": budget["usd"],
@@ -164,14 +166,25 @@ def per_hour(cost: Mapping[str, Any]) -> float | None:
 
 
 def maximum(cost: Mapping[str, Any]) -> float | None:
-    """Price per hour x time limit x attempts x trials, plus the head node and FSx while the cluster is
-    created and deleted; None when a price or the time limit is unknown (nothing then bounds the run).
-    Each attempt may run the whole time limit: Slurm requeues a job (a lost node, a spot interruption) up
-    to `max_restarts` times before pcflow cancels it, and every attempt is billed."""
+    """The compute nodes' price x time limit x attempts x trials, the head node and FSx over the waves of trials
+    (`waves`), plus both while the cluster is created and deleted; None when a price or the time limit is
+    unknown (nothing then bounds the run). Each attempt may run the whole time limit: Slurm requeues a job (a
+    lost node, a spot interruption) up to `max_restarts` times before pcflow cancels it, and every attempt is
+    billed. Every trial's nodes are billed whether the trials run together or not; what running them at once
+    saves is the shared head node's and FSx's time."""
     if cost["per_hour"] is None or cost["time_limit_hours"] is None:
         return None
-    running = cost["per_hour"] * cost["time_limit_hours"] * cost.get("attempts", 1) * cost["trials"]
-    return round(running + cost["infrastructure_per_hour"] * cost["cluster_hours"], 4)
+    longest = cost["time_limit_hours"] * cost.get("attempts", 1)  # one trial, every attempt
+    compute = cost["compute_per_node_hour"] * cost["nodes"] * longest * cost["trials"]
+    shared = cost["infrastructure_per_hour"] * (longest * waves(cost) + cost["cluster_hours"])
+    return round(compute + shared, 4)
+
+
+def waves(cost: Mapping[str, Any]) -> int:
+    """How many trial-lengths the trials take at most, `trials_at_once` of them at a time: ceil(trials / at
+    once). A throttled array starts the next trial as soon as one ends, so by the end of the k-th longest
+    trial-length at least k x `trials_at_once` trials have ended (1 trial: 1 wave)."""
+    return math.ceil(cost["trials"] / max(1, cost.get("trials_at_once", 1)))
 
 
 def summary(cost: Mapping[str, Any]) -> str:
@@ -198,6 +211,7 @@ def breakdown(cost: Mapping[str, Any]) -> str:
         text += f" x {cost['trials']} trials" if cost["trials"] > 1 else ""
         restarts = cost.get("attempts", 1) - 1
         text += f" x {restarts + 1} attempts (up to {restarts} requeues)" if restarts else ""
+        text += trials_at_once_note(cost)
     if cost["cluster_hours"]:
         text += (
             f" + {usd(cost['infrastructure_per_hour'])}/h x {cost['cluster_hours']:g} h while the cluster is "
@@ -205,6 +219,18 @@ def breakdown(cost: Mapping[str, Any]) -> str:
         )
     sources = dict.fromkeys(f"{p['source']} ({p['basis']})" if p.get("basis") else p["source"] for p in cost["prices"])
     return f"{text}; prices: {', '.join(sources)}"
+
+
+def trials_at_once_note(cost: Mapping[str, Any]) -> str:
+    """What running a sweep's trials side by side changes in the maximum: every trial's nodes are still
+    counted, the head node and FSx only for the waves of trials; "" for trials one after another."""
+    at_once = cost.get("trials_at_once", 1)
+    if at_once <= 1:
+        return ""
+    note = f", {at_once} trials at once"
+    if cost["infrastructure_per_hour"]:
+        note += f" (the head node and FSx for {waves(cost)} of the {cost['trials']} trial-lengths)"
+    return note
 
 
 def refuse_over_budget(cost: Mapping[str, Any], run: Mapping[str, Any]) -> None:
@@ -302,12 +328,14 @@ class CostMeter:
     the head node and FSx since the run began. I/O free: the wait feeds it Slurm's answers and the clock.
 
     `cost` is the first task's cost section; `run_started` the run's start (epoch seconds); `jobs` how
-    many jobs may run at once (an array's elements)."""
+    many jobs it watches (an array's elements), `at_most` how many of them may run at once (the array's `%`
+    throttle; None: all)."""
 
     cost: Mapping[str, Any]
     run_started: float
     jobs: int = 1
     report_every_s: float = 300.0
+    at_most: int | None = None
     banked: float = 0.0  # node-seconds of attempts and jobs that are over
     attempts: dict[str, _Attempt] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)
@@ -359,7 +387,8 @@ class CostMeter:
             return None
         if not self.answered:
             return 0.0
-        per_second = (self.cost["compute_per_node_hour"] or 0.0) * self.cost["nodes"] * self.jobs
+        at_once = min(self.jobs, self.at_most or self.jobs)
+        per_second = (self.cost["compute_per_node_hour"] or 0.0) * self.cost["nodes"] * at_once
         per_second = (per_second + self.cost["infrastructure_per_hour"]) / 3600
         return max(0.0, (self.budget - self.so_far(wall)) / per_second) if per_second > 0 else None
 

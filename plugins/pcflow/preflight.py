@@ -202,7 +202,8 @@ def vcpu_quota(account: Account) -> str | None:
                 f"and the head node) needs {need} vCPUs of '{label}' ({code}) in {account.region}, the account's "
                 f"quota is {have:g}: request an increase (aws service-quotas request-service-quota-increase "
                 f"--service-code ec2 --quota-code {code} --desired-value {need} --region {account.region}) or "
-                "lower cluster.config.max_count"
+                "lower cluster.config.max_count (a sweep's queue holds training.nodes x sweep.max_parallel: fewer "
+                "trials at once need fewer)"
             )
     return "; ".join(problems) or None
 

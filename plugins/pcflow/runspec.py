@@ -666,6 +666,21 @@ class BudgetSettings(_Section):
         return self
 
 
+class SweepSettings(_Section):
+    """How a sweep's trials share the cluster: at most `max_parallel` of them run at once, each an element of
+    the run's job array on nodes of its own (the array's `%` throttle). A trigger user may lower it (or raise
+    it, up to what the profile's `overridable` allows); on ParallelCluster the queue is sized for
+    `training.nodes` x the trials that run at once."""
+
+    max_parallel: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="how many of a sweep's trials may run at once, each on `training.nodes` nodes of its own; "
+        "1: one after another",
+    )
+
+
 #: Which failed runs alert besides cleanups (pcflow.alerts.should_alert).
 RUN_FAILURE_ALERTS = ("unattended", "all", "none")
 RUN_FAILURE_CHOICES = (
@@ -740,6 +755,7 @@ class RunSpec(_Section):
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
     nightly: NightlySettings = Field(default_factory=NightlySettings)
+    sweep: SweepSettings = Field(default_factory=SweepSettings)
 
     @field_validator("stack")
     @classmethod
@@ -838,12 +854,22 @@ def resolve_run_spec(profile: str, overrides: dict[str, Any] | None = None) -> R
 
 
 def one_code_source(document: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The profile without its code source where the conf names one: a conf's `training.code` replaces the
-    profile's payload and its code (whichever form it was), rather than merging into a run with two."""
+    """The profile without its code where the conf names other code: a conf's `training.code` replaces the
+    profile's payload and its code (whichever form it was), rather than merging into a run with two.
+
+    The profile's `training.hyperparameters` and `hyperparameter_args` go with its code: they are that
+    code's settings (aws-gpu's SimCLR `temperature`), which another project's schema refuses and its
+    program would not know. A run of other code (`training.code`, or a payload other than the profile's)
+    starts from its own conf's hyperparameters and its program's defaults, as a SageMaker estimator's do."""
     training = overrides.get("training") if isinstance(overrides.get("training"), dict) else {}
-    if "code" not in training or not isinstance(document.get("training"), dict):
+    profile_training = document.get("training")
+    if not isinstance(profile_training, dict):
         return document
-    kept = {key: value for key, value in document["training"].items() if key not in ("code", "payload")}
+    other_payload = "payload" in training and training["payload"] != profile_training.get("payload")
+    if "code" not in training and not other_payload:
+        return document
+    code_settings = ("code", "payload", "hyperparameters", "hyperparameter_args")
+    kept = {key: value for key, value in profile_training.items() if key not in code_settings}
     return {**document, "training": kept}
 
 

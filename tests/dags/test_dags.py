@@ -4,6 +4,7 @@ the embedded default (moto server + local Slurm through sshd) with nothing left 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -239,10 +240,15 @@ def kept_expiries(stack: str) -> dict[tuple[str, str], dt.datetime]:
 
 
 def test_sweep_ranks_trials_and_picks_the_best(airflow):
+    """Three 1-node trials side by side on the three local nodes (the profile's sweep.max_parallel), each on
+    a node of its own; the leaderboard ranks them all."""
     grid = {"lr": [0.002, 0.004, 0.0005]}  # crossed with the one trial: three trials
-    conf = {"partition": PARTITION, "trials": [{"seed": 0}], "grid": grid, "tasks_per_node": 1, **FAST}
+    conf = {"partition": PARTITION, "trials": [{"seed": 0}], "grid": grid, "tasks_per_node": 1, "nodes": 1, **FAST}
     result = run_dag("pretrain_sweep", conf)
     assert result.state == "success", result.task_states
+    assert result.returned["validate"]["sweep"]["parallel"] == 3
+    markers = [json.loads((Path(t["run_dir"]) / "exit.json").read_text()) for t in result.returned["train"]["trials"]]
+    assert len({m["nodes"] for m in markers}) == 3, markers  # --exclusive: a node of its own each
     board = result.returned["metrics"]
     assert board["objective"] == {"name": "fewshot_accuracy", "mode": "max"}
     assert len(board["leaderboard"]) == 3

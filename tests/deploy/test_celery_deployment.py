@@ -51,8 +51,9 @@ from deploy.services import install_postgres, install_redis
 # Module fixtures (the deployment, the sweep, the backfill) start inside the first test that needs them.
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-TRIALS = [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.004}, {"lr": 0.008}]
-SWEEP_CONF = {"tasks_per_node": 1, "trials": TRIALS, "hyperparameters": {"epochs": 1}}
+#: One node each, all at once: a trial has whole nodes of its own (`--exclusive`), and the stack has three.
+TRIALS = [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.004}]
+SWEEP_CONF = {"nodes": 1, "tasks_per_node": 1, "trials_at_once": 3, "trials": TRIALS, "hyperparameters": {"epochs": 1}}
 #: Two nights, new for each test run: their runs' ids (backfill__<date>), so their run keys and Slurm job
 #: names, are new too, and nothing an earlier run left on a reused stack is adopted.
 FIRST_NIGHT = date(2020, 1, 1) + timedelta(days=random.randrange(2000))
@@ -207,7 +208,7 @@ def triggerer_of(airflow: Deployment, ti: dict) -> str | None:
 
 @pytest.fixture(scope="module")
 def sweep(airflow, local_stack) -> dict:
-    """Trigger the sweep and follow it to its end; once its 4 elements run and train waits in a
+    """Trigger the sweep and follow it to its end; once its elements all run and train waits in a
     triggerer, SIGKILL that triggerer. Returns the run, its samples and what was killed when."""
     env = local_stack.env
     wait_for_dag(airflow, "pretrain_sweep")
@@ -245,19 +246,19 @@ def sweep(airflow, local_stack) -> dict:
     }
 
 
-def test_sweep_runs_four_array_elements_concurrently_while_deferred(airflow, sweep, local_stack, artifacts_dir):
+def test_sweep_runs_its_array_elements_concurrently_while_deferred(airflow, sweep, local_stack, artifacts_dir):
     env, timeline = local_stack.env, sweep["timeline"]
     (artifacts_dir / "timeline.json").write_text(json.dumps(timeline, indent=1))
     assert sweep["state"] == "success", f"run ended {sweep['state']}; last sample {timeline[-1]}"
     job_id = returned(airflow, "pretrain_sweep", sweep["run_id"], "train")["job_id"]
-    # 1. Slurm's accounting: the 4 elements ran at the same time (every start before every end).
+    # 1. Slurm's accounting: the elements ran at the same time (every start before every end).
     rows = element_spans(env, job_id, len(TRIALS))
     assert len(rows) == len(TRIALS) and all("Unknown" not in r[1:3] for r in rows), rows
     latest_start = max(datetime.fromisoformat(r[1]) for r in rows)
     earliest_end = min(datetime.fromisoformat(r[2]) for r in rows)
     assert latest_start < earliest_end, f"array elements did not overlap: {rows}"
     # 2. Airflow, sampled inside that window: train was deferred — in a triggerer, holding no worker
-    #    slot — while the 4 elements ran, from the moment the worker handed the wait over (on an idle
+    #    slot — while the elements ran, from the moment the worker handed the wait over (on an idle
     #    cluster the elements start at sbatch, a moment before that: 1-2 s here, 8 s under the test
     #    lanes' load) to the first end.
     overlap = [
@@ -274,7 +275,7 @@ def test_sweep_runs_four_array_elements_concurrently_while_deferred(airflow, swe
         assert len(ours) == len(TRIALS), sample
         assert sample["tasks"]["train"] == "deferred", sample
     idle_workers = [s for s in window if "running" not in s["tasks"].values()]
-    assert idle_workers, "expected a moment with the 4 elements running and no task instance running"
+    assert idle_workers, "expected a moment with the elements running and no task instance running"
     (artifacts_dir / "evidence.json").write_text(
         json.dumps(
             {
@@ -291,7 +292,7 @@ def test_sweep_runs_four_array_elements_concurrently_while_deferred(airflow, swe
 
 
 def test_a_killed_triggerer_hands_the_wait_over_without_resubmitting(airflow, sweep, local_stack, artifacts_dir):
-    """SIGKILL of the triggerer running the sweep's wait (its 4 elements running): the other triggerer
+    """SIGKILL of the triggerer running the sweep's wait (its elements running): the other triggerer
     takes the trigger over once the dead one's heartbeat is stale, the job array is not submitted
     again (one job under the run's name in Slurm's accounting), and its end is noticed: train succeeds."""
     from pcflow.naming import run_key

@@ -210,22 +210,10 @@ def shard_to_s3(
     try:
         writer.load_state()
         build_and_upload(src, shards, writer, progress, workers=workers)
-        extra = {
-            "classes": classes,
-            "shards": {"format": "webdataset-tar", "target_bytes": target_shard_bytes, "seed": shuffle_seed},
-            "source_files": len(files),
-        }
-        objects = list(writer.entries.values())
-        manifest = build_manifest(
-            mode="shard",
-            bucket=bucket,
-            root=root,
-            partition=partition,
-            source_uri=src.uri,
-            objects=objects,
-            run=run,
-            extra=extra,
-        )
+        shards_made = {"format": "webdataset-tar", "target_bytes": target_shard_bytes, "seed": shuffle_seed}
+        extra = {"classes": classes, "shards": shards_made, "source_files": len(files)}
+        where = {"bucket": bucket, "root": root, "partition": partition, "source_uri": src.uri}
+        manifest = build_manifest(mode="shard", **where, objects=list(writer.entries.values()), run=run, extra=extra)
         committed = writer.commit(manifest, prune=prune)
     finally:
         writer.close()

@@ -257,7 +257,8 @@ def training(run: Any, stages: dict[str, Any], *, sweep: bool) -> dict[str, Any]
         "inlets": [DATASET],  # what it trains on; the model's event names the partition (pcflow.lineage)
     }
     if sweep:
-        trials = {"trials": inputs["trials"], "min_success_ratio": 0.5}
+        # Up to sweep.parallel trials at once (the array's `%` throttle), each on nodes of its own.
+        trials = {"trials": inputs["trials"], "max_parallel": RUN.sweep.parallel, "min_success_ratio": 0.5}
         train = SlurmArrayJobOperator(task_id="train", retries=0, pool=TRIAL_POOL, **trials, **job)
     else:
         hyperparameters = inputs["hyperparameters"]

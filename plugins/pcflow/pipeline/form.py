@@ -35,6 +35,7 @@ FORM_FIELDS = {
     "teardown_policy": "teardown.policy",
     "early_stopping_patience": "metrics.early_stopping.patience",
     "budget_usd": "budget.usd",
+    "trials_at_once": "sweep.max_parallel",  # the sweep's form only (sweep_params)
 }
 #: The form's other fields: which profile, the sweep's trials and grid, and the advanced overrides.
 OTHER_FIELDS = ("profile", "trials", "grid", "overrides")
@@ -232,7 +233,8 @@ MAX_TRIALS = 1000
 
 
 def sweep_params() -> dict[str, Param]:
-    """The sweep's own fields: a list of trials, each crossed with every point of a grid."""
+    """The sweep's own fields: a list of trials, each crossed with every point of a grid, and how many of them
+    run at once."""
     return {
         "trials": Param(
             [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.004}],
@@ -253,6 +255,14 @@ def sweep_params() -> dict[str, Param]:
             description='Values to try per hyperparameter, e.g. {"lr": [0.001, 0.01], "temperature": [0.1, 0.5]}: '
             "every trial above is crossed with every combination (grid values win), so trials [{}] runs the "
             f"plain grid. At most {MAX_TRIALS} trials in all.",
+            section="Sweep",
+        ),
+        "trials_at_once": Param(
+            None,
+            **optional("integer", minimum=1, maximum=MAX_TRIALS),
+            title="Trials at once",
+            description="How many trials run side by side, each on nodes of its own (1: one after another); "
+            "empty: the profile's sweep.max_parallel, within the bounds it allows.",
             section="Sweep",
         ),
     }

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pcflow.runspec import DatasetSettings, RunSpec, TrainingSettings
+from pcflow.runspec import DatasetSettings, RunSpec, SweepSettings, TrainingSettings
 
 
 class _Declared(BaseModel):
@@ -81,11 +81,19 @@ with warnings.catch_warnings():  # `allocation` is the value of TrainingSettings
         allocation: dict[str, Any] = Field(description="the Slurm resources, in SlurmJobOperator's shape")
 
 
+class ResolvedSweep(SweepSettings):
+    """The sweep section with how many trials run at once decided (`settings.trials_at_once`): the array's
+    `%` throttle, the queue's size on ParallelCluster and the cost's count of trials running together."""
+
+    parallel: int = Field(description="trials that run at once: max_parallel, at most the trials, within max_count")
+
+
 class ResolvedRun(RunSpec):
     """The first task's document: every field a stage may read, the run spec's and the run's own."""
 
     dataset: ResolvedDataset
     training: ResolvedTraining
+    sweep: ResolvedSweep
     run_key: str = Field(description="this run's key, on every resource it tags (pcflow.naming)")
     objective: Objective
     early_stopping: EarlyStoppingRule | None

@@ -143,6 +143,10 @@ FIELDS: dict[str, Any] = {
         "cron": None,
         "warm_start": None,
     },
+    "sweep": {
+        "max_parallel": None,
+        "parallel": None,
+    },
     "run_key": None,
     "objective": {
         "name": None,

@@ -184,9 +184,25 @@ def resolve_for_run(
     document["early_stopping"] = early_stopping_rule(spec.metrics)
     if "trials" in params:  # a sweep
         document["trials"] = expand_trials(params["trials"], params.get("grid") or {})
+    document["sweep"]["parallel"] = trials_at_once(document)
     document["keep_resources"] = spec.teardown.policy == "never"
     document["expiry"] = expiry_hours(document)  # the stamps outlast the run's longest possible time
     return document
+
+
+def trials_at_once(run: dict[str, Any]) -> int:
+    """How many of the run's trials run at once (1 for a run that is no sweep): the profile's (or conf's)
+    `sweep.max_parallel`, no more than there are trials, and on ParallelCluster no more than an admin's
+    `cluster.config.max_count` holds (`training.nodes` each). The array's `%` throttle, the queue's MaxCount
+    (`settings_for_cluster`) and the cost's waves of trials (pcflow.budget) all read this one number."""
+    trials = len(run.get("trials") or [])
+    if not trials:
+        return 1
+    parallel = min(run["sweep"]["max_parallel"], trials)
+    cap = run["cluster"]["config"].get("max_count") if run["cluster"]["provider"] == "parallelcluster" else None
+    if isinstance(cap, int) and not isinstance(cap, bool):
+        parallel = min(parallel, max(1, cap // run["training"]["nodes"]))
+    return parallel
 
 
 def run_partition(spec: Any, context: dict[str, Any], dated_partitions: bool) -> str:
@@ -284,7 +300,9 @@ def settings_for_cluster(
         "compute_subnet_ids": network["compute_subnet_ids"],
         "instance_type": run["instance_type"],
         "capacity_type": "SPOT" if run["capacity_type"] == "spot" else "ONDEMAND",
-        "max_count": settings.pop("max_count", training["nodes"]),  # below the job's nodes: refused
+        # Room for the trials that run at once (a sweep), each on nodes of its own; the admin's max_count
+        # wins (trials_at_once stays within it); below the job's nodes: refused.
+        "max_count": settings.pop("max_count", training["nodes"] * run.get("sweep", {}).get("parallel", 1)),
         "job_nodes": training["nodes"],
         "gpus_required": training["gpus_per_node"] > 0,
         "s3_bucket": run["dataset"]["bucket"],

@@ -232,7 +232,7 @@ class SlurmJobOperator(BaseOperator):
             return JobSpec(
                 launcher=self.launcher,
                 program=list(self.program),
-                resources=self.allocation,
+                resources=self.job_resources(),
                 hyperparameters=self.hyperparameters,
                 env=self.env,
                 python=self.python,
@@ -250,6 +250,10 @@ class SlurmJobOperator(BaseOperator):
     def array_spec(self) -> ArraySpec | None:
         """None: one job. The array operator's hook into the spec, so one submit path serves both."""
         return None
+
+    def job_resources(self) -> dict[str, Any]:
+        """The allocation as given (the array operator's hook: its elements' nodes are their own)."""
+        return self.allocation
 
     def run_dir(self, context: Context) -> RunDir:
         """The job's directory under the shared root, named by run key and task so every try of the task finds
@@ -560,27 +564,33 @@ class SlurmJobOperator(BaseOperator):
 class SlurmArrayJobOperator(SlurmJobOperator):
     """Every trial of a sweep as one Slurm job array: one sbatch, one SSH connection, one waiter.
 
-    Element i runs with `trials[i]` as its hyperparameters in `<run dir>/<i>/`; the same exactly-once
-    rules apply to the array as a whole.
+    Element i runs with `trials[i]` as its hyperparameters in `<run dir>/<i>/` (its own log, metrics,
+    checkpoints and exit marker); the same exactly-once rules apply to the array as a whole. Elements run
+    side by side up to `max_parallel`, each on nodes of its own (`exclusive`): two trials never share a
+    node, its GPUs, or the rendezvous port a job derives from its id, and one trial's speed is not another's.
 
     :param trials: one hyperparameter dict per element.
-    :param max_parallel: at most this many elements run at once (`--array=0-N%max_parallel`).
+    :param max_parallel: at most this many elements run at once (`--array=0-N%max_parallel`); None: as many
+        as the cluster holds.
+    :param exclusive: each element allocates its nodes whole (`--exclusive`), whatever `allocation` says.
     :param min_success_ratio: the share of elements that must succeed for the task to succeed.
     """
 
-    template_fields: Sequence[str] = (*SlurmJobOperator.template_fields, "trials")
+    template_fields: Sequence[str] = (*SlurmJobOperator.template_fields, "trials", "max_parallel")
 
     def __init__(
         self,
         *,
         trials: list[dict[str, Any]],
         max_parallel: int | None = None,
+        exclusive: bool = True,
         min_success_ratio: float = 1.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.trials = trials
         self.max_parallel = max_parallel
+        self.exclusive = exclusive
         self.min_success_ratio = min_success_ratio
 
     def array_spec(self) -> ArraySpec:
@@ -589,6 +599,9 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         if not self.trials:
             raise refused("trials", "a job array needs at least one trial", task_author(self.task_id))
         return ArraySpec(size=len(self.trials), max_parallel=self.max_parallel)
+
+    def job_resources(self) -> dict[str, Any]:
+        return {**self.allocation, "exclusive": True} if self.exclusive else self.allocation
 
     def job_spec(self) -> JobSpec:
         spec = super().job_spec()
@@ -649,7 +662,10 @@ class SlurmArrayJobOperator(SlurmJobOperator):
         from pcflow.slurm.trigger import SlurmArrayTrigger
 
         return SlurmArrayTrigger(
-            size=len(self.trials), min_success_ratio=self.min_success_ratio, **self.trigger_kwargs(run_dir)
+            size=len(self.trials),
+            min_success_ratio=self.min_success_ratio,
+            max_parallel=self.array_spec().max_parallel,
+            **self.trigger_kwargs(run_dir),
         )
 
     def result_from_event(self, run_dir: RunDir, event: dict[str, Any]) -> dict[str, Any]:

@@ -161,8 +161,10 @@ class HeadNodeTrigger(BaseTrigger):
     def watch_policy(self) -> WatchPolicy:
         return WatchPolicy(**self.policy)
 
-    #: How many jobs of this wait may run at once (an array: its elements), for the budget's cadence.
+    #: How many jobs this wait watches (an array: its elements), for the budget's cadence.
     jobs_at_once = 1
+    #: How many of them may run at once (an array's `%` throttle); None: all of them.
+    running_at_most: int | None = None
 
     @functools.cached_property
     def meter(self) -> CostMeter | None:
@@ -170,7 +172,9 @@ class HeadNodeTrigger(BaseTrigger):
         if not self.budget:
             return None
         every = float(self.budget.get("report_every_s") or 300)
-        return CostMeter(self.budget, float(self.budget["run_started"]), self.jobs_at_once, every)
+        return CostMeter(
+            self.budget, float(self.budget["run_started"]), self.jobs_at_once, every, at_most=self.running_at_most
+        )
 
     #: Files the session stats for this wait every poll.
     watched_paths: Sequence[str] = ()
@@ -568,21 +572,33 @@ class SlurmArrayTrigger(HeadNodeTrigger):
     code>` to `<run_dir>/done`: the session's stat notices it, the new lines name the elements whose
     markers to read, and slurmctld answers for all elements within the session's one `squeue -r`."""
 
-    def __init__(self, *, size: int, min_success_ratio: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self, *, size: int, min_success_ratio: float = 1.0, max_parallel: int | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.size = size
         self.min_success_ratio = min_success_ratio
+        self.max_parallel = max_parallel  # the array's `%` throttle: at most this many elements run at once
         self.watch = ArrayWatch(self.job_id, size, self.watch_policy, min_success_ratio)
         self.progress = ArrayProgress(self.job_id, size)
         self.markers: dict[int, dict | None] = {}
         self.done_offset = 0
 
     def kwargs(self) -> dict[str, Any]:
-        return {**super().kwargs(), "size": self.size, "min_success_ratio": self.min_success_ratio}
+        return {
+            **super().kwargs(),
+            "size": self.size,
+            "min_success_ratio": self.min_success_ratio,
+            "max_parallel": self.max_parallel,
+        }
 
     @property
     def jobs_at_once(self) -> int:
         return self.size
+
+    @property
+    def running_at_most(self) -> int | None:
+        return self.max_parallel
 
     @property
     def done_path(self) -> str:

@@ -31,6 +31,20 @@ def test_a_conf_naming_code_replaces_the_profiles_payload(stack):
     assert run.training.payload is None and run.training.code.kind == "dir"
 
 
+
+def test_other_code_starts_from_its_own_hyperparameters_not_the_profiles(stack):
+    """aws-gpu's hyperparameters are SimCLR's (`temperature`): a ResNet project's schema refuses that name, so a
+    ResNet run on aws-gpu was refused before it started. The profile's values go with the profile's code."""
+    profile = resolve_run_spec("aws-gpu", {}).training
+    assert profile.hyperparameters["temperature"] == 0.1 and profile.payload == "simclr"
+    resnet = {"git": {"url": "https://github.com/my-org/resnet.git"}}
+    own = {"training": {"code": resnet, "hyperparameters": {"depth": 50}}}
+    assert resolve_run_spec("aws-gpu", own).training.hyperparameters == {"depth": 50}
+    assert resolve_run_spec("aws-gpu", {"training": {"payload": "resnet"}}).training.hyperparameters == {}
+    same = resolve_run_spec("aws-gpu", {"training": {"payload": "simclr", "hyperparameters": {"lr": 1.0}}}).training
+    assert same.hyperparameters == {**profile.hyperparameters, "lr": 1.0}  # the profile's own code keeps them
+
+
 @pytest.mark.parametrize(
     ("conf", "complaint"),
     [

@@ -116,14 +116,46 @@ def run_with_stop_rule(operator, task_id: str, **kwargs) -> tuple[dict, object, 
     return train.execute_complete(context, first_event(revive(deferred.value))), train, context
 
 
-def test_the_train_task_stops_trials_early_while_it_waits(slurm):
+def first_metric_time(slurm, trial: dict) -> float:
+    return json.loads(slurm.read_file(trial["run_dir"] + "/metrics.jsonl").splitlines()[0])["time"]
+
+
+def test_the_train_task_stops_trials_early_while_it_waits(slurm, s3, bucket, stack_name):
+    """Three trials side by side (the array's `%3`), each on a node of its own: the rule stops the two bad
+    ones while they overlap, and the leaderboard reads every trial's own metrics (issue 27)."""
     trials = [{"mode": "good"}, {"mode": "nan"}, {"mode": "flat"}]
-    job, train, context = run_with_stop_rule(SlurmArrayJobOperator, "sweep-stop", trials=trials, min_success_ratio=1.0)
+    job, train, context = run_with_stop_rule(
+        SlurmArrayJobOperator, "sweep-stop", trials=trials, max_parallel=3, min_success_ratio=1.0
+    )
     assert [t["outcome"] for t in job["trials"]] == ["success", "stopped_early", "stopped_early"]
     records = [json.loads(slurm.read_file(t["run_dir"] + "/early_stop.json")) for t in job["trials"][1:]]
     assert [r["decision"]["reason"] for r in records] == ["diverged", "no_improvement"]
     assert [r["job_id"] for r in records] == [f"{job['job_id']}_1", f"{job['job_id']}_2"]
     assert slurm.read_file(job["trials"][0]["run_dir"] + "/early_stop.json") == b""
+    # They overlapped: each stopped trial had started before the other was stopped (one at a time, the second
+    # would start only after the first had ended), and on nodes of their own (--exclusive).
+    (started_1, started_2), (stopped_1, stopped_2) = (
+        [first_metric_time(slurm, t) for t in job["trials"][1:]],
+        [r["time"] for r in records],
+    )
+    assert started_1 < stopped_2 and started_2 < stopped_1
+    markers = [json.loads(slurm.read_file(t["run_dir"] + "/exit.json")) for t in job["trials"]]
+    assert len({m["nodes"] for m in markers}) == 3, markers
+    board = SweepLeaderboardOperator(
+        task_id="leaderboard",
+        job=job,
+        bucket=bucket,
+        stack=stack_name,
+        objective=STOP_RULE["objective"],
+        cloudwatch=False,
+    )
+    result = board.execute(make_context("leaderboard", run_id=context["run_id"]))
+    assert {r["trial"]: r["outcome"] for r in result["leaderboard"]} == {
+        0: "completed",
+        1: "stopped_early",
+        2: "stopped_early",
+    }
+    assert result["best"]["trial"] == 0 and result["best"]["value"] == pytest.approx(0.5)
     # A retry of the task (a worker lost after the job ended) re-attaches to the array instead of training
     # again, and its trigger reads each trial's end anew: the stopped trials stay stopped.
     retry_context = make_context("sweep-stop", run_id=context["run_id"])
