@@ -162,8 +162,9 @@ class NetworkIds:
     s3_endpoint_id: str | None = None
     nat_gateway_id: str | None = None
     private_subnet_ids: tuple[str, ...] = field(default=())
-    #: Whether this call created the VPC (a network made, not adopted): what a rehearsal counts.
-    created: bool = False
+    #: Whether this call created the VPC (a network made, not adopted): what a rehearsal counts. Not part of
+    #: the network's identity (two ensures of one network compare equal).
+    created: bool = field(default=False, compare=False)
 
     def to_xcom(self) -> dict[str, Any]:
         """The ids as JSON (tuples as lists), for the cluster stage and the run's record."""
