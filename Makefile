@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 PAYLOAD_VENV := .venv-payload
 
-.PHONY: help setup system-deps venv payload-env local-image pcluster iam-simulator lock lint test demo example rehearsal airflow airflow-down chaos stack-up stack-down stack-status stack-clean clean
+.PHONY: help setup system-deps venv payload-env local-image pcluster iam-simulator lock lint test demo example rehearsal concurrent airflow airflow-down chaos stack-up stack-down stack-status stack-clean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -91,8 +91,11 @@ EXAMPLE_IMAGE := $(if $(filter local,$(CONTAINER)),$(LOCAL_IMAGE),$(CONTAINER))
 example: stack-up payload-env $(if $(filter local,$(CONTAINER)),local-image)  ## train examples/$(EXAMPLE) from its own git repository on the local stack (EXAMPLE=resnet, simclr; CONTAINER=local: in a container)
 	@set -a && . .stack/env && set +a && $(PY) include/local/example.py $(EXAMPLE) "$(EXAMPLE_IMAGE)"
 
-rehearsal: stack-up payload-env pcluster iam-simulator  ## run pretrain with the production profile (aws-gpu) on the local stack
+rehearsal: stack-up payload-env pcluster iam-simulator  ## two pretrain runs and a 4-trial sweep at once with the production profile (aws-gpu) on the local stack
 	@set -a && . .stack/env && set +a && $(PY) include/local/rehearsal.py
+
+concurrent: stack-up payload-env  ## two pretrain runs and a 4-trial sweep at once on one stack, local profile
+	@set -a && . .stack/env && set +a && $(PY) include/local/many_runs.py local
 
 airflow: stack-up payload-env  ## the Airflow UI on this machine (compose's services, no containers); prints URL and login
 	@$(AIRFLOW_UI) up

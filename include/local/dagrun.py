@@ -313,6 +313,7 @@ def remove_stack(stack: str) -> list[str]:
     import pcflow.cluster.teardown  # noqa: F401 - registers the "pcluster" handlers
     from pcflow.aws.buckets import bucket_users, release_bucket
     from pcflow.aws.clients import DEFAULT_AWS_CONN_ID, aws_client
+    from pcflow.aws.network_users import drop_reference, references
     from pcflow.aws.teardown import Selector, teardown
 
     def clients(service: str) -> Any:
@@ -322,6 +323,8 @@ def remove_stack(stack: str) -> list[str]:
     s3 = clients("s3")
     for bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
         try:
+            for ref in references(s3, bucket, stack):  # its network is gone: so are the runs' references to it
+                drop_reference(s3, bucket, stack, ref.run)
             if stack in bucket_users(s3, bucket) and release_bucket(s3, bucket, stack):
                 delete_bucket(s3, bucket)
         except s3.exceptions.NoSuchBucket:  # deleted meanwhile

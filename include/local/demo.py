@@ -75,7 +75,7 @@ def summarize(result: DagRunResult, seconds: float) -> dict[str, Any]:
     """What the run did, from what its tasks returned, and what is still tagged with its run key."""
     out = result.returned
     metrics = out.get("metrics") or {}
-    teardown = out.get("teardown") or {}
+    deleted = [*(out.get("teardown") or {}).get("deleted", []), *(out.get("release_network") or {}).get("deleted", [])]
     return {
         **run_outcome(result, seconds),
         "network": {k: (out.get("network") or {}).get(k) for k in ("vpc_id", "head_subnet_id")},
@@ -88,7 +88,7 @@ def summarize(result: DagRunResult, seconds: float) -> dict[str, Any]:
         "cost_usd": {**cost_before(out.get("validate")), "final_estimate": metrics.get("cost_usd_estimate")},
         "report": metrics.get("report"),
         "model": (metrics.get("model") or {}).get("model"),
-        "teardown_deleted": [f"{d['kind']} {d['id']}" for d in teardown.get("deleted", [])],
+        "teardown_deleted": [f"{d['kind']} {d['id']}" for d in deleted],  # the run's, then the network's last user
         "left_tagged_with_run_key": left_tagged(result),
     }
 

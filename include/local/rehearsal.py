@@ -1,5 +1,7 @@
-"""`make rehearsal`: the `pretrain` DAG end to end with the production profile, `aws-gpu`, on the local
-stack. The `aws-gpu-rehearsal` profile is aws-gpu.yaml with only what the emulator needs changed (each
+"""`make rehearsal`: the production profile, `aws-gpu`, on the local stack, with two `pretrain` runs and a
+4-trial `pretrain_sweep` on one stack at once (include/local/many_runs.py: one shared network, a cluster per
+run, each run's time to first job, and the `concurrent:` line); the first `pretrain` run is summarized in
+full. The `aws-gpu-rehearsal` profile is aws-gpu.yaml with only what the emulator needs changed (each
 line says why); everything else is the production path: network, bake, shard load, config render, the
 real `pcluster --dryrun`, create (the pcluster stand-in: its cluster is the local Slurm), FSx link
 (the FSx stand-in: a local directory the nodes see at /fsx), torchrun, metrics, FSx export, delete.
@@ -22,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from dagrun import REPO, DagRunResult
-from demo import prepare, report, run_with_progress, summarize
+from demo import prepare, report, summarize
 from iam_calls import evaluate, read_calls
 
 PROFILE = "aws-gpu-rehearsal"
-CONF = {"profile": PROFILE, "partition": "rehearsal"}
 
 
 def own_stack(stack: str) -> dict[str, Any]:
@@ -73,19 +74,23 @@ def iam_check(log: Path) -> dict[str, Any]:
 
 
 def main() -> int:
+    import many_runs
+
     from pcflow.aws.calllog import paused, recording
 
     prepare()
-    print(f"pcflow rehearsal: running DAG `pretrain` with profile {PROFILE} (aws-gpu on the local stack) ...")
+    print(f"pcflow rehearsal: two `pretrain` runs and a 4-trial sweep at once, profile {PROFILE} (aws-gpu) ...")
     stack_dir = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
     log = stack_dir / "logs" / f"rehearsal-aws-calls-{os.getpid()}.jsonl"
-
-    def summarize_rehearsal(result: DagRunResult, seconds: float) -> dict[str, Any]:
-        with paused():  # the summary's own lookups are not the run's
-            return {**summarize(result, seconds), **rehearsal_facts(result), "iam": iam_check(log)}
-
-    with recording(log):
-        return report("rehearsal", run_with_progress("rehearsal", "pretrain", CONF, summarize_rehearsal))
+    with recording(log):  # the runs' processes, and the pcluster CLI they start, record theirs too
+        results = many_runs.run_many(PROFILE)
+    with paused():  # the summaries' own lookups are not the runs'
+        first = results.get("pretrain-1")
+        single = 1
+        if first is not None:
+            summary = {**summarize(first, first.seconds), **rehearsal_facts(first), "iam": iam_check(log)}
+            single = report("rehearsal", summary)
+        return many_runs.report(results) or single
 
 
 if __name__ == "__main__":

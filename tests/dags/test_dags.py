@@ -71,7 +71,8 @@ def test_pretrain_end_to_end_trains_and_leaves_nothing(airflow):
     both = {"probe_accuracy_untrained", "fewshot_accuracy_untrained"}  # the margin: tests/payloads
     assert both < set(finals), "the untrained encoder is evaluated beside the trained one"
     assert out["metrics"]["report"].endswith("/report.html")
-    assert out["teardown"]["deleted"] and not out["teardown"]["remaining"]
+    assert not out["teardown"]["remaining"]  # the run's own resources; then the stack's network, its last user gone:
+    assert out["release_network"]["network_deleted"] and out["release_network"]["deleted"]
     assert tagged_resources("pcflow:run", result.run_key) == []
     report = out["metrics"]["report"].removeprefix("s3://").split("/", 1)
     assert boto3.client("s3").head_object(Bucket=report[0], Key=report[1])["ContentLength"] > 0

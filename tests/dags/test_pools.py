@@ -28,7 +28,9 @@ def test_cluster_and_train_tasks_take_a_pool_slot_and_teardowns_none(dags):
         assert all(pools[t] == "default_pool" for t in teardowns), dag_id
         # The nightly keeps its network and cluster for the next night: it gives back only its job account.
         kept = {"release_job_account"}
-        assert set(teardowns) == (kept if dag_id == "pretrain_nightly" else kept | {"delete_cluster", "teardown"})
+        assert set(teardowns) == (
+            kept if dag_id == "pretrain_nightly" else kept | {"delete_cluster", "teardown", "release_network"}
+        )
 
 
 def test_every_pool_the_dags_use_exists_and_counts_deferred_tasks(dags):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import os
 import uuid
 from collections import Counter
@@ -31,6 +32,7 @@ from dagrun import (
     unfinished_tasks,
     write_profile,
 )
+from many_runs import RUNS, stack_network_left, start, summary
 from rehearsal import PROFILE, iam_check, own_stack, rehearsal_facts
 from stacktools import tell_standin
 
@@ -39,6 +41,7 @@ from pcflow.aws.storage import TASK_KEY_TAG
 from pcflow.cluster.operators import DeleteClusterOperator
 from pcflow.dataset.manifest import read_manifest
 from pcflow.naming import run_key
+from pcflow.pipeline.settings import cluster_name
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1500)]
 PARTITION = "e2e"
@@ -52,6 +55,8 @@ class Rehearsed:
     before_delete: dict[str, Any]  # moto's resources by kind and the FSx mount, as the cluster was deleted
     stack: str
     iam: dict[str, Any]  # every AWS call of the runs, pcluster's included, judged against the shipped policies
+    concurrent: dict[str, Any]  # the killed run and the two that ran beside it (many_runs.summary)
+    network_left: list[str]  # the stack's network once all three gave it back
 
 
 @paused()
@@ -69,9 +74,11 @@ def export_started(key: str) -> bool:
 
 @paused()  # the test's lookups, not the run's calls
 def census(key: str, stack: str, job_name: str) -> dict[str, int]:
-    """What exists, by kind, counted by pcflow's tags (the run's, or the stack's for what it keeps)."""
+    """What exists, by kind, counted by pcflow's tags (the run's, or the stack's for what it keeps and shares:
+    image, network)."""
     ec2, fsx = boto3.client("ec2"), boto3.client("fsx")
     by_run = [{"Name": "tag:pcflow:run", "Values": [key]}]
+    network = [{"Name": "tag:pcflow:stack", "Values": [stack]}, {"Name": "tag:pcflow:component", "Values": ["network"]}]
     builders = [{"Name": "tag:pcflow:stack", "Values": [stack]}, {"Name": "tag:pcflow:component", "Values": ["ami"]}]
 
     def instances(filters: list[dict]) -> list[dict]:
@@ -84,12 +91,10 @@ def census(key: str, stack: str, job_name: str) -> dict[str, int]:
     file_systems = [
         fs for fs in fsx.describe_file_systems()["FileSystems"] if {"Key": "pcflow:run", "Value": key} in fs["Tags"]
     ]
-    gateways = ec2.describe_nat_gateways(Filter=by_run)["NatGateways"]
-    stacks = [
-        s for s in boto3.client("cloudformation").describe_stacks()["Stacks"] if s["StackName"].endswith("-cluster")
-    ]
+    gateways = ec2.describe_nat_gateways(Filter=network)["NatGateways"]
+    stacks = boto3.client("cloudformation").describe_stacks()["Stacks"]
     return {
-        "vpc": len(ec2.describe_vpcs(Filters=by_run)["Vpcs"]),
+        "vpc": len(ec2.describe_vpcs(Filters=network)["Vpcs"]),
         "nat-gateway": sum(g["State"] not in ("deleted", "deleting") for g in gateways),
         "image": len(ec2.describe_images(Owners=["self"], Filters=builders[:1])["Images"]),
         "image-builder": len(instances(builders)),  # terminated ones included: ever launched
@@ -124,8 +129,10 @@ def rehearse(local_stack, stack: str, *, conf: dict, run_id: str, when: dt.datet
     key = run_key("pretrain", run_id)
     kills = []
     started = spawn("start", "pretrain", run_id, when, log=log, conf=conf)
-    kill_when(started, lambda: cluster_stack_exists(f"pcflow-{stack}-cluster"), log, "the cluster's creation")
+    kill_when(started, lambda: cluster_stack_exists(cluster_name(stack, key)), log, "the cluster's creation")
     kills.append(unfinished_tasks("pretrain", run_id))
+    # Beside it from here on (its image exists): a second `pretrain` run and a 4-trial sweep on the same stack.
+    others = start_others(conf, log.parent)
     # The run's next FSx task, the export before delete, runs for 5 s: the kill lands while it does.
     tell_standin(local_stack, "fsx/task-outcomes", {"results": [{"Lifecycle": "SUCCEEDED", "Seconds": 5}]})
     resumed = spawn("resume", "pretrain", run_id, when, log=log)
@@ -145,7 +152,27 @@ def rehearse(local_stack, stack: str, *, conf: dict, run_id: str, when: dt.datet
         result = resume_dag_run("pretrain", run_id, retry=unfinished_tasks("pretrain", run_id))
     finally:
         DeleteClusterOperator.execute = execute
-    return result, kills, seen
+    return result, kills, seen, {"pretrain-1": result, **finish(others)}
+
+
+def start_others(conf: dict, logs: Path) -> dict[str, tuple[Any, Path]]:
+    """The other runs of `make rehearsal` (many_runs.RUNS), each in a process of its own, on the test's stack."""
+    when = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    return {
+        name: start(name, dag_id, {**run_conf, **conf}, when + dt.timedelta(seconds=i), logs)
+        for i, (name, dag_id, run_conf) in enumerate(RUNS[1:])
+    }
+
+
+def finish(started: dict[str, tuple[Any, Path]]) -> dict[str, DagRunResult]:
+    """Their results once their processes have ended (a process that left none: its log's tail fails the test)."""
+    results = {}
+    for name, (process, out) in started.items():
+        process.wait(timeout=1200)
+        if not out.exists():
+            pytest.fail(f"{name} left no result:\n{out.with_suffix('.log').read_text(errors='replace')[-3000:]}")
+        results[name] = DagRunResult(**json.loads(out.read_text()))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +182,10 @@ def rehearsed(profiles, local_stack, pcluster_cli, tmp_path_factory) -> Rehearse
     run_id, when = manual_run("pretrain")
     log = tmp_path_factory.mktemp("rehearsal") / "killed-runs.log"
     with recording(log.with_name("aws-calls.jsonl")) as calls:
-        result, kills, seen = rehearse(local_stack, stack, conf=conf, run_id=run_id, when=when, log=log)
-    yield Rehearsed(result, rehearsal_facts(result), kills, seen, stack, iam_check(calls))
+        result, kills, seen, runs = rehearse(local_stack, stack, conf=conf, run_id=run_id, when=when, log=log)
+    with paused():
+        concurrent, network_left = summary(runs), stack_network_left(stack)
+    yield Rehearsed(result, rehearsal_facts(result), kills, seen, stack, iam_check(calls), concurrent, network_left)
     assert remove_stack(stack) == []  # what the stack keeps on purpose: its image and data bucket
 
 
@@ -193,6 +222,28 @@ def test_aws_gpu_runs_end_to_end_on_the_rehearsal(rehearsed, local_stack):
     # the bake on aws-gpu), and the model it left is recorded with its sha256.
     assert out["check_environment"]["dir"].endswith("/.venv-payload") and len(out["check_environment"]["record"]) == 64
     assert len(out["metrics"]["model"]["model_sha256"]) == 64
+
+
+def test_two_pretrain_runs_and_a_sweep_at_once_share_one_network(rehearsed):
+    """Issue 27's must-show, on the rehearsal's stack: the killed run, a second `pretrain` run and a 4-trial sweep
+    ran at once; one network (made by the first, referenced by all three, deleted by the last to leave), a
+    ParallelCluster cluster of each run's own, the image reused, nothing of theirs left."""
+    counts, runs = rehearsed.concurrent["concurrent"], rehearsed.concurrent["runs"]
+    assert {k: counts[k] for k in ("runs", "succeeded", "networks_created")} == {
+        "runs": 3,
+        "succeeded": 3,
+        "networks_created": 1,
+    }
+    assert len({run["network"]["vpc_id"] for run in runs.values()}) == 1
+    assert len({run["cluster"]["name"] for run in runs.values()}) == 3  # and the resumed run adopted its own
+    assert counts["clusters_created"] >= 2 and {run["cluster"]["provider"] for run in runs.values()} == {
+        "parallelcluster"
+    }
+    assert runs["pretrain-2"]["image"]["reused"] and runs["sweep"]["image"]["reused"]
+    assert [run["released_network"]["network_deleted"] for run in runs.values()].count(True) == 1  # the last user
+    assert all(run["time_to_first_job_s"] for run in runs.values())
+    assert [run["left_tagged_with_run_key"] for run in runs.values()] == [[], [], []]
+    assert rehearsed.network_left == []
 
 
 def check_node_setup(out: dict, run: dict) -> None:

@@ -53,9 +53,11 @@ def context_for(task, triggered_by: str | None = None) -> dict:
 def test_the_approval_sits_between_the_first_task_and_everything_that_creates(pretrain):
     task = pretrain.get_task("approve_cost")
     assert task.upstream_task_ids == {"validate"}
-    assert task.downstream_task_ids == {"network", "ensure_dataset_bucket", "dataset_source"}
+    assert task.downstream_task_ids == {"ensure_dataset_bucket", "dataset_source"}
     for name in task.downstream_task_ids:  # they run when the approval was skipped
         assert pretrain.get_task(name).trigger_rule == "none_failed_min_one_success"
+    # The network after the bucket that holds the runs' references to it (pcflow.aws.network_users).
+    assert pretrain.get_task("network").upstream_task_ids == {"validate", "ensure_dataset_bucket"}
 
 
 def test_below_the_threshold_the_approval_is_skipped(pretrain):
@@ -91,7 +93,9 @@ def test_reject_skips_every_stage_after_it(pretrain):
     }
     with pytest.raises(DownstreamTasksSkipped) as skipped:
         task.execute_complete(context_for(task), event)
-    assert set(skipped.value.tasks) == {"network", "ensure_dataset_bucket", "dataset_source"}
+    # The network (after the bucket, all_success) is skipped with the bucket, and everything after them.
+    assert set(skipped.value.tasks) == {"ensure_dataset_bucket", "dataset_source"}
+    assert pretrain.get_task("network").trigger_rule == "all_success"
     approved = task.execute_complete(context_for(task), {**event, "chosen_options": ["Approve"]})
     assert approved["chosen_options"] == ["Approve"]
 

@@ -8,7 +8,10 @@ Expiry is not enough on its own: a run may outlive any TTL (requeues, a sweep's 
 another), so a resource naming its DAG run (`pcflow:dag-id`, `pcflow:run-id`: the run that made it, or
 that last used what a stack keeps) is deleted only once Airflow says that run is finished or gone; a run
 queued or running keeps it, whatever its expiry, and an answer Airflow does not give keeps it too
-(never delete on doubt). Shared resources (`pcflow:expires=never`) are never reaped.
+(never delete on doubt). Shared resources (`pcflow:expires=never`) are never reaped. A stack's network,
+shared by its runs, is kept while any run holding a reference to it (pcflow.aws.network_users) is
+unfinished, or of unknown state; the references of runs that ended without giving theirs back are removed
+(`network_users`), after which the network goes by the rule above.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from pcflow.aws.clients import error_code
 from pcflow.aws.kept_buckets import kept_buckets
+from pcflow.aws.network_users import TAG_REFERENCES, drop_reference, references
 from pcflow.aws.teardown import (
     DEFAULT_HANDLER_SETS,
     ClientSource,
@@ -32,7 +37,7 @@ from pcflow.aws.teardown import (
     converge,
     teardown,
 )
-from pcflow.naming import TAG_DAG_ID, TAG_EXPIRES, TAG_RUN_ID, parse_expires
+from pcflow.naming import TAG_COMPONENT, TAG_DAG_ID, TAG_EXPIRES, TAG_RUN_ID, TAG_STACK, Component, parse_expires
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +71,16 @@ class JanitorRule:
     | passed, Airflow gives no answer on the run  | kept: run state unknown       |
     | passed, the DAG run is finished or gone     | reaped                        |
     | passed, names no DAG run                    | reaped                        |
+    | a stack's network a run still uses          | kept: network in use          |
 
-    Airflow is asked only about expired resources, once per DAG run and rule (one janitor pass)."""
+    Airflow is asked only about expired resources, once per DAG run and rule (one janitor pass), and
+    about the runs holding references to a network (`network_users`)."""
 
     def __init__(self, now: dt.datetime, run_state: RunState = no_airflow):
         self.now, self.run_state = now, run_state
         self._states: dict[tuple[str, str], tuple[bool, str]] = {}
+        #: Stacks whose shared network a run still uses, with why (filled by `network_users`).
+        self.networks_in_use: dict[str, str] = {}
 
     def __call__(self, tags: Mapping[str, str]) -> bool:
         return self.judge(tags)[0]
@@ -82,6 +91,8 @@ class JanitorRule:
 
     def judge(self, tags: Mapping[str, str]) -> tuple[bool, str]:
         """(reap, reason) for a resource's tags."""
+        if tags.get(TAG_COMPONENT) == Component.NETWORK and tags.get(TAG_STACK) in self.networks_in_use:
+            return False, self.networks_in_use[tags[TAG_STACK]]
         value = tags.get(TAG_EXPIRES)
         try:
             expires = parse_expires(value)
@@ -113,6 +124,45 @@ class JanitorRule:
         if state is None:
             return True, f"expired {expired}; DAG run {dag_id} {run_id} no longer exists"
         return True, f"expired {expired}; DAG run {dag_id} {run_id} is {state}"
+
+
+def network_users(clients: ClientSource, rule: JanitorRule, *, stack: str | None = None, dry_run: bool = True) -> None:
+    """Judge the references to every stack's shared network: a stack with a reference whose run is
+    unfinished (or of unknown state, or naming no DAG run) goes into `rule.networks_in_use`; a reference
+    whose run is finished or gone is stale and removed, unless `dry_run`."""
+    filters = [{"Name": "tag-key", "Values": [TAG_REFERENCES]}]
+    filters.append(
+        {"Name": f"tag:{TAG_STACK}", "Values": [stack]} if stack else {"Name": "tag-key", "Values": [TAG_STACK]}
+    )
+    s3 = clients("s3")
+    for vpc in clients("ec2").describe_vpcs(Filters=filters)["Vpcs"]:
+        tags = {t["Key"]: t["Value"] for t in vpc.get("Tags", [])}
+        owner, bucket = tags[TAG_STACK], tags[TAG_REFERENCES]
+        users = []
+        for ref in _references_or_none(s3, bucket, owner):
+            if ref.dag_run is None:
+                users.append(f"{ref.run} (names no DAG run)")
+                continue
+            reap, why = rule.dag_run_verdict(*ref.dag_run, "n/a: a reference")
+            if not reap:
+                users.append(why.removeprefix("kept: "))
+            elif not dry_run:
+                log.info("stale reference to the network of stack %s removed: %s", owner, why)
+                drop_reference(s3, bucket, owner, ref.run)
+        if users:
+            rule.networks_in_use[owner] = f"kept: network in use ({'; '.join(users)})"
+
+
+def _references_or_none(s3: Any, bucket: str, stack: str) -> list[Any]:
+    """The references in `bucket`; none when the bucket is gone (nothing can name a user there)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return references(s3, bucket, stack)
+    except ClientError as error:
+        if error_code(error) == "NoSuchBucket":
+            return []
+        raise
 
 
 def task_run_state(ti: Any) -> RunState:
@@ -189,6 +239,7 @@ def janitor_view(
     listing of every pcflow resource instead of one for each."""
     everything, rule = Selector(), JanitorRule(now, run_state)
     reaping = [_Listed(handler, everything) for handler in build_handlers(clients, handler_sets)]
+    network_users(clients, rule)  # before anything is judged
     images = [] if "images" in handler_sets else [_Listed(h, everything) for h in build_handlers(clients, ["images"])]
     dry_run = converge(reaping, replace(everything, predicate=rule), dry_run=True)
     keeps = replace(everything, predicate=lambda tags: not rule(tags))
@@ -228,8 +279,9 @@ def run_janitor(
     **loop_options: Any,
 ) -> TeardownReport:
     """Reap what `JanitorRule` selects (in one stack, or all pcflow stacks); dry run unless told otherwise."""
-    now = now or dt.datetime.now(dt.UTC)
-    selector = Selector(stack=stack, predicate=JanitorRule(now, run_state))
+    rule = JanitorRule(now or dt.datetime.now(dt.UTC), run_state)
+    network_users(clients, rule, stack=stack, dry_run=dry_run)
+    selector = Selector(stack=stack, predicate=rule)
     return teardown(clients, selector, handler_sets=handler_sets, dry_run=dry_run, **loop_options)
 
 
@@ -267,6 +319,7 @@ class JanitorOperator(TeardownOperator):
         self.log.info("janitor: stack %s, dry run %s", selection.stack or "<all>", dry_run)
         ti = context.get("ti")
         rule = JanitorRule(dt.datetime.now(dt.UTC), task_run_state(ti) if ti is not None else no_airflow)
+        network_users(self.client, rule, stack=selection.stack, dry_run=dry_run)
         report = self.converge(replace(selection, predicate=rule), dry_run=dry_run)
         kept = kept_resources(self.client, replace(selection, predicate=lambda tags: not rule(tags)), self.handler_sets)
         buckets = kept_buckets(self.client, self.hook.region_name, selection.stack)

@@ -21,16 +21,27 @@ from typing import Any, ClassVar
 
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.clients import error_code, validate_region, wait_logged
+from pcflow.aws.network_users import (
+    TAG_REFERENCES,
+    drop_reference,
+    network_lock,
+    references,
+    take_reference,
+    vpc_in_use,
+)
 from pcflow.aws.ssh_ingress import refuse_anywhere
-from pcflow.aws.tags import find_one, refresh_expiry, tag_equals, tag_specifications
+from pcflow.aws.tags import find_one, refresh_expiry, tag_dict, tag_equals, tag_specifications
 from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, TeardownOperator, teardown
 from pcflow.errors import ConfigurationError, PcflowInputError, ResourceConflict, profile_setting, refused
 from pcflow.naming import (
+    STAMPED_TAGS,
+    TAG_EXPIRES,
     TAG_RUN,
     TAG_STACK,
     Component,
     dag_run_of,
     digest,
+    parse_expires,
     resource_name,
     run_key_from_context,
     standard_tags,
@@ -151,6 +162,9 @@ class NetworkIds:
     s3_endpoint_id: str | None = None
     nat_gateway_id: str | None = None
     private_subnet_ids: tuple[str, ...] = field(default=())
+    #: Whether this call created the VPC (a network made, not adopted): what a rehearsal counts. Not part of
+    #: the network's identity (two ensures of one network compare equal).
+    created: bool = field(default=False, compare=False)
 
     def to_xcom(self) -> dict[str, Any]:
         """The ids as JSON (tuples as lists), for the cluster stage and the run's record."""
@@ -181,6 +195,8 @@ class _Ensurer:
         # run never adopts the stack's shared network (nor another run's) and then deletes it.
         self.run = self.tags.get(TAG_RUN)
         self.nat_allocation_id: str | None = None
+        self.vpc_tags: dict[str, str] = {}  # the tags only the VPC carries (where its references are)
+        self.found_vpc_tags: dict[str, str] | None = None  # None: this call created the VPC
 
     def name(self, role: str) -> str:
         return resource_name(self.spec.stack, Component.NETWORK, role, *([self.run] if self.run else []))
@@ -209,10 +225,12 @@ class _Ensurer:
                     f"for {self.spec.vpc_cidr}; tear the stack's network down first or use another stack name"
                 )
             vpc_id = found["VpcId"]
+            self.found_vpc_tags = tag_dict(found.get("Tags"))
             log.info("adopting VPC %s (%s)", vpc_id, found["CidrBlock"])
         else:
+            tags = {**self.tags_for("vpc"), **self.vpc_tags}
             vpc_id = self.ec2.create_vpc(
-                CidrBlock=self.spec.vpc_cidr, TagSpecifications=tag_specifications("vpc", self.tags_for("vpc"))
+                CidrBlock=self.spec.vpc_cidr, TagSpecifications=tag_specifications("vpc", tags)
             )["Vpc"]["VpcId"]
             log.info("created VPC %s (%s)", vpc_id, self.spec.vpc_cidr)
         self.wait("vpc_available", {"VpcIds": [vpc_id]}, f"VPC {vpc_id}", "Vpcs[0].State")
@@ -429,20 +447,28 @@ def ensure_network(
     ttl: dt.timedelta | None = None,
     dag_run: tuple[str, str] | None = None,
     waiter_delay: int = 15,
+    references_bucket: str | None = None,
 ) -> NetworkIds:
     """Create what is missing, adopt what exists and matches, refuse what exists and differs.
 
     `run` tags the network as one run's (deleted by that run's teardown / the janitor); leave it None
     for a network shared across runs of the stack. Safe to call any number of times. Every call stamps
     the network's `pcflow:expires` again (now + `ttl`): a kept network lives `ttl` past its last run,
-    and names that run (`dag_run`, as (dag_id, run_id)), which the janitor asks Airflow about.
+    and names that run (`dag_run`, as (dag_id, run_id)), which the janitor asks Airflow about; a shared
+    network's expiry only moves later (a short run after a nightly does not shorten what the nightly keeps).
+    `references_bucket`: where the runs using a shared network hold their references (pcflow.aws.network_users),
+    named in the VPC's `pcflow:references` tag.
     """
     tags = standard_tags(stack=spec.stack, component=Component.NETWORK, run=run, ttl=ttl, dag_run=dag_run)
     step = _Ensurer(ec2, spec, tags, waiter_delay)
+    if references_bucket:
+        step.vpc_tags = {TAG_REFERENCES: references_bucket}
     if spec.adopted:
         return _adopt(step, spec)
     zone = step.availability_zone()
     vpc_id = step.vpc()
+    if run is None and not _postpones(step.found_vpc_tags, tags):
+        tags = {**tags, **{key: step.found_vpc_tags[key] for key in STAMPED_TAGS if key in step.found_vpc_tags}}
     igw_id = step.internet_gateway(vpc_id)
     public_id = step.subnet(vpc_id, "public", spec.public_subnet_cidr, zone, public=True)
     route_tables = [step.route_table(vpc_id, "public-rt", [public_id], {"GatewayId": igw_id})]
@@ -463,6 +489,7 @@ def ensure_network(
     owned = [vpc_id, igw_id, public_id, *private_ids, *route_tables, endpoint_id, nat_id, step.nat_allocation_id]
     refresh_expiry(ec2, [*owned, cluster_sg, head_sg], tags)
     return NetworkIds(
+        created=step.found_vpc_tags is None,
         vpc_id=vpc_id,
         head_subnet_id=public_id,
         # Without NAT, compute shares the public subnet; it has no public ingress (cluster SG only).
@@ -476,6 +503,19 @@ def ensure_network(
         nat_gateway_id=nat_id,
         private_subnet_ids=tuple(private_ids),
     )
+
+
+def _postpones(found: Mapping[str, str] | None, tags: Mapping[str, str]) -> bool:
+    """Whether stamping `tags` on a found VPC moves its expiry later (or it has none to keep: created now)."""
+    if found is None:
+        return True
+    try:
+        current, wanted = parse_expires(found.get(TAG_EXPIRES)), parse_expires(tags.get(TAG_EXPIRES))
+    except ValueError:
+        return True
+    if current is None:  # `never` (or no tag) stays: nothing shorter replaces it
+        return TAG_EXPIRES not in found
+    return wanted is None or wanted >= current
 
 
 def _adopt(step: _Ensurer, spec: NetworkSpec) -> NetworkIds:
@@ -532,6 +572,62 @@ def delete_network(clients: Any, *, stack: str, run: str | None = None, dry_run:
     return teardown(clients, selector, handler_sets=DEFAULT_HANDLER_SETS, dry_run=dry_run, **loop_options)
 
 
+# --- the stack's network, shared by its runs (pcflow.aws.network_users) ----------------------------
+
+
+def use_network(
+    ec2: Any,
+    s3: Any,
+    spec: NetworkSpec,
+    *,
+    bucket: str,
+    run: str,
+    ttl: dt.timedelta | None = None,
+    dag_run: tuple[str, str] | None = None,
+    waiter_delay: int = 15,
+    lock_delay: float = 5.0,
+) -> NetworkIds:
+    """The stack's shared network for `run`: its reference first, then (under the stack's network lock)
+    the network found or created. A release deciding meanwhile either sees the reference or has deleted
+    the network before this looks: the network returned exists."""
+    take_reference(s3, bucket, spec.stack, run, dag_run)
+    with network_lock(s3, bucket, spec.stack, holder=run, delay=lock_delay):
+        return ensure_network(ec2, spec, ttl=ttl, dag_run=dag_run, waiter_delay=waiter_delay, references_bucket=bucket)
+
+
+def release_network(
+    clients: Any, *, stack: str, bucket: str, run: str, dry_run: bool = False, lock_delay: float = 5.0, **loop: Any
+) -> dict[str, Any]:
+    """`run` stops using the stack's network; the network is deleted when it was the last user and nothing
+    kept (an instance: the nightly's cluster) is in the VPC. Returns what was decided (`network_deleted`: this
+    call deleted it), and the teardown's report when it went on to delete."""
+    s3, ec2 = clients("s3"), clients("ec2")
+    if not dry_run:
+        drop_reference(s3, bucket, stack, run)
+    others = [ref.run for ref in references(s3, bucket, stack) if ref.run != run]
+    if others:
+        log.info("network of stack %s kept: used by run(s) %s", stack, ", ".join(others))
+        return {"network_deleted": False, "kept": f"used by {len(others)} other run(s)", "users": others}
+    with network_lock(s3, bucket, stack, holder=run, delay=lock_delay):
+        others = [ref.run for ref in references(s3, bucket, stack) if ref.run != run]  # looked at again, locked
+        if others:
+            return {"network_deleted": False, "kept": f"used by {len(others)} other run(s)", "users": others}
+        vpc = find_one(
+            ec2.describe_vpcs,
+            "Vpcs",
+            what="VPC",
+            id_key="VpcId",
+            Filters=[tag_equals(TAG_STACK, stack), tag_equals("Name", resource_name(stack, Component.NETWORK, "vpc"))],
+        )
+        kept = vpc_in_use(ec2, vpc["VpcId"]) if vpc else []
+        if kept:
+            log.info("network of stack %s kept: instances %s are in its VPC", stack, ", ".join(kept))
+            return {"network_deleted": False, "kept": f"{len(kept)} instance(s) in the VPC", "instances": kept}
+        report = delete_network(clients, stack=stack, dry_run=dry_run, **loop)
+    # Whether this release deleted it: False when another's release had (both saw no user, one after the other).
+    return {**report.to_xcom(), "network_deleted": bool(report.deleted), "users": []}
+
+
 # --- operators ----------------------------------------------------------------------------------
 
 
@@ -542,9 +638,11 @@ class EnsureNetworkOperator(PcflowAwsOperator):
     :param network: the network section of the spec (`NetworkSpec` fields, e.g. `ssh_ingress_cidrs`).
     :param run_scoped: tag the network with this run's key, so the run's teardown deletes it.
     :param ttl_hours: `pcflow:expires` for the janitor, stamped again by every run; None = never.
+    :param references_bucket: the stack's network shared by its runs (`use_network`): this run takes a
+        reference, kept in this bucket, which its `ReleaseNetworkOperator` gives back.
     """
 
-    template_fields: Sequence[str] = aws_template_fields("stack", "network", "ttl_hours")
+    template_fields: Sequence[str] = aws_template_fields("stack", "network", "ttl_hours", "references_bucket")
     template_fields_renderers: ClassVar[dict[str, str]] = {"network": "json"}
     ui_color = "#c6e2ff"
 
@@ -556,6 +654,7 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         run_scoped: bool = False,
         ttl_hours: float | None = None,
         waiter_delay: int = 15,
+        references_bucket: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -564,14 +663,18 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         self.run_scoped = run_scoped
         self.ttl_hours = ttl_hours
         self.waiter_delay = waiter_delay
+        self.references_bucket = references_bucket
 
     def execute(self, context: Any) -> dict[str, Any]:
         spec = NetworkSpec.from_mapping(self.stack, self.hook.region_name, self.network)
-        run = run_key_from_context(context) if self.run_scoped else None
         ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
-        ids = ensure_network(
-            self.ec2, spec, run=run, ttl=ttl, dag_run=dag_run_of(context), waiter_delay=self.waiter_delay
-        )
+        timing = {"ttl": ttl, "dag_run": dag_run_of(context), "waiter_delay": self.waiter_delay}
+        if self.references_bucket:
+            s3, run = self.client("s3"), run_key_from_context(context)
+            ids = use_network(self.ec2, s3, spec, bucket=self.references_bucket, run=run, **timing)
+        else:
+            run = run_key_from_context(context) if self.run_scoped else None
+            ids = ensure_network(self.ec2, spec, run=run, **timing)
         self.log.info("network of stack %s: vpc %s, head subnet %s", self.stack, ids.vpc_id, ids.head_subnet_id)
         return ids.to_xcom()
 
@@ -587,3 +690,27 @@ class DeleteNetworkOperator(TeardownOperator):
     def selector(self, context: Any) -> Selector:
         selector = super().selector(context)
         return replace(selector, run=run_key_from_context(context)) if self.run_scoped else selector
+
+
+class ReleaseNetworkOperator(DeleteNetworkOperator):
+    """The run's reference to the stack's shared network given back (`release_network`): the network is
+    deleted only by its last user, and not while an instance (a kept cluster) is in it. Wire it as a
+    teardown of the network task, after the run's own resources are gone."""
+
+    template_fields: Sequence[str] = (*DeleteNetworkOperator.template_fields, "references_bucket")
+
+    def __init__(self, *, references_bucket: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.references_bucket = references_bucket
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        stack = self.selector(context).stack
+        loop = {"pass_delay": self.pass_delay, "max_passes": self.max_passes, "logger": self.log}
+        return release_network(
+            self.client,
+            stack=stack,
+            bucket=self.references_bucket,
+            run=run_key_from_context(context),
+            dry_run=self.is_dry_run(context),
+            **loop,
+        )

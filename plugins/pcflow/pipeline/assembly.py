@@ -133,23 +133,27 @@ def infrastructure(run: Any, *, run_scoped: bool) -> dict[str, Any]:
     scope = {"run_scoped": run_scoped, "ttl_hours": ttl_hours}
     # Above the profile's threshold a person approves the cost first; below it, this task is skipped.
     approval = CostApprovalOperator(task_id="approve_cost", cost=RUN.cost)
+    # The stack's network, shared by every run of every DAG of the stack: this run takes a reference to it,
+    # kept in the data bucket (pcflow.aws.network_users), which its teardown gives back.
     network = EnsureNetworkOperator(
-        task_id="network", network=RUN.network, trigger_rule=AFTER_APPROVAL, **scope, **aws_args()
+        task_id="network", network=RUN.network, references_bucket=RUN.dataset.bucket, ttl_hours=ttl_hours, **aws_args()
     )
     bucket = ensure_dataset_bucket.override(trigger_rule=AFTER_APPROVAL)(run)
     source = dataset_source.override(trigger_rule=AFTER_APPROVAL)(run)
-    approval >> [network, bucket, source]
+    approval >> [bucket, source]
+    bucket >> network
     dataset = dataset_stage(source)
     bucket >> dataset
     image = image_stage()
     # Validate before spend: ParallelCluster's dry run needs real subnets (it resolves them while loading
     # the config), so it runs once the network (free) exists, before the bake, the data or the cluster.
-    dry_run_settings = cluster_settings.override(task_id="dry_run_settings")(run, network.output)
+    # A run-scoped run makes a cluster of its own (named after its run key); the nightly keeps the stack's.
+    dry_run_settings = cluster_settings.override(task_id="dry_run_settings")(run, network.output, own=run_scoped)
     dry_run = ValidateClusterConfigOperator(
         task_id="validate_cluster", cluster=dry_run_settings, **scope, **cluster_args()
     )
     bucket >> dry_run >> [dataset, image]
-    settings = cluster_settings(run, network.output, image.output)
+    settings = cluster_settings(run, network.output, image.output, own=run_scoped)
     cluster = EnsureClusterOperator(task_id="cluster", cluster=settings, pool=CLUSTER_POOL, **scope, **cluster_args())
     # The cluster is made once its data is in S3: a file system linked at creation lists the whole
     # partition (FSx imports the linked prefix's listing then), and a failed load makes no cluster.
@@ -318,6 +322,7 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
     """The run's cluster, then the rest of what it tagged, as teardowns of their setups: they run when
     training fails too. Each alerts when it fails, in whatever DAG (or task group) holds it: what it did
     not delete keeps billing (its own notifier, which the DAG's default arguments do not replace)."""
+    from pcflow.aws.network import ReleaseNetworkOperator
     from pcflow.aws.teardown import TeardownOperator
     from pcflow.cluster.operators import DeleteClusterOperator
 
@@ -342,7 +347,16 @@ def teardown(stages: dict[str, Any]) -> dict[str, Any]:
         **alert,
     )
     delete_cluster >> remains.as_teardown(setups=stages["network"])
-    return {"delete_cluster": delete_cluster, "teardown": remains}
+    # Last, the run's reference to the stack's network: the network goes with its last user (aws/network_users.py).
+    release = ReleaseNetworkOperator(
+        task_id="release_network",
+        references_bucket=RUN.dataset.bucket,
+        dry_run=RUN.keep_resources,
+        **aws_args(),
+        **alert,
+    )
+    remains >> release.as_teardown(setups=stages["network"])
+    return {"delete_cluster": delete_cluster, "teardown": remains, "release_network": release}
 
 
 def operator_of(stage: Any) -> Any:

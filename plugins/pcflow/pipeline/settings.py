@@ -276,21 +276,34 @@ def early_stopping_rule(metrics: Any) -> dict[str, Any] | None:
     return {"objective": objective, "patience": stopping.patience, "min_delta": stopping.min_delta}
 
 
+def cluster_name(stack: str, run_key: str | None = None) -> str:
+    """The ParallelCluster name: the stack's (`pcflow-<stack>-cluster`, kept across nightly runs), or one run's
+    own (with its key, so a retry of the run adopts it and runs of a stack never collide). At most 40
+    characters, Slurm accounting's limit (ParallelCluster's own is 60), shortened with a digest of the key."""
+    from pcflow.cluster.spec import CLUSTER_NAME_MAX_ACCOUNTING
+    from pcflow.naming import resource_name
+
+    parts = [run_key] if run_key else []
+    return resource_name(stack, "cluster", *parts, max_len=CLUSTER_NAME_MAX_ACCOUNTING)
+
+
 #: What the network section decides for the cluster: never set in `cluster.config`.
 FROM_NETWORK = ("ssh_allowed_ips", "allow_ssh_from_anywhere", "head_security_group_ids")
 #: What the cluster section itself says (`cluster.job_user`, `cluster.job_accounts`): not again in `cluster.config`.
 FROM_CLUSTER_SECTION = ("job_user", "job_accounts")
 
 
-def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id: str | None) -> dict[str, Any]:
+def settings_for_cluster(
+    run: dict[str, Any], network: dict[str, Any], image_id: str | None, *, own: bool = False
+) -> dict[str, Any]:
     """The provider's settings: the profile's, plus the network's subnets and head security group, who
-    may SSH to the head node (`network.ssh_ingress_cidrs`, aws/ssh_ingress.py) and the image to boot."""
+    may SSH to the head node (`network.ssh_ingress_cidrs`, aws/ssh_ingress.py) and the image to boot.
+    The cluster is the stack's (`own=False`: the nightly keeps it) or the run's own (`cluster_name`)."""
     settings = dict(run["cluster"]["config"])
     if run["cluster"]["provider"] != "parallelcluster":
         return settings
     from pcflow.aws.ssh_ingress import head_node_allowed_ips
     from pcflow.cluster.spec import ClusterSpecError
-    from pcflow.naming import resource_name
 
     owned = sorted(set(FROM_NETWORK) & set(settings))
     if owned:
@@ -312,7 +325,7 @@ def settings_for_cluster(run: dict[str, Any], network: dict[str, Any], image_id:
         "ssh_allowed_ips": allowed_ips,
         "allow_ssh_from_anywhere": bool(run["network"].get("allow_ssh_from_anywhere")),
         "head_security_group_ids": [network["head_security_group_id"]],
-        "name": resource_name(run["stack"], "cluster", max_len=40),
+        "name": cluster_name(run["stack"], run["run_key"] if own else None),
         "region": run["region"],
         "custom_ami": image_id,
         "head_subnet_id": network["head_subnet_id"],

@@ -68,12 +68,12 @@ def planned_image_id(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID
 
 @task(multiple_outputs=False)
 def cluster_settings(
-    run: dict[str, Any], network: dict[str, Any], image: dict[str, Any] | None = None
+    run: dict[str, Any], network: dict[str, Any], image: dict[str, Any] | None = None, own: bool = False
 ) -> dict[str, Any]:
     """The settings the cluster is made with; without `image` (the dry run, before the bake), the
-    settings with the image the bake will start from."""
+    settings with the image the bake will start from. `own`: the run's own cluster, not the stack's."""
     image_id = (image or {}).get("image_id") if image is not None else planned_image_id(run)
-    return settings_for_cluster(run, network, image_id)
+    return settings_for_cluster(run, network, image_id, own=own)
 
 
 @task

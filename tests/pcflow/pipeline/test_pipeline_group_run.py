@@ -15,7 +15,7 @@ HOST_DAGS = Path(__file__).parent / "host_dags"
 #: The shortest training the local profile allows: one epoch on one node.
 CONF = {"partition": "hosted", "nodes": 1, "hyperparameters": {"epochs": 1}, "note": "release 7"}
 STAGES = ("validate", "network", "dataset", "image", "cluster", "stage_in", "ship_payload", "train", "metrics")
-TEARDOWNS = ("delete_cluster", "teardown")
+TEARDOWNS = ("delete_cluster", "teardown", "release_network")
 
 
 def test_a_host_dag_runs_the_group_between_its_own_tasks_and_leaves_nothing(airflow):
@@ -36,7 +36,7 @@ def test_a_host_dag_runs_the_group_between_its_own_tasks_and_leaves_nothing(airf
         assert metrics["objective"]["name"] == "fewshot_accuracy" and metrics["objective"]["value"] is not None
         key = settings["run_key"]
         assert key == run_key("training_host", result.run_id)
-        assert out["training.teardown"]["deleted"] and not out["training.teardown"]["remaining"]
+        assert not out["training.teardown"]["remaining"] and out["training.release_network"]["network_deleted"]
         assert tagged_resources("pcflow:run", key) == []
     finally:
         assert remove_stack("local") == []  # what the run keeps on purpose (image, data bucket)

@@ -84,7 +84,9 @@ def test_every_aws_operator_of_a_run_works_in_the_profiles_region(shape, run, co
     document = run(sweep=shape == "sweep")
     assert document["region"] == RUN_REGION
     operators = rendered_aws_operators(pipeline(**SHAPES[shape]), document)
-    assert set(operators) == AWS_STAGES | ({"delete_cluster", "teardown"} if shape != "nightly" else set())
+    assert set(operators) == AWS_STAGES | (
+        {"delete_cluster", "teardown", "release_network"} if shape != "nightly" else set()
+    )
     for task_id, task in operators.items():
         assert task.region_name == RUN_REGION, task_id
         assert task.hook.region_name == RUN_REGION, task_id

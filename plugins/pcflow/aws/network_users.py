@@ -1,0 +1,179 @@
+"""Who uses a stack's network: one network per stack, shared by every run of every DAG of the stack, and
+deleted only when no run uses it.
+
+Each run that uses the network holds a *reference*: one marker object per run in the stack's data bucket,
+`pcflow/networks/<stack>/users/<run key>` (one key per run, as `pcflow.aws.buckets` records a bucket's
+stacks: concurrent runs never race on a read-modify-write). The VPC names that bucket in its
+`pcflow:references` tag, so the janitor, which has no profile, finds the references too.
+
+Every decision that creates or deletes the network is taken under the stack's network lock, one object
+(`pcflow/networks/<stack>/lock`) written only if absent (S3's conditional write, `If-None-Match: *`):
+
+- taking: write the reference first, then (under the lock) find or create the network;
+- releasing: delete the reference; if no other reference is left, take the lock, list the references
+  again, and delete the network only if there is still none and nothing kept (an instance: the nightly's
+  kept cluster's head node) is in the VPC.
+
+A run that takes its reference while another run's release holds the lock either wrote it before the
+release's second look (the release sees it and keeps the network) or after it (its ensure waits for the
+lock and then creates the network again): it never ends up with a deleted network.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pcflow.aws.clients import error_code
+from pcflow.errors import ResourceConflict
+from pcflow.naming import validate_stack_name
+
+log = logging.getLogger(__name__)
+
+#: The VPC tag naming the bucket that holds the network's references.
+TAG_REFERENCES = "pcflow:references"
+PREFIX = "pcflow/networks/"
+#: A lock older than this is left by a task that died holding it (every holder finishes within its
+#: stage's timeout, `pipeline.assembly.STAGE_TIMEOUTS["teardown"]` at most): it may be broken.
+STALE_LOCK = dt.timedelta(hours=2)
+MISSING = ("404", "NoSuchKey", "NotFound")
+
+
+class NetworkLockTimeout(ResourceConflict):
+    """The stack's network lock stayed held by another run for longer than this task waits."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One run's reference: its key, and the DAG run the janitor asks Airflow about."""
+
+    run: str
+    dag_id: str | None = None
+    run_id: str | None = None
+
+    @property
+    def dag_run(self) -> tuple[str, str] | None:
+        return (self.dag_id, self.run_id) if self.dag_id and self.run_id else None
+
+
+def users_prefix(stack: str) -> str:
+    """Where a stack's network references are kept in its data bucket."""
+    return f"{PREFIX}{validate_stack_name(stack)}/users/"
+
+
+def lock_key(stack: str) -> str:
+    """The stack's network lock."""
+    return f"{PREFIX}{validate_stack_name(stack)}/lock"
+
+
+def take_reference(s3: Any, bucket: str, stack: str, run: str, dag_run: tuple[str, str] | None = None) -> None:
+    """Record that `run` uses the stack's network (again on a retry: the same key is rewritten)."""
+    dag_id, run_id = dag_run or (None, None)
+    body = {"run": run, "dag_id": dag_id, "run_id": run_id, "why": "this run uses the stack's network"}
+    s3.put_object(Bucket=bucket, Key=users_prefix(stack) + run, Body=json.dumps(body).encode())
+
+
+def drop_reference(s3: Any, bucket: str, stack: str, run: str) -> None:
+    """`run` no longer uses the stack's network (nothing happens when it held no reference)."""
+    s3.delete_object(Bucket=bucket, Key=users_prefix(stack) + run)
+
+
+def references(s3: Any, bucket: str, stack: str, limit: int = 1000) -> list[Reference]:
+    """The runs that hold a reference to the stack's network (the first `limit`), each read (bounded)."""
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=users_prefix(stack), PaginationConfig={"MaxItems": limit}
+    )
+    keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+    return [ref for ref in (_read_reference(s3, bucket, key) for key in keys) if ref is not None]
+
+
+def _read_reference(s3: Any, bucket: str, key: str) -> Reference | None:
+    """One marker (at most 4 KiB read); None when it went meanwhile. A marker pcflow cannot read still
+    counts as a user (never delete on doubt)."""
+    from botocore.exceptions import ClientError
+
+    run = key.rsplit("/", 1)[-1]
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-4095")["Body"].read(4096)
+    except ClientError as error:
+        if error_code(error) in MISSING:
+            return None
+        raise
+    try:
+        found = json.loads(body)
+        return Reference(run, found.get("dag_id"), found.get("run_id"))
+    except (ValueError, AttributeError):
+        return Reference(run)
+
+
+@contextmanager
+def network_lock(
+    s3: Any,
+    bucket: str,
+    stack: str,
+    holder: str,
+    *,
+    timeout: float = 2400.0,
+    delay: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[None]:
+    """Hold the stack's network lock while the body runs: created only if absent, so one holder at a time.
+    A lock `holder` itself left (a retry of the same run) or older than STALE_LOCK is taken over."""
+    key, waited = lock_key(stack), 0.0
+    while not _try_lock(s3, bucket, key, holder):
+        if waited >= timeout:
+            raise NetworkLockTimeout(
+                f"the network lock of stack {stack} (s3://{bucket}/{key}) is still held after {waited:.0f} s; "
+                "if no run of the stack is creating or deleting its network, delete that object and retry"
+            )
+        sleep(delay)
+        waited += delay
+    try:
+        yield
+    finally:
+        s3.delete_object(Bucket=bucket, Key=key)
+
+
+def _try_lock(s3: Any, bucket: str, key: str, holder: str) -> bool:
+    """Write the lock if it is absent; take over one this holder left or one gone stale. True when held."""
+    from botocore.exceptions import ClientError
+
+    body = json.dumps({"holder": holder, "why": "creating or deleting the stack's network"}).encode()
+    try:
+        s3.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
+        return True
+    except ClientError as error:
+        if error_code(error) not in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+            raise
+    try:
+        current = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-4095")
+    except ClientError as error:
+        if error_code(error) in MISSING:
+            return False  # released meanwhile: the next try takes it
+        raise
+    try:
+        owner = json.loads(current["Body"].read(4096)).get("holder")
+    except (ValueError, AttributeError):
+        owner = None
+    stale = dt.datetime.now(dt.UTC) - current["LastModified"] > STALE_LOCK
+    if owner == holder or stale:
+        log.warning("taking over the network lock s3://%s/%s (held by %s%s)", bucket, key, owner, ", stale" * stale)
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+        return True
+    log.info("network lock s3://%s/%s is held by %s; waiting", bucket, key, owner)
+    return False
+
+
+def vpc_in_use(ec2: Any, vpc_id: str) -> list[str]:
+    """Instances still in the VPC (a kept cluster's head and compute nodes, an image builder): while there
+    is one, the network is in use whatever the references say."""
+    live = ["pending", "running", "stopping", "stopped", "shutting-down"]
+    filters = [{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "instance-state-name", "Values": live}]
+    reservations = ec2.describe_instances(Filters=filters)["Reservations"]
+    return sorted(i["InstanceId"] for r in reservations for i in r["Instances"])
