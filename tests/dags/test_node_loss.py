@@ -28,7 +28,8 @@ from stacktools import stack_cli, stack_status
 from pcflow.naming import run_key
 from pcflow.slurm.spec import RunDir
 
-pytestmark = [pytest.mark.stack, pytest.mark.slow]
+# Two node losses and resumes: ~7 min on a loaded machine, past the suite's 300 s default.
+pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(900)]
 # Within what a trigger user may set (launcher, nodes, tasks_per_node) plus the epochs, pinned so that the
 # node dies with epochs still to go whatever the profile's default becomes.
 CONF = {"launcher": "torchrun", "nodes": 2, "tasks_per_node": 1, "hyperparameters": {"epochs": 3}}
