@@ -167,3 +167,12 @@ def test_cluster_info_round_trips_through_xcom():
         tuple(parse_sinfo(SINFO)),
     )
     assert ClusterInfo.from_xcom(info.to_xcom()) == info
+
+
+def test_extra_config_merges_queues_by_name_and_keeps_those_pcflow_renders():
+    extra = {"Scheduling": {"SlurmQueues": [{"Name": "gpu", "JobExclusiveAllocation": True}, {"Name": "cpu"}]}}
+    spec = ClusterSpec.parse({**BASE, "extra_config": extra})
+    first, added = render_config(spec).document["Scheduling"]["SlurmQueues"]
+    assert first["Name"] == "gpu" and first["JobExclusiveAllocation"] is True
+    assert first["ComputeResources"][0]["InstanceType"] == "g5.xlarge"  # what pcflow rendered stays
+    assert added == {"Name": "cpu"}
