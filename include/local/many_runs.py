@@ -35,11 +35,23 @@ from demo import prepare
 
 #: The runs: (name, DAG, conf beyond the profile). One epoch: the point is what they share, not accuracy.
 FAST = {"hyperparameters": {"epochs": 1}}
+SEEDS = [{"seed": s} for s in range(4)]
 RUNS = (
     ("pretrain-1", "pretrain", {"partition": "concurrent"}),
     ("pretrain-2", "pretrain", {"partition": "concurrent", **FAST}),
-    ("sweep", "pretrain_sweep", {"partition": "concurrent", "trials": [{"seed": s} for s in range(4)], **FAST}),
+    # One node a trial: a trial has whole nodes of its own, and the local stack has three.
+    ("sweep", "pretrain_sweep", {"partition": "concurrent", "nodes": 1, "trials": SEEDS, **FAST}),
 )
+
+
+def runs_for(profile: str) -> tuple[tuple[str, str, dict[str, Any]], ...]:
+    """RUNS with the sweep given the largest budget `profile` allows (`budget.max_usd`, what a person sweeping
+    would ask for): its maximum bills every attempt of every trial, above one run's default budget on aws-gpu."""
+    from pcflow.runspec import resolve_run_spec
+
+    most = resolve_run_spec(profile).budget.max_usd
+    budget = {"budget_usd": most} if most is not None else {}
+    return tuple((name, dag, {**conf, **budget} if dag == "pretrain_sweep" else conf) for name, dag, conf in RUNS)
 
 
 def child(dag_id: str, run_after: str, conf: str, out: str, after: str = "") -> int:
@@ -156,7 +168,7 @@ def run_many(profile: str) -> dict[str, DagRunResult]:
     logs = stack_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     began = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    started = start_all(RUNS, {"profile": profile}, began, logs)
+    started = start_all(runs_for(profile), {"profile": profile}, began, logs)
     results = {}
     for name, (process, out) in started.items():
         process.wait()

@@ -288,10 +288,11 @@ def launch(ec2, config: dict, name: str, tags: list[dict], node: tuple[dict, str
 
 
 def compute_fleet(config: dict) -> list[tuple[dict, str, str]]:
-    """The queues' nodes this stand-in has: the local Slurm's compute nodes, as many as the queues'
-    MaxCount allows (they are always up, so they are there from the start, as static nodes are)."""
+    """The first queue's nodes this stand-in has: the local Slurm's compute nodes, as many as its MaxCount
+    allows (they are always up, so they are there from the start, as static nodes are). The other queues (a
+    capacity fallback's) launch nothing here: on AWS their dynamic nodes start only for a job moved there."""
     slots = []
-    for queue in config["Scheduling"]["SlurmQueues"]:
+    for queue in config["Scheduling"]["SlurmQueues"][:1]:
         subnet = queue["Networking"]["SubnetIds"][0]
         for resource in queue["ComputeResources"]:
             tags = {
@@ -300,7 +301,9 @@ def compute_fleet(config: dict) -> list[tuple[dict, str, str]]:
                 "parallelcluster:compute-resource-name": resource["Name"],
                 "Name": "Compute",
             }
-            slots += [(tags, resource["InstanceType"], subnet)] * int(resource.get("MaxCount", 10))
+            # Flexible instance types (`Instances`): EC2 Fleet picks one per launch; the stand-in takes the first.
+            kind = resource.get("InstanceType") or resource["Instances"][0]["InstanceType"]
+            slots += [(tags, kind, subnet)] * int(resource.get("MaxCount", 10))
     pairs = zip(slots, local_nodes(), strict=False)  # the shorter decides
     return [({**tags, NODE_TAG: node}, kind, subnet) for (tags, kind, subnet), (node, _) in pairs]
 

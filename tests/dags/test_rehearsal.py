@@ -32,7 +32,7 @@ from dagrun import (
     unfinished_tasks,
     write_profile,
 )
-from many_runs import RUNS, stack_network_left, start, summary
+from many_runs import runs_for, stack_network_left, start, summary
 from rehearsal import PROFILE, iam_check, own_stack, rehearsal_facts
 from stacktools import tell_standin
 
@@ -160,7 +160,7 @@ def start_others(conf: dict, logs: Path) -> dict[str, tuple[Any, Path]]:
     when = dt.datetime.now(dt.UTC).replace(microsecond=0)
     return {
         name: start(name, dag_id, {**run_conf, **conf}, when + dt.timedelta(seconds=i), logs)
-        for i, (name, dag_id, run_conf) in enumerate(RUNS[1:])
+        for i, (name, dag_id, run_conf) in enumerate(runs_for(conf["profile"])[1:])
     }
 
 
