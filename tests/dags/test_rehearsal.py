@@ -255,7 +255,8 @@ def check_node_setup(out: dict, run: dict) -> None:
     config = yaml.safe_load(out["validate_cluster"]["config"])
     made = yaml.safe_load(boto3.client("s3").get_object(**s3_location(out["cluster"]["config_s3_uri"]))["Body"].read())
     actions = [n["CustomActions"]["OnNodeConfigured"] for c in (config, made) for n in node_groups(c)]
-    assert len(actions) == 4 and all(action == actions[0] for action in actions), actions
+    groups = len(node_groups(config))  # the head node and each queue (a capacity fallback's too)
+    assert groups >= 2 and len(actions) == 2 * groups and all(action == actions[0] for action in actions), actions
     job = run["cluster"]
     pool = [str(job["job_accounts"])] if job["job_accounts"] > 1 else []
     assert actions[0]["Args"] == [job["job_user"], str(job["config"]["job_uid"]), "ec2-user", *pool]
