@@ -179,4 +179,4 @@ def test_every_task_of_every_dag_carries_one_notifier():
     with DAG("someone_else", schedule=None, params=training_params()) as theirs:
         training_pipeline_group()
     alerting = {t.task_id for t in theirs.tasks if any(isinstance(c, FailureAlert) for c in t.on_failure_callback)}
-    assert alerting == {"training.delete_cluster", "training.teardown"}
+    assert alerting == {"training.delete_cluster", "training.teardown", "training.release_network"}

@@ -130,14 +130,16 @@ def network_users(clients: ClientSource, rule: JanitorRule, *, stack: str | None
     """Judge the references to every stack's shared network: a stack with a reference whose run is
     unfinished (or of unknown state, or naming no DAG run) goes into `rule.networks_in_use`; a reference
     whose run is finished or gone is stale and removed, unless `dry_run`."""
+    # One tag-key filter only: two filters of one name are not both applied by every EC2 (moto keeps the last).
     filters = [{"Name": "tag-key", "Values": [TAG_REFERENCES]}]
-    filters.append(
-        {"Name": f"tag:{TAG_STACK}", "Values": [stack]} if stack else {"Name": "tag-key", "Values": [TAG_STACK]}
-    )
+    if stack:
+        filters.append({"Name": f"tag:{TAG_STACK}", "Values": [stack]})
     s3 = clients("s3")
     for vpc in clients("ec2").describe_vpcs(Filters=filters)["Vpcs"]:
         tags = {t["Key"]: t["Value"] for t in vpc.get("Tags", [])}
-        owner, bucket = tags[TAG_STACK], tags[TAG_REFERENCES]
+        owner, bucket = tags.get(TAG_STACK), tags.get(TAG_REFERENCES)
+        if not owner or not bucket:
+            continue  # not a shared pcflow network
         users = []
         for ref in _references_or_none(s3, bucket, owner):
             if ref.dag_run is None:
