@@ -94,22 +94,31 @@ def references(s3: Any, bucket: str, stack: str, limit: int = 1000) -> list[Refe
 
 
 def _read_reference(s3: Any, bucket: str, key: str) -> Reference | None:
-    """One marker (at most 4 KiB read); None when it went meanwhile. A marker pcflow cannot read still
-    counts as a user (never delete on doubt)."""
+    """One marker; None when it went meanwhile. A marker pcflow cannot read still counts as a user (never
+    delete on doubt)."""
+    marker = _read_marker(s3, bucket, key)
+    if marker is None:
+        return None
+    found, _ = marker
+    return Reference(key.rsplit("/", 1)[-1], found.get("dag_id"), found.get("run_id"))
+
+
+def _read_marker(s3: Any, bucket: str, key: str) -> tuple[dict[str, Any], dt.datetime] | None:
+    """A reference's or the lock's JSON (at most 4 KiB read; `{}` when it is not a JSON object) and when it was
+    written; None when the object is gone. The one read both kinds of marker go through."""
     from botocore.exceptions import ClientError
 
-    run = key.rsplit("/", 1)[-1]
     try:
-        body = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-4095")["Body"].read(4096)
+        got = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-4095")
     except ClientError as error:
         if error_code(error) in MISSING:
             return None
         raise
     try:
-        found = json.loads(body)
-        return Reference(run, found.get("dag_id"), found.get("run_id"))
-    except (ValueError, AttributeError):
-        return Reference(run)
+        found = json.loads(got["Body"].read(4096))
+    except ValueError:
+        found = None
+    return (found if isinstance(found, dict) else {}), got["LastModified"]
 
 
 @contextmanager
@@ -151,17 +160,12 @@ def _try_lock(s3: Any, bucket: str, key: str, holder: str) -> bool:
     except ClientError as error:
         if error_code(error) not in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
             raise
-    try:
-        current = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-4095")
-    except ClientError as error:
-        if error_code(error) in MISSING:
-            return False  # released meanwhile: the next try takes it
-        raise
-    try:
-        owner = json.loads(current["Body"].read(4096)).get("holder")
-    except (ValueError, AttributeError):
-        owner = None
-    stale = dt.datetime.now(dt.UTC) - current["LastModified"] > STALE_LOCK
+    marker = _read_marker(s3, bucket, key)
+    if marker is None:
+        return False  # released meanwhile: the next try takes it
+    found, written = marker
+    owner = found.get("holder")
+    stale = dt.datetime.now(dt.UTC) - written > STALE_LOCK
     if owner == holder or stale:
         log.warning("taking over the network lock s3://%s/%s (held by %s%s)", bucket, key, owner, ", stale" * stale)
         s3.put_object(Bucket=bucket, Key=key, Body=body)
