@@ -199,12 +199,7 @@ def harvest_job(
     series = group(points)
     modes = {objective.name: objective.mode} if objective else {}
     metrics = {name: s.summary(modes.get(name)) for name, s in series.items()}
-    for name in required:
-        if name not in series or not series[name].finite_points():
-            raise RequiredMetricMissing(
-                f"required metric {name!r} has no finite value in {ref.run_dir} (metrics found: "
-                f"{', '.join(sorted(series)) or 'none'}); see the job log {ref.log}"
-            )
+    _require_metrics(series, required, ref)
     obj = None
     if objective is not None:
         obj = {**objective.as_dict(), **_objective_values(metrics.get(objective.name))}
@@ -246,6 +241,17 @@ def harvest_job(
         "missing": missing,
         "harvested_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def _require_metrics(series: Mapping[str, Any], required: Sequence[str], ref: JobRef) -> None:
+    """A metric the run declared required but that has no finite value fails the harvest: a job that ended
+    COMPLETED without it did not produce what the run is judged by."""
+    for name in required:
+        if name not in series or not series[name].finite_points():
+            raise RequiredMetricMissing(
+                f"required metric {name!r} has no finite value in {ref.run_dir} (metrics found: "
+                f"{', '.join(sorted(series)) or 'none'}); see the job log {ref.log}"
+            )
 
 
 def _objective_values(summary: Mapping[str, Any] | None) -> dict[str, Any]:
