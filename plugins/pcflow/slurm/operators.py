@@ -162,6 +162,10 @@ class SlurmJobOperator(BaseOperator):
     )
     template_fields_renderers = {"hyperparameters": "json", "allocation": "json", "env": "json"}  # noqa: RUF012
     ui_color = "#b5e3c3"
+    # What execute learns (set per task instance; a new try starts from these).
+    job_id: str | None = None
+    run_started: float | None = None
+    task_instance: Any = None
 
     def __init__(
         self,
@@ -220,9 +224,6 @@ class SlurmJobOperator(BaseOperator):
         self.outputs = tuple(outputs)
         self.retry_failed_jobs = retry_failed_jobs
         self.deferrable = deferrable
-        self.job_id: str | None = None
-        self.run_started: float | None = None
-        self.task_instance: Any = None
 
     @cached_property
     def hook(self) -> SlurmHook:
