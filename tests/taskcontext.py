@@ -32,6 +32,39 @@ class FakeTI:
 
 
 @dataclass
+class FakeSupervisorComms:
+    """The triggerer's channel to its supervisor (`SUPERVISOR_COMMS`), as a trigger's `on_kill` uses it:
+    GetTaskStates answered from `ti.state` as the supervisor answers (a TaskStatesResult); `silent`: never
+    answered (a supervisor too busy to answer within the kill's timeout). `asked`: the questions received."""
+
+    ti: FakeTI
+    silent: bool = False
+    asked: list = field(default_factory=list)
+
+    async def asend(self, msg: Any) -> Any:
+        from airflow.sdk.execution_time.comms import GetTaskStates, TaskStatesResult
+
+        assert isinstance(msg, GetTaskStates), msg
+        self.asked.append(msg)
+        if self.silent:
+            await asyncio.Event().wait()
+        states = self.ti.get_task_states(
+            dag_id=msg.dag_id, task_ids=msg.task_ids, run_ids=msg.run_ids, map_index=msg.map_index
+        )
+        return TaskStatesResult(task_states=states)
+
+
+def supervisor_comms(monkeypatch, ti: FakeTI, *, silent: bool = False) -> FakeSupervisorComms:
+    """A fake supervisor channel installed where the triggerer installs its own (task_runner's
+    SUPERVISOR_COMMS) for the test's length."""
+    from airflow.sdk.execution_time import task_runner
+
+    comms = FakeSupervisorComms(ti, silent=silent)
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    return comms
+
+
+@dataclass
 class MemoryStateStore:
     """Same get/set as Airflow's task state store, which survives retries of one task instance."""
 

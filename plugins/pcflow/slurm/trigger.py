@@ -35,7 +35,7 @@ from pcflow.budget import CostMeter
 from pcflow.metrics.harvest import EARLY_STOP_FILE
 from pcflow.metrics.jsonlines import from_line_start
 from pcflow.metrics.stopping import METRICS_TAIL_BYTES, Decision, decide_from_lines, stop_record
-from pcflow.slurm import jobfiles, session
+from pcflow.slurm import jobfiles, kills, session
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import (
     SMALL_FILE_BYTES,
@@ -358,6 +358,7 @@ class HeadNodeTrigger(BaseTrigger):
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        kills.ask_early(self.task_instance)  # so that on_kill's question is answered in time
         try:
             payload = await self.wait()
         except Exception as exc:
@@ -381,16 +382,26 @@ class HeadNodeTrigger(BaseTrigger):
                     return {**payload, "slurm_queries": self.queries_sent}
 
     async def on_kill(self) -> None:
-        """A person stopped the deferred task (marked it failed or succeeded, cleared it): Airflow cancels its
-        trigger as a user's action, and the job is cancelled so it stops using (and billing) nodes. Airflow
-        cancels the same way a trigger another triggerer took over while this one's heartbeat was late
-        (docs/reliability.md: asking Airflow first, as the operator's on_kill does, got no answer here)."""
+        """Airflow cancelled this wait as a user's action: when a person stopped the deferred task (marked it
+        failed or succeeded, cleared it), the job is cancelled so it stops using (and billing) nodes; when the
+        trigger moved to another triggerer (this one's heartbeat was late), the task is still deferred and
+        the job keeps running for the other triggerer's wait (pcflow.slurm.kills)."""
+        verdict = await kills.trigger_kill_verdict(self.task_instance)
+        if not verdict.by_person:
+            self.log.warning(
+                "Slurm job %s keeps running: Airflow cancelled this wait, but not for a person (%s): the wait "
+                "goes on in another triggerer. To stop the job, mark the task failed or clear it.",
+                self.job_id,
+                verdict.said,
+            )
+            return
         conn = await self.connect()
         try:
             await self.run_command(conn, as_job_user(["scancel", self.job_id], self.head_node.job_user))
             self.log.info(
-                "Cancelled Slurm job %s: a person stopped this task (Airflow cancelled its wait as a user's action)",
+                "Cancelled Slurm job %s: a person stopped this task (Airflow has it as %s now)",
                 self.job_id,
+                verdict.said,
             )
         finally:
             await self.close(conn)

@@ -209,19 +209,6 @@ def test_on_kill_leaves_the_job_running_when_the_orchestrator_went_away(slurm: S
         slurm.cancel(op.job_id)
 
 
-def test_trigger_on_kill_cancels_a_deferred_job(slurm: SlurmHook, capfd):
-    import asyncio
-
-    op = SlurmJobOperator(task_id="deferred-kill", program=bash("sleep 120"), **FAST)
-    trigger = defer(op, make_context("deferred-kill"))
-    asyncio.run(trigger.on_kill())
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and slurm.job_info(trigger.job_id).state is not JobState.CANCELLED:
-        time.sleep(0.2)
-    assert slurm.job_info(trigger.job_id).state is JobState.CANCELLED
-    assert f"Cancelled Slurm job {trigger.job_id}: a person stopped this task" in capfd.readouterr().out
-
-
 def is_pending(hook: SlurmHook, job_id: str) -> bool:
     return hook.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip() == "PENDING"
 
