@@ -24,6 +24,9 @@ code, as pcluster does after a failed head-node wait condition. `PCFLOW_STANDIN_
 time makes that queue's nodes unlaunchable (EC2's InsufficientInstanceCapacity by default): each queue becomes
 a Slurm partition of the local nodes and the short queue's node is DOWN with the reason ParallelCluster's
 slurm_resume writes, `(Code:<code>)Failure when resuming nodes` (carve_partitions); delete-cluster undoes it.
+`PCFLOW_STANDIN_ICE=<type>@<zone>[,<type>@<zone>...][:<code>]` says it as EC2 does, per instance type and zone:
+short are the queues all of whose types are short in their subnet's zone (short_queues), so a queue of the same
+type in another zone's subnet is not.
 Without it the cluster's queues are the local Slurm's one partition, `compute`. The nodes' custom action scripts
 (OnNodeConfigured, the head node's and each queue's) are downloaded from S3 as the nodes would, with the
 cluster's rights, and one that cannot be read fails the cluster as pcluster reports it
@@ -70,9 +73,11 @@ FAIL_TAG = "pcflow-standin:fail"
 #: pcluster's failureReason of each failureCode the stand-in reports (pcluster.models.cluster_resources).
 FAILURE_REASONS = {"OnNodeConfiguredDownloadFailure": "Failed to download OnNodeConfigured script."}
 NODE_TAG = "pcflow-standin:slurm-node"
-#: `PCFLOW_STANDIN_ICE=<queue>[:<code>]` at create time: that queue's nodes cannot be launched (see `carve_partitions`).
+#: `PCFLOW_STANDIN_ICE=<queue>[:<code>]` at create time: that queue's nodes cannot be launched (see `carve_partitions`);
+#: `<type>@<zone>[,...][:<code>]`: the queues whose types are all short in their subnet's zone (`short_queues`).
 ICE_ENV = "PCFLOW_STANDIN_ICE"
 ICE_TAG = "pcflow-standin:ice"
+ICE_CODE = "InsufficientInstanceCapacity"
 #: The partition the local Slurm has without the stand-in's (include/local/slurmconf.py).
 LOCAL_PARTITION = "compute"
 #: Settings the stand-in updates in place (pcluster: RESIZE_UPDATE_STRATEGY_ON_REMOVE / SUPPORTED).
@@ -287,6 +292,13 @@ def launch(ec2, config: dict, name: str, tags: list[dict], node: tuple[dict, str
     )["Instances"][0]
 
 
+def resource_types(resource: dict) -> list[str]:
+    """A compute resource's instance types: its `InstanceType`, or its flexible `Instances` in order."""
+    return (
+        [resource["InstanceType"]] if "InstanceType" in resource else [i["InstanceType"] for i in resource["Instances"]]
+    )
+
+
 def compute_fleet(config: dict) -> list[tuple[dict, str, str]]:
     """The first queue's nodes this stand-in has: the local Slurm's compute nodes, as many as its MaxCount
     allows (they are always up, so they are there from the start, as static nodes are). The other queues (a
@@ -302,7 +314,7 @@ def compute_fleet(config: dict) -> list[tuple[dict, str, str]]:
                 "Name": "Compute",
             }
             # Flexible instance types (`Instances`): EC2 Fleet picks one per launch; the stand-in takes the first.
-            kind = resource.get("InstanceType") or resource["Instances"][0]["InstanceType"]
+            kind = resource_types(resource)[0]
             slots += [(tags, kind, subnet)] * int(resource.get("MaxCount", 10))
     pairs = zip(slots, local_nodes(), strict=False)  # the shorter decides
     return [({**tags, NODE_TAG: node}, kind, subnet) for (tags, kind, subnet), (node, _) in pairs]
@@ -317,27 +329,40 @@ def slurm(*argv: str) -> None:
     local_stack.run(["scontrol", *argv], env=layout.slurm_env())
 
 
-def carve_partitions(queues: list[str], short: str, code: str = "InsufficientInstanceCapacity") -> dict:
-    """STAND-IN for a cluster one of whose queues cannot launch its nodes: each queue becomes a Slurm partition
-    of its own, as ParallelCluster makes them (the first the default), of the local nodes: `short`'s one node,
-    the other queues the rest (ParallelCluster's queues have nodes of their own; here they share what is left).
-    `short`'s node goes DOWN with slurm_resume's reason, `(Code:<code>)Failure when resuming nodes`: what
+def carve_partitions(queues: list[str], short: str | list[str], code: str = "InsufficientInstanceCapacity") -> dict:
+    """STAND-IN for a cluster some of whose queues cannot launch their nodes: each queue becomes a Slurm partition
+    of its own, as ParallelCluster makes them (the first the default), of the local nodes: the short queues one
+    node, the other queues the rest (ParallelCluster's queues have nodes of their own; here they share what is
+    left). That node goes DOWN with slurm_resume's reason, `(Code:<code>)Failure when resuming nodes`: what
     ParallelCluster's nodes show when EC2 answers an insufficient-capacity error (its fast fail-over)."""
     nodes = [name for name, _ in local_nodes()]
-    if len(nodes) < 2 or short not in queues:
-        raise SystemExit(f"{ICE_ENV}: queue {short!r} of {queues}, with {len(nodes)} local nodes: needs 2 or more")
+    shorts = [short] if isinstance(short, str) else list(short)
+    if len(nodes) < 2 or not shorts or not set(shorts) <= set(queues) or set(shorts) == set(queues):
+        raise SystemExit(
+            f"{ICE_ENV}: short queue(s) {shorts} of {queues}, with {len(nodes)} local nodes: needs some of the "
+            "queues (not all) and 2 nodes or more"
+        )
     first, rest = nodes[:1], nodes[1:]
-    carved = {queue: first if queue == short else rest for queue in queues}
+    carved = {queue: first if queue in shorts else rest for queue in queues}
     for index, (queue, members) in enumerate(carved.items()):
         default = "YES" if index == 0 else "NO"
         slurm("create", f"PartitionName={queue}", f"Nodes={','.join(members)}", "State=UP", f"Default={default}")
-    slurm(
-        "update",
-        f"NodeName={','.join(carved[short])}",
-        "State=DOWN",
-        f"Reason=(Code:{code})Failure when resuming nodes",
-    )
+    slurm("update", f"NodeName={','.join(first)}", "State=DOWN", f"Reason=(Code:{code})Failure when resuming nodes")
     return carved
+
+
+def short_queues(ec2, config: dict, shortage: str) -> list[str]:
+    """The queues `<type>@<zone>[,<type>@<zone>...]` leaves without capacity, as EC2 Fleet would: those each of
+    whose instance types is short in the zone of the queue's subnet (the zone asked of EC2: the subnet's)."""
+    short = {tuple(item.strip().split("@", 1)) for item in shortage.split(",") if item.strip()}
+    found = []
+    for queue in config["Scheduling"]["SlurmQueues"]:
+        subnet_id = queue["Networking"]["SubnetIds"][0]
+        zone = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"][0]["AvailabilityZone"]
+        types = [kind for resource in queue["ComputeResources"] for kind in resource_types(resource)]
+        if types and all((kind, zone) in short for kind in types):
+            found.append(queue["Name"])
+    return found
 
 
 def release_partitions(queues: list[str]) -> None:
@@ -441,7 +466,7 @@ def create(cfn, ec2, args, region: str) -> None:
     queues = [q["Name"] for q in config["Scheduling"]["SlurmQueues"]]
     if os.environ.get(ICE_ENV):  # the nodes pcflow's train wait sees, as clustermgtd leaves them
         short, _, code = os.environ[ICE_ENV].partition(":")
-        carve_partitions(queues, short, code or "InsufficientInstanceCapacity")
+        carve_partitions(queues, short_queues(ec2, config, short) if "@" in short else short, code or ICE_CODE)
         stack_tags.append({"Key": ICE_TAG, "Value": ",".join(queues)})
     arn = cfn.create_stack(
         StackName=name,

@@ -3,8 +3,11 @@
 A run's nodes come from its `instance_type` and `capacity_type`, and, where the profile says so, from more
 instance types of the same compute resource (ParallelCluster's flexible instance types, `Instances`, picked by
 its `AllocationStrategy`) and from fallback options tried in order (another type, on-demand after spot, a
-capacity reservation). Each option is one Slurm partition: on ParallelCluster one queue pcflow renders
-(`<queue_name>`, `<queue_name>-2`, ...), on a static cluster one the admin made (the option names it).
+capacity reservation, another availability zone). Each option is one Slurm partition: on ParallelCluster one
+queue pcflow renders (`<queue_name>`, `<queue_name>-2`, ...), on a static cluster one the admin made (the option
+names it). An option that names an `availability_zone` launches in that zone's compute subnet, which the stack's
+network makes for each zone the profile lists in `network.zone_subnet_cidrs` (pcflow.aws.network): EC2 reports
+capacity per type and zone, so a type short in the network's own zone may be there in another.
 
 ParallelCluster (3.2+, "fast insufficient capacity fail-over") reports an EC2 capacity error on the Slurm
 nodes: slurm_resume sets the nodes it could not launch DOWN with the reason `(Code:<error>)Failure when
@@ -24,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pcflow.patterns import INSTANCE_TYPE, PARTITION
+from pcflow.patterns import AVAILABILITY_ZONE, INSTANCE_TYPE, PARTITION
 
 #: The EC2 errors ParallelCluster's fast fail-over treats as insufficient capacity (its user guide,
 #: "Slurm cluster fast insufficient capacity fail-over").
@@ -61,6 +64,11 @@ class CapacityOption(BaseModel):
         None,
         description="static clusters: the Slurm partition of these nodes (ParallelCluster: pcflow names its queue)",
     )
+    availability_zone: str | None = Field(
+        None,
+        description="ParallelCluster: launch in this zone's subnet (one of network.zone_subnet_cidrs); "
+        "None: the network's own zone",
+    )
 
     @field_validator("instance_types")
     @classmethod
@@ -75,6 +83,13 @@ class CapacityOption(BaseModel):
     def _partition(cls, value: str | None) -> str | None:
         if value is not None and not PARTITION.fullmatch(value):
             raise ValueError(f"{value!r} is not a Slurm partition name")
+        return value
+
+    @field_validator("availability_zone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        if value is not None and not AVAILABILITY_ZONE.fullmatch(value):
+            raise ValueError(f"{value!r} is not an availability zone's name (such as us-east-1b)")
         return value
 
     @model_validator(mode="after")
@@ -137,6 +152,7 @@ def capacity_order(run: Mapping[str, Any], first_partition: str | None) -> list[
         partition=first_partition,
     )
     options = [first, *capacity.fallback]
+    check_zones(run, capacity.fallback)
     order = []
     for index, option in enumerate(options):
         partition = option.partition
@@ -146,6 +162,25 @@ def capacity_order(run: Mapping[str, Any], first_partition: str | None) -> list[
             raise ValueError(f"capacity.fallback[{index - 1}].partition: a static cluster's option names its partition")
         order.append({**option.model_dump(), "partition": partition})
     return order
+
+
+def check_zones(run: Mapping[str, Any], fallback: Sequence[CapacityOption]) -> None:
+    """A fallback's zone must be one the profile's network makes a subnet in (`network.zone_subnet_cidrs`,
+    the admin's): the subnets a queue launches in are the stack's network's, never one a run names."""
+    zones = sorted((run.get("network") or {}).get("zone_subnet_cidrs") or {})
+    for index, option in enumerate(fallback):
+        if option.availability_zone is None:
+            continue
+        if run["cluster"]["provider"] != "parallelcluster":
+            raise ValueError(
+                f"capacity.fallback[{index}].availability_zone: a static cluster's partition decides where its "
+                "nodes are; name the partition instead"
+            )
+        if option.availability_zone not in zones:
+            raise ValueError(
+                f"capacity.fallback[{index}].availability_zone {option.availability_zone!r}: the network makes "
+                f"subnets only in its own zone and {zones or 'no other'} (network.zone_subnet_cidrs)"
+            )
 
 
 @dataclass(frozen=True)
@@ -187,12 +222,14 @@ class Move:
         """What the task log says: what happened, what pcflow did, and what the new option costs."""
         option, price = self.option, self.option.get("usd_per_node_hour")
         cost = f" at ${price:,.2f} per node-hour" if isinstance(price, int | float) else ""
+        zone = option.get("availability_zone")
+        where = f" in {zone} (that zone's subnet)" if zone else ""
         return (
             f"capacity: Slurm job {job_id} is pending and partition {self.from_partition}'s nodes "
             f"{','.join(self.nodes)} are down for {self.code} (ParallelCluster could not launch them); pcflow "
             f"moves the job to partition {self.to_partition}: {'/'.join(option['instance_types'])} "
-            f"{'on-demand' if option['capacity_type'] == 'ondemand' else 'spot'}{cost}, the profile's next option "
-            "(the run's cost estimate priced the dearest option)"
+            f"{'on-demand' if option['capacity_type'] == 'ondemand' else 'spot'}{where}{cost}, the profile's next "
+            "option (the run's cost estimate priced the dearest option)"
         )
 
 

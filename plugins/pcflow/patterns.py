@@ -9,6 +9,8 @@ import re
 from pcflow.errors import ConfigurationError
 
 INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
+#: An EC2 availability zone's name (us-east-1b): where a capacity fallback's queue launches (pcflow.capacity).
+AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 #: A dataset partition: one path segment under the dataset prefix (a date for scheduled runs).
 PARTITION = re.compile(r"^[A-Za-z0-9=_.-]{1,64}$")
 #: A profile's name (its file is `<name>.yaml` in a profile directory).

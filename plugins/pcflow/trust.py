@@ -32,7 +32,17 @@ from pcflow.errors import ConfigurationError, profile_admin, refusal, trigger_us
 DOTTED_PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*$")
 #: Never overridable, whatever a profile lists: who may SSH to the head node (aws/ssh_ingress.py).
 #: Nor what a bundle of a run's code may hold (its size cap, shipping what looks like a secret: pcflow.code).
-ADMIN_ALONE = ("network.ssh_ingress_cidrs", "network.allow_ssh_from_anywhere", "training.bundle")
+#: Nor the subnets the cluster's nodes launch in (an adopted VPC's, the other zones' of a capacity fallback:
+#: pcflow.aws.network), which a run would otherwise point at any subnet the account has.
+ADMIN_ALONE = (
+    "network.ssh_ingress_cidrs",
+    "network.allow_ssh_from_anywhere",
+    "training.bundle",
+    "network.vpc_id",
+    "network.public_subnet_id",
+    "network.private_subnet_ids",
+    "network.zone_subnet_cidrs",
+)
 #: A URL with a scheme other than s3:// (a git repository's): `under` compares it by whole path segments.
 URL = re.compile(r"^(?!s3://)[a-z][a-z0-9+.-]*://")
 
@@ -94,7 +104,8 @@ def parse_rules(section: Any, profile: str) -> dict[str, Rule]:
         if covered:
             raise ConfRefused(
                 f"profile {profile!r}: overridable: {path!r} covers {', '.join(covered)}, which only the "
-                "deployment admin sets (who may SSH to the head node); list narrower paths"
+                "deployment admin sets (who may SSH to the head node, the subnets nodes launch in, a bundle's limits); "
+                "list narrower paths"
             )
         try:
             rules[path] = Rule.model_validate(rule or {})

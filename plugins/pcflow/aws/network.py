@@ -4,7 +4,9 @@ Layout: a public subnet (head node; compute too unless a NAT gateway is asked fo
 gateway, route tables, an S3 gateway endpoint (dataset traffic skips NAT and its per-GB charge), and
 two security groups: `head` (SSH from the configured CIDRs only; a ParallelCluster head node gets it
 beside ParallelCluster's own, see aws/ssh_ingress.py) and `cluster` (all traffic between members).
-With `nat_gateway=True`, compute gets private subnets routed through a NAT gateway.
+With `nat_gateway=True`, compute gets private subnets routed through a NAT gateway. `zone_subnet_cidrs`
+(zone -> CIDR) adds one compute subnet in each other availability zone it names, routed as compute's own
+subnets are: where a capacity fallback option names that zone (pcflow.capacity), its queue launches there.
 
 An existing VPC can be adopted by id: pcflow then only adds its tagged security groups there, and
 the teardown (which deletes by tag) leaves the VPC and its subnets alone.
@@ -47,6 +49,7 @@ from pcflow.naming import (
     standard_tags,
     validate_stack_name,
 )
+from pcflow.patterns import AVAILABILITY_ZONE
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,8 @@ class NetworkSpec:
     public_subnet_cidr: str = "10.42.0.0/20"
     private_subnet_cidrs: tuple[str, ...] = ("10.42.128.0/18",)
     availability_zone: str | None = None
+    #: One compute subnet per other zone (zone -> CIDR), for the capacity fallbacks that name the zone.
+    zone_subnet_cidrs: Mapping[str, str] = field(default_factory=dict)
     nat_gateway: bool = False
     s3_endpoint: bool = True
     ssh_ingress_cidrs: tuple[str, ...] = ()
@@ -82,10 +87,17 @@ class NetworkSpec:
             if isinstance(value, str):
                 raise ConfigurationError(f"{name} must be a list, not the string {value!r}")
             object.__setattr__(self, name, tuple(value))
+        if not isinstance(self.zone_subnet_cidrs, Mapping):
+            raise ConfigurationError(f"zone_subnet_cidrs must map zones to CIDRs, not {self.zone_subnet_cidrs!r}")
+        object.__setattr__(self, "zone_subnet_cidrs", dict(sorted(self.zone_subnet_cidrs.items())))
         for cidr in self.ssh_ingress_cidrs:
             _cidr(cidr, "ssh_ingress_cidrs")
         refuse_anywhere(self.ssh_ingress_cidrs, self.allow_ssh_from_anywhere, "ssh_ingress_cidrs")
         if self.adopted:
+            if self.zone_subnet_cidrs:
+                raise ConfigurationError(
+                    "zone_subnet_cidrs: an adopted VPC's subnets are its owner's; pcflow adds none"
+                )
             if not self.public_subnet_id:
                 raise ConfigurationError("adopting vpc_id needs public_subnet_id (the head node's subnet) as well")
             return
@@ -104,6 +116,12 @@ class NetworkSpec:
                 raise ConfigurationError("nat_gateway=True needs at least one private_subnet_cidrs entry for compute")
             for i, c in enumerate(self.private_subnet_cidrs):
                 subnets[f"private_subnet_cidrs[{i}]"] = _cidr(c, "private_subnet_cidrs")
+        for zone, c in self.zone_subnet_cidrs.items():
+            if not isinstance(zone, str) or not AVAILABILITY_ZONE.fullmatch(zone):
+                raise ConfigurationError(
+                    f"zone_subnet_cidrs: {zone!r} is not an availability zone (such as us-east-1b)"
+                )
+            subnets[f"zone_subnet_cidrs[{zone}]"] = _cidr(c, "zone_subnet_cidrs")
         for name, net in subnets.items():
             if net.version != vpc.version or not net.subnet_of(vpc):
                 raise ConfigurationError(f"{name} {net} is not inside vpc_cidr {vpc}; choose a range within it")
@@ -162,6 +180,8 @@ class NetworkIds:
     s3_endpoint_id: str | None = None
     nat_gateway_id: str | None = None
     private_subnet_ids: tuple[str, ...] = field(default=())
+    #: The compute subnet of each other zone (`NetworkSpec.zone_subnet_cidrs`): zone -> subnet id.
+    zone_subnet_ids: Mapping[str, str] = field(default_factory=dict)
     #: Whether this call created the VPC (a network made, not adopted): what a rehearsal counts. Not part of
     #: the network's identity (two ensures of one network compare equal).
     created: bool = field(default=False, compare=False)
@@ -169,6 +189,9 @@ class NetworkIds:
     def to_xcom(self) -> dict[str, Any]:
         """The ids as JSON (tuples as lists), for the cluster stage and the run's record."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def __hash__(self) -> int:  # frozen, but zone_subnet_ids is a dict: hash what identifies the network
+        return hash((self.vpc_id, self.head_subnet_id, self.compute_subnet_ids))
 
 
 def choose_availability_zone(ec2: Any, region: str, wanted: str | None) -> str:
@@ -214,7 +237,14 @@ class _Ensurer:
     # --- steps ---
 
     def availability_zone(self) -> str:
-        return choose_availability_zone(self.ec2, self.spec.region, self.spec.availability_zone)
+        """The network's zone; the other zones it makes compute subnets in are checked here too, before
+        anything is made: each one the region has, none the network's own (its subnets are there)."""
+        zone = choose_availability_zone(self.ec2, self.spec.region, self.spec.availability_zone)
+        for other in self.spec.zone_subnet_cidrs:
+            if other == zone:
+                raise _refused("zone_subnet_cidrs", f"{zone} is the network's own zone (its subnets are there)")
+            choose_availability_zone(self.ec2, self.spec.region, other)
+        return zone
 
     def vpc(self) -> str:
         found = find_one(self.ec2.describe_vpcs, "Vpcs", what="VPC", id_key="VpcId", Filters=self.identity("vpc"))
@@ -284,6 +314,35 @@ class _Ensurer:
         if public:
             self.ec2.modify_subnet_attribute(SubnetId=subnet_id, MapPublicIpOnLaunch={"Value": True})
         return subnet_id
+
+    def routed_subnets(self, vpc_id: str, igw_id: str, zone: str) -> tuple[str, list[str], dict[str, str], Any, list]:
+        """The subnets and their route tables: the public one (the head node's; compute's too without a NAT
+        gateway), the private ones behind the NAT gateway, and the other zones' compute subnets, routed as
+        compute's own. Returns (public id, private ids, {zone: id}, NAT gateway id or None, route table ids)."""
+        spec = self.spec
+        public_id = self.subnet(vpc_id, "public", spec.public_subnet_cidr, zone, public=True)
+        zone_ids = self.zone_subnets(vpc_id)
+        public_rt = [public_id, *([] if spec.nat_gateway else zone_ids.values())]
+        route_tables = [self.route_table(vpc_id, "public-rt", public_rt, {"GatewayId": igw_id})]
+        if not spec.nat_gateway:
+            return public_id, [], zone_ids, None, route_tables
+        private_ids = [
+            self.subnet(vpc_id, f"private-{i + 1}", cidr, zone, public=False)
+            for i, cidr in enumerate(spec.private_subnet_cidrs)
+        ]
+        nat_id = self.nat_gateway(public_id)
+        compute = [*private_ids, *zone_ids.values()]
+        route_tables.append(self.route_table(vpc_id, "private-rt", compute, {"NatGatewayId": nat_id}))
+        return public_id, private_ids, zone_ids, nat_id, route_tables
+
+    def zone_subnets(self, vpc_id: str) -> dict[str, str]:
+        """The compute subnet of each other zone the spec lists (zone -> id), found by its Name tag or made:
+        public without a NAT gateway (compute's subnet is then the public one), private behind it otherwise."""
+        public = not self.spec.nat_gateway
+        return {
+            zone: self.subnet(vpc_id, f"zone-{zone}", cidr, zone, public=public)
+            for zone, cidr in self.spec.zone_subnet_cidrs.items()
+        }
 
     def route_table(self, vpc_id: str, role: str, subnet_ids: Sequence[str], default_route: Mapping[str, str]) -> str:
         found = find_one(
@@ -470,23 +529,14 @@ def ensure_network(
     if run is None and not _postpones(step.found_vpc_tags, tags):
         tags = {**tags, **{key: step.found_vpc_tags[key] for key in STAMPED_TAGS if key in step.found_vpc_tags}}
     igw_id = step.internet_gateway(vpc_id)
-    public_id = step.subnet(vpc_id, "public", spec.public_subnet_cidr, zone, public=True)
-    route_tables = [step.route_table(vpc_id, "public-rt", [public_id], {"GatewayId": igw_id})]
-    nat_id = None
-    private_ids: list[str] = []
-    if spec.nat_gateway:
-        private_ids = [
-            step.subnet(vpc_id, f"private-{i + 1}", cidr, zone, public=False)
-            for i, cidr in enumerate(spec.private_subnet_cidrs)
-        ]
-        nat_id = step.nat_gateway(public_id)
-        route_tables.append(step.route_table(vpc_id, "private-rt", private_ids, {"NatGatewayId": nat_id}))
+    public_id, private_ids, zone_ids, nat_id, route_tables = step.routed_subnets(vpc_id, igw_id, zone)
     endpoint_id = step.s3_endpoint(vpc_id, route_tables) if spec.s3_endpoint else None
     cluster_sg = step.security_group(vpc_id, "cluster-sg", "pcflow: all traffic between cluster nodes")
     step.cluster_rules(cluster_sg)
     head_sg = step.security_group(vpc_id, "head-sg", "pcflow: SSH to the head node from configured CIDRs")
     step.ssh_rules(head_sg)
-    owned = [vpc_id, igw_id, public_id, *private_ids, *route_tables, endpoint_id, nat_id, step.nat_allocation_id]
+    owned = [vpc_id, igw_id, public_id, *private_ids, *zone_ids.values(), *route_tables, endpoint_id, nat_id]
+    owned += [step.nat_allocation_id]
     refresh_expiry(ec2, [*owned, cluster_sg, head_sg], tags)
     return NetworkIds(
         created=step.found_vpc_tags is None,
@@ -502,6 +552,7 @@ def ensure_network(
         s3_endpoint_id=endpoint_id,
         nat_gateway_id=nat_id,
         private_subnet_ids=tuple(private_ids),
+        zone_subnet_ids=zone_ids,
     )
 
 

@@ -104,6 +104,7 @@ def refuse_replaced(spec: ClusterSpec, document: Mapping[str, Any], node_setup: 
             f"the network's head security group {list(spec.head_security_group_ids)}",
         ),
         ("Imds.ImdsSupport", imds, imds == "v2.0", "IMDSv2 only (v2.0)"),
+        *subnet_checks(spec, document),
         *node_setup_checks(document, node_setup),
     ]
     for path, value, kept, what in checks:
@@ -111,6 +112,18 @@ def refuse_replaced(spec: ClusterSpec, document: Mapping[str, Any], node_setup: 
             raise ClusterSpecError(
                 f"extra_config: {path} {value!r} replaces {what}; only the deployment admin sets it, in the profile"
             )
+
+
+def subnet_checks(spec: ClusterSpec, document: Mapping[str, Any]) -> list[tuple[str, Any, bool, str]]:
+    """Each queue's subnets, as rendered: the network's (compute's, or a fallback zone's), never others."""
+    ours = {*spec.compute_subnets, *spec.zone_subnet_ids.values()}
+    what = "the network's subnets (network.zone_subnet_cidrs for other zones)"
+    checks = []
+    for index, queue in enumerate((document.get("Scheduling") or {}).get("SlurmQueues") or ()):
+        found = ((queue or {}).get("Networking") or {}).get("SubnetIds")
+        kept = found is None or (isinstance(found, list) and set(found) <= ours)  # None: ParallelCluster's schema
+        checks.append((f"Scheduling.SlurmQueues[{index}].Networking.SubnetIds", found, kept, what))
+    return checks
 
 
 def node_setup_checks(document: Mapping[str, Any], node_setup: NodeSetup | None) -> list[tuple[str, Any, bool, str]]:
@@ -148,7 +161,8 @@ def node_iam(spec: ClusterSpec, node_setup: NodeSetup | None) -> dict[str, Any]:
 
 def queues(spec: ClusterSpec, efa: bool | Mapping[str, bool]) -> list[dict[str, Any]]:
     """The Slurm queues in the profile's capacity order (pcflow.capacity): the run's own (`queue_name`), then one
-    per fallback option (`<queue_name>-2`, ...), each with one compute resource of its instance types. EFA where
+    per fallback option (`<queue_name>-2`, ...), each with one compute resource of its instance types, in compute's
+    subnets or, for an option naming an availability zone, in the network's subnet of that zone. EFA where
     every type of the queue has it (`efa`: a bool for all, or each type's answer from EC2) and the spec allows;
     a cluster placement group where EFA is on, unless the spec says otherwise (ParallelCluster warns of EFA
     without one); the GPU health check on a GPU queue unless the spec says otherwise."""
@@ -157,9 +171,15 @@ def queues(spec: ClusterSpec, efa: bool | Mapping[str, bool]) -> list[dict[str, 
         "capacity_type": spec.capacity_type,
         "allocation_strategy": strategy_for(spec.capacity_type, spec.allocation_strategy),
         "capacity_reservation_id": spec.capacity_reservation_id,
+        "subnet_ids": list(spec.compute_subnets),
     }
     options = [first] + [
-        {**o.model_dump(exclude={"partition"}), "capacity_type": o.capacity_type.upper()} for o in spec.fallback
+        {
+            **o.model_dump(exclude={"partition", "availability_zone"}),
+            "capacity_type": o.capacity_type.upper(),
+            "subnet_ids": list(spec.subnets_for(o)),  # a zone's option: that zone's subnet
+        }
+        for o in spec.fallback
     ]
     found = []
     for index, option in enumerate(options):

@@ -125,6 +125,8 @@ class ClusterSpec(BaseModel):
     head_node_root_volume_gib: int = Field(100, ge=40, le=16384)
     head_subnet_id: str = Field(pattern=r"^subnet-[0-9a-f]{8,17}$")
     compute_subnet_ids: tuple[str, ...] = ()
+    #: The network's compute subnet in each other zone (zone -> id): a fallback that names a zone launches there.
+    zone_subnet_ids: dict[str, str] = Field(default_factory=dict)
     head_security_group_ids: tuple[str, ...] = ()
     compute_security_group_ids: tuple[str, ...] = ()
     #: ParallelCluster's `HeadNode.Ssh.AllowedIps` (one IPv4 CIDR or a prefix list id): always rendered,
@@ -258,6 +260,27 @@ class ClusterSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _zones(self) -> ClusterSpec:
+        """A fallback's zone needs the network's subnet there; and ParallelCluster refuses compute subnets in
+        more than one place beside a file system it creates (ManagedFsxMultiAzValidator), so no zone with `fsx`."""
+        for sid in self.zone_subnet_ids.values():
+            if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", sid):
+                raise ValueError(f"zone_subnet_ids: {sid!r} is not a subnet id")
+        zones = [o.availability_zone for o in self.fallback if o.availability_zone]
+        missing = sorted(set(zones) - set(self.zone_subnet_ids))
+        if missing:
+            raise ValueError(
+                f"fallback: availability zone(s) {missing} have no subnet of the network (network.zone_subnet_cidrs)"
+            )
+        if zones and self.fsx is not None:
+            raise ValueError(
+                f"fallback: a queue in another availability zone ({', '.join(zones)}) beside fsx: ParallelCluster "
+                "refuses a file system it creates when the queues' subnets are more than one "
+                "(ManagedFsxMultiAzValidator); drop the zone from the fallback or the fsx section"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _node_setup(self) -> ClusterSpec:
         """A job account needs what its node setup needs: a bucket the script is kept in (and the nodes
         read it from), and the policy that lets each node lower its own IMDS hop limit."""
@@ -296,6 +319,11 @@ class ClusterSpec(BaseModel):
     @property
     def compute_subnets(self) -> tuple[str, ...]:
         return self.compute_subnet_ids or (self.head_subnet_id,)
+
+    def subnets_for(self, option: CapacityOption | None) -> tuple[str, ...]:
+        """A queue's subnets: its option's zone's subnet where it names one, else compute's own."""
+        zone = option.availability_zone if option is not None else None
+        return (self.zone_subnet_ids[zone],) if zone else self.compute_subnets
 
     @property
     def mounts(self) -> list[str]:

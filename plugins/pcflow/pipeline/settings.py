@@ -222,6 +222,12 @@ def cluster_capacity(run: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in found.items() if v}
 
 
+def zone_subnets(network: dict[str, Any]) -> dict[str, Any]:
+    """The ClusterSpec field of the network's other zones' compute subnets (zone -> id), where it has any."""
+    zones = network.get("zone_subnet_ids") or {}
+    return {"zone_subnet_ids": dict(zones)} if zones else {}
+
+
 def trials_at_once(run: dict[str, Any]) -> int:
     """How many of the run's trials run at once (1 for a run that is no sweep): the profile's (or conf's)
     `sweep.max_parallel`, no more than there are trials, and on ParallelCluster no more than an admin's
@@ -330,6 +336,7 @@ def settings_for_cluster(
         "custom_ami": image_id,
         "head_subnet_id": network["head_subnet_id"],
         "compute_subnet_ids": network["compute_subnet_ids"],
+        **zone_subnets(network),  # the other zones' compute subnets, for the fallbacks that name a zone
         "instance_type": run["instance_type"],
         "capacity_type": "SPOT" if run["capacity_type"] == "spot" else "ONDEMAND",
         # Room for the trials that run at once (a sweep), each on nodes of its own; the admin's max_count
