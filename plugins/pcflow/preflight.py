@@ -4,7 +4,8 @@ Each check asks one question of the account (or of this machine) and, when the a
 what to do: the key pair the cluster's nodes get exists (EC2 DescribeKeyPairs); every instance type
 pcflow launches is offered in the availability zone the network will use (DescribeInstanceTypeOfferings
 by zone: the network does not exist yet, but its zone is known now, chosen by the same function the
-network stage uses, so this is the zone the instances will be asked for); the account's vCPU quota of
+network stage uses, so this is the zone the instances will be asked for), and a capacity fallback's types
+in the other zone it names; the account's vCPU quota of
 each instance family covers the cluster at its maximum size (Service Quotas); the AMI builder's
 instance profile exists, with a role (IAM GetInstanceProfile); the pcluster CLI and Node.js answer
 (ParallelCluster only). All checks run, and every failure is reported at once.
@@ -130,6 +131,29 @@ def _offered(ec2: Any, types: Sequence[str], zone: str | None = None) -> dict[st
 
 
 def instance_types_offered(account: Account) -> str | None:
+    """Every type pcflow launches must be offered where it is launched: the network's zone, and each capacity
+    fallback's own zone where the option names one."""
+    problems = [found for found in (own_zone_offered(account), fallback_zones_offered(account)) if found]
+    return "; ".join(problems) or None
+
+
+def fallback_zones_offered(account: Account) -> str | None:
+    """A fallback option in another zone launches its types in that zone's subnet: each must be offered there
+    (an option of types the zone lacks would never launch, and its move would only wait)."""
+    options = [o for o in (account.cluster.fallback if account.cluster else ()) if o.availability_zone]
+    missing = []
+    for option in options:
+        offered = _offered(account.client("ec2"), option.instance_types, option.availability_zone)
+        missing += [f"{t} in {option.availability_zone}" for t in option.instance_types if not offered[t]]
+    if not missing:
+        return None
+    return (
+        f"capacity fallback {', '.join(missing)}: not offered in the zone the option names; pick types offered "
+        "there or another zone (network.zone_subnet_cidrs)"
+    )
+
+
+def own_zone_offered(account: Account) -> str | None:
     """Every type pcflow launches must be offered in the zone the network will use; names a zone that offers
     them all, if one does."""
     types = account.launched_types()

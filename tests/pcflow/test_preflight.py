@@ -126,6 +126,22 @@ def test_instance_type_not_offered_in_the_networks_zone(account):
     )
 
 
+def test_a_fallback_zone_that_does_not_offer_its_type(account):
+    """A capacity fallback in another zone (no managed FSx beside it: ParallelCluster refuses that): p4d.24xlarge
+    is not offered in us-east-1f, g5.12xlarge is."""
+
+    def fallback(kind: str) -> list[dict]:
+        return [{"instance_types": [kind], "capacity_type": "ondemand", "availability_zone": "us-east-1f"}]
+
+    zoned = {"network": {"zone_subnet_cidrs": {"us-east-1f": "10.60.32.0/20"}}, "cluster": {"config": {"fsx": None}}}
+    assert run_preflight(account(capacity={"fallback": fallback("g5.12xlarge")}, **zoned)) == list(CHECKS)
+    fails_with(
+        account(capacity={"fallback": fallback("p4d.24xlarge")}, **zoned),
+        "instance_types_offered",
+        "capacity fallback p4d.24xlarge in us-east-1f: not offered in the zone the option names",
+    )
+
+
 def test_vcpu_quota_below_the_cluster_at_its_maximum_size(account):
     fails_with(
         account(quotas={"L-3819A6DF": 48.0, "L-1216C47A": 8.0}),
