@@ -94,18 +94,38 @@ def first_event(trigger, timeout: float | None = None) -> dict:
     return asyncio.run(asyncio.wait_for(_first(), timeout))
 
 
-def deferred_trigger(op, context: dict):
-    """execute() up to the deferral; the trigger it hands over, after a serialisation round trip."""
+def roundtrip(trigger):
+    """The trigger as the triggerer builds it: from its class path and serialized kwargs."""
     import importlib
 
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+def deferred_trigger(op, context: dict):
+    """execute() up to the deferral; the trigger it hands over, after a serialisation round trip."""
     import pytest
     from airflow.sdk.exceptions import TaskDeferred
 
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    classpath, kwargs = deferred.value.trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    return getattr(importlib.import_module(module), name)(**kwargs)
+    return roundtrip(deferred.value.trigger)
+
+
+def drive(op, context: dict, deferred, rebuild=roundtrip) -> tuple[dict, list[str]]:
+    """Run each deferred wait's trigger for real (rebuilt by `rebuild`, as the triggerer would) and resume the
+    operator (the method the deferral names), until it returns: its result, and each trigger's waiter."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    waits = []
+    while True:
+        trigger = rebuild(deferred.trigger)
+        waits.append(getattr(trigger, "waiter_name", type(trigger).__name__))
+        try:
+            return getattr(op, deferred.method_name)(context, event=first_event(trigger)), waits
+        except TaskDeferred as again:
+            deferred = again
 
 
 def run_to_end(op, context: dict, timeout: float = 120) -> dict:

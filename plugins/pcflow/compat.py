@@ -31,6 +31,7 @@ STORED_TRIGGERS: dict[str, str] = {
     "pcflow.aws.waits.FsxDataRepositoryTaskTrigger": "0.1.0",
     "pcflow.aws.waits.ImageAvailableTrigger": "0.1.0",
     "pcflow.aws.waits.BakeWaitTrigger": "0.2.0",
+    "pcflow.aws.waits.LockReleasedTrigger": "0.2.0",
 }
 
 #: Task-state keys by their current name, each with the names it had before (read in that order).

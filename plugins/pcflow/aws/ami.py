@@ -25,10 +25,20 @@ from airflow.sdk import conf
 
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.clients import error_code, validate_region, wait_logged
+from pcflow.aws.locks import LockNotHeld, S3Lock
 from pcflow.aws.tags import refresh_expiry, tag_equals, tag_specifications
 from pcflow.errors import PcflowError, ServiceFailed, WaitFailed, profile_setting, refused
 from pcflow.events import SUCCESS, validate_event
-from pcflow.naming import TAG_STACK, Component, dag_run_of, digest, resource_name, standard_tags
+from pcflow.naming import (
+    TAG_STACK,
+    Component,
+    dag_run_of,
+    digest,
+    resource_name,
+    run_key_from_context,
+    standard_tags,
+    validate_stack_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +46,9 @@ TAG_RECIPE = "pcflow:recipe-hash"
 TAG_ROLE = "pcflow:role"
 BUILDER_TTL = dt.timedelta(hours=6)
 PCLUSTER_OSES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9")
+#: A bake lock older than this was left by a task that died holding it: the image stage's execution
+#: timeout (`pipeline.assembly.STAGE_TIMEOUTS["image"]`), past which no holder is still baking.
+BAKE_LOCK_STALE = dt.timedelta(hours=3)
 
 
 class BootstrapFailed(ServiceFailed):
@@ -284,6 +297,42 @@ def find_image(ec2: Any, stack: str, recipe: str) -> dict[str, Any] | None:
     return images[0] if images else None
 
 
+def bake_lock_key(stack: str, recipe: str) -> str:
+    """The bake lock of one recipe of a stack, in the stack's data bucket."""
+    return f"pcflow/images/{validate_stack_name(stack)}/{recipe}/lock"
+
+
+@dataclass(frozen=True)
+class BakeLocking:
+    """Where a stack's bake locks are (its data bucket), who takes them (a run key: a retry of the same run
+    takes its own over), and how a bake waiting in the worker waits for one (an operator defers instead).
+    Two runs that start at once on a stack with no image bake it once: the one that gets the recipe's lock
+    bakes, the other waits for the lock and then finds the image (looked up again before anything is made)."""
+
+    s3: Any
+    bucket: str
+    holder: str
+    timeout: float = BAKE_LOCK_STALE.total_seconds()
+    delay: float = 15.0
+
+    def lock(self, stack: str, recipe: str) -> S3Lock:
+        """The recipe's lock: one per recipe, so runs baking different recipes do not wait for each other."""
+        why = f"baking the image of recipe {recipe} of stack {stack}"
+        key = bake_lock_key(stack, recipe)
+        return S3Lock(self.s3, self.bucket, key, holder=self.holder, why=why, stale_after=BAKE_LOCK_STALE)
+
+
+def release_quietly(lock: S3Lock | None) -> None:
+    """Release a bake lock when the bake ended (done or failed); one taken over meanwhile (broken as stale
+    by another run) is left to its new holder, and said, rather than failing a bake that is over."""
+    if lock is None:
+        return
+    try:
+        lock.release()
+    except LockNotHeld as refused_release:
+        log.warning("%s", refused_release)
+
+
 class _Bake:
     """One bake of one recipe; every method can be re-entered after a crash."""
 
@@ -485,12 +534,33 @@ def attempt_of(context: Any) -> str:
     return f"{ti.run_id}/{ti.try_number}"
 
 
-def bake_image(ec2: Any, ssm: Any, spec: AmiSpec, *, waiter_delay: int = 15, attempt: str = "") -> dict[str, Any]:
+def bake_image(
+    ec2: Any,
+    ssm: Any,
+    spec: AmiSpec,
+    *,
+    waiter_delay: int = 15,
+    attempt: str = "",
+    locking: BakeLocking | None = None,
+) -> dict[str, Any]:
     """Ensure an available image of the recipe, waiting in this process; returns `{"image_id",
-    "recipe_hash", "reused"}`. The builder is terminated at the end, also when a step failed."""
+    "recipe_hash", "reused"}`. With `locking`, only under the recipe's bake lock, and the image is looked
+    up again once the lock is held (a run that waited adopts what the holder baked). The builder is
+    terminated at the end, also when a step failed."""
     bake, found = prepare_bake(ec2, ssm, spec, waiter_delay=waiter_delay, attempt=attempt)
     if found and found["State"] == "available":
         return bake.reuse(found)
+    if locking is None:
+        return _bake_here(bake, found)
+    with locking.lock(spec.stack, bake.recipe).held(timeout=locking.timeout, delay=locking.delay):
+        found = find_image(ec2, spec.stack, bake.recipe)
+        if found and found["State"] == "available":
+            return bake.reuse(found)
+        return _bake_here(bake, found)
+
+
+def _bake_here(bake: _Bake, found: dict[str, Any] | None) -> dict[str, Any]:
+    """Every step and wait of the bake in this process (resumed from a pending image `found`, if any)."""
     try:
         step = bake.next_step()
         while isinstance(step, BakeWait):
@@ -537,12 +607,16 @@ class BakeImageOperator(PcflowAwsOperator):
         recipe. The payload's code is not baked: each run ships it (`pcflow.slurm.payload`).
     :param ttl_hours: the image's `pcflow:expires`, stamped again by every run that reuses it, so an
         image no run uses any more is reaped by the janitor; None: never expires.
+    :param lock_bucket: the stack's data bucket, where the recipe's bake lock is taken
+        (`pcflow/images/<stack>/<recipe>/lock`, `BakeLocking`): of runs that find no image at once, one
+        bakes and the others wait for its lock (deferred: `LockReleasedTrigger`) and then adopt its image.
+        None: no lock (one run at a time bakes a recipe, or two runs may both bake it).
     """
 
     template_fields: Sequence[str] = aws_template_fields(
         *("stack", "pcluster_version", "subnet_id", "security_group_ids", "instance_type", "base_image_id"),
         *("extra_inputs", "bootstrap_script_path", "instance_profile", "os", "base_image_owners"),
-        *("wait_for_ssm_agent", "enabled", "environment_file", "ttl_hours"),
+        *("wait_for_ssm_agent", "enabled", "environment_file", "ttl_hours", "lock_bucket"),
     )
 
     def __init__(
@@ -566,10 +640,12 @@ class BakeImageOperator(PcflowAwsOperator):
         enabled: bool = True,
         environment_file: str | None = None,
         ttl_hours: float | None = None,
+        lock_bucket: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.enabled = enabled
+        self.lock_bucket = lock_bucket
         self.environment_file = environment_file
         self.ttl_hours = ttl_hours
         self.stack, self.pcluster_version = stack, pcluster_version
@@ -580,6 +656,7 @@ class BakeImageOperator(PcflowAwsOperator):
         self.os, self.architecture, self.extra_inputs = os, architecture, extra_inputs
         self.deferrable, self.waiter_delay, self.wait_for_ssm_agent = deferrable, waiter_delay, wait_for_ssm_agent
         self._bake: _Bake | None = None
+        self._lock: S3Lock | None = None
 
     def spec(self, context: Any) -> AmiSpec:
         """The AmiSpec from this task's rendered fields; the same every try, so each try computes the same recipe."""
@@ -618,17 +695,52 @@ class BakeImageOperator(PcflowAwsOperator):
         if not self.enabled:
             self.log.info("No image wanted (a static cluster brings its own software); nothing baked")
             return {"image_id": None, "recipe_hash": None, "reused": False}
-        spec = self.spec(context)
+        spec, attempt = self.spec(context), attempt_of(context)
         if not self.deferrable:
-            return bake_image(
-                self.ec2, self.client("ssm"), spec, waiter_delay=self.waiter_delay, attempt=attempt_of(context)
-            )
+            ssm, locking = self.client("ssm"), self.locking(context)
+            return bake_image(self.ec2, ssm, spec, waiter_delay=self.waiter_delay, attempt=attempt, locking=locking)
         bake, found = self.prepare(context, spec)
         self._bake = bake
         if found and found["State"] == "available":
             bake.terminate_builder(None)  # left by an attempt that died after CreateImage, if any
             return bake.reuse(found)
+        return self.bake_locked(context, bake)
+
+    def locking(self, context: Any) -> BakeLocking | None:
+        """The stack's bake locks for this run (None without `lock_bucket`)."""
+        if not self.lock_bucket:
+            return None
+        return BakeLocking(self.client("s3"), self.lock_bucket, run_key_from_context(context), delay=self.waiter_delay)
+
+    def bake_locked(self, context: Any, bake: _Bake) -> dict[str, Any]:
+        """Take the recipe's bake lock, or defer until its holder is done (and then look again: `lock_released`);
+        holding it, look for the image once more (the last holder may have finished it meanwhile) and bake."""
+        locking = self.locking(context)
+        if locking is not None:
+            lock = locking.lock(self.stack, bake.recipe)
+            found = lock.try_acquire()
+            if found is not None:
+                self.defer_on_lock(lock, found, method_name="lock_released", waiter_delay=self.waiter_delay)
+            self._lock = lock
+            image = find_image(self.ec2, self.stack, bake.recipe)
+            if image and image["State"] == "available":
+                self.finish(bake)
+                return bake.reuse(image)
         return self.advance(bake)
+
+    def lock_released(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Back from waiting for another run's bake of the recipe: its image is adopted when it exists, else
+        this run takes the lock (or waits again) and bakes."""
+        self.log.info("bake lock: %s", (event or {}).get("status"))
+        return self.execute(context)
+
+    def finish(self, bake: _Bake) -> None:
+        """The bake is over (done or failed): terminate its builder, then release the recipe's lock."""
+        try:
+            bake.terminate_builder(None)
+        finally:
+            release_quietly(self._lock)
+            self._lock = None
 
     def prepare(self, context: Any, spec: AmiSpec) -> tuple[_Bake, dict[str, Any] | None]:
         """The bake for this try, and the recipe's image if one exists; validates, creates nothing (see
@@ -643,10 +755,10 @@ class BakeImageOperator(PcflowAwsOperator):
         try:
             step = bake.next_step()
         except Exception:
-            bake.terminate_builder(None)
+            self.finish(bake)
             raise
         if isinstance(step, str):
-            bake.terminate_builder(None)
+            self.finish(bake)
             return {"image_id": step, "recipe_hash": bake.recipe, "reused": False}
         self.log.info("AMI bake of recipe %s: waiting for %s (%s)", bake.recipe, step.what, step.name)
         self.defer(
@@ -661,6 +773,8 @@ class BakeImageOperator(PcflowAwsOperator):
         event = validate_event(event, task=self.task_id)
         bake, _ = self.prepare(context, self.spec(context))
         self._bake = bake
+        locking = self.locking(context)
+        self._lock = locking.lock(self.stack, bake.recipe) if locking else None  # this run's, held since it baked
         if event["status"] == SUCCESS:
             return self.advance(bake)
         waited = event.get("waited") or {}
@@ -670,9 +784,9 @@ class BakeImageOperator(PcflowAwsOperator):
                 return self.advance(bake)  # it ended well after the trigger gave up
             raise WaitFailed(f"AMI bake of recipe {bake.recipe}: {event.get('message') or event['status']}")
         except Exception:
-            bake.terminate_builder(None)
+            self.finish(bake)
             raise
 
     def on_kill(self) -> None:
         if self._bake is not None:
-            self._bake.terminate_builder(None)
+            self.finish(self._bake)

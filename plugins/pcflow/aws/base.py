@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache, cached_property
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
 
 from pcflow.aws.clients import DEFAULT_AWS_CONN_ID, client_from_hook, retry_botocore_config
+from pcflow.aws.locks import Holding, S3Lock
 
 #: What the provider's `aws_template_fields` adds to every AWS operator's template fields.
 AWS_TEMPLATE_FIELDS = ("aws_conn_id", "region_name", "verify")
@@ -110,3 +111,13 @@ class PcflowAwsOperator(BaseOperator):
             "verify": self.verify,
             "botocore_config": retry_botocore_config(self.botocore_config),
         }
+
+    def defer_on_lock(self, lock: S3Lock, found: Holding, *, method_name: str, waiter_delay: int) -> NoReturn:
+        """Wait for a lock another run holds in the triggerer, not in a worker slot; `method_name` is called
+        once the lock is released (or changed hands) and tries again."""
+        self.log.info("%s: held by run %s since %s; deferred until released", lock.why, found.holder, found.since)
+        self.defer(
+            trigger=lock.released_trigger(found, waiter_delay=waiter_delay, **self.trigger_aws_kwargs),
+            method_name=method_name,
+        )
+        raise AssertionError("unreachable: defer raises")  # pragma: no cover

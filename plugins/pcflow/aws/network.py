@@ -21,11 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
+from airflow.sdk import conf
+
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.clients import error_code, validate_region, wait_logged
 from pcflow.aws.network_users import (
     TAG_REFERENCES,
     drop_reference,
+    lock_of,
     network_lock,
     references,
     take_reference,
@@ -691,6 +694,9 @@ class EnsureNetworkOperator(PcflowAwsOperator):
     :param ttl_hours: `pcflow:expires` for the janitor, stamped again by every run; None = never.
     :param references_bucket: the stack's network shared by its runs (`use_network`): this run takes a
         reference, kept in this bucket, which its `ReleaseNetworkOperator` gives back.
+    :param deferrable: while another run holds the stack's network lock, wait in the triggerer
+        (`LockReleasedTrigger`) instead of in this worker slot; default: Airflow's
+        `operators.default_deferrable` (pcflow's deployments set it).
     """
 
     template_fields: Sequence[str] = aws_template_fields("stack", "network", "ttl_hours", "references_bucket")
@@ -706,6 +712,7 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         ttl_hours: float | None = None,
         waiter_delay: int = 15,
         references_bucket: str | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -715,12 +722,15 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         self.ttl_hours = ttl_hours
         self.waiter_delay = waiter_delay
         self.references_bucket = references_bucket
+        self.deferrable = deferrable
 
     def execute(self, context: Any) -> dict[str, Any]:
         spec = NetworkSpec.from_mapping(self.stack, self.hook.region_name, self.network)
         ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
         timing = {"ttl": ttl, "dag_run": dag_run_of(context), "waiter_delay": self.waiter_delay}
-        if self.references_bucket:
+        if self.references_bucket and self.deferrable:
+            ids = self.use_shared(context, spec, timing)
+        elif self.references_bucket:
             s3, run = self.client("s3"), run_key_from_context(context)
             ids = use_network(self.ec2, s3, spec, bucket=self.references_bucket, run=run, **timing)
         else:
@@ -728,6 +738,23 @@ class EnsureNetworkOperator(PcflowAwsOperator):
             ids = ensure_network(self.ec2, spec, run=run, **timing)
         self.log.info("network of stack %s: vpc %s, head subnet %s", self.stack, ids.vpc_id, ids.head_subnet_id)
         return ids.to_xcom()
+
+    def use_shared(self, context: Any, spec: NetworkSpec, timing: dict[str, Any]) -> NetworkIds:
+        """`use_network`, deferred while another run holds the stack's network lock (creating the network, or
+        deleting it as its last user): the reference first, then the network under the lock."""
+        s3, run, bucket = self.client("s3"), run_key_from_context(context), self.references_bucket
+        take_reference(s3, bucket, spec.stack, run, timing["dag_run"])
+        lock = lock_of(s3, bucket, spec.stack, run)
+        found = lock.try_acquire()
+        if found is not None:
+            self.defer_on_lock(lock, found, method_name="lock_released", waiter_delay=self.waiter_delay)
+        with lock.releasing():
+            return ensure_network(self.ec2, spec, references_bucket=bucket, **timing)
+
+    def lock_released(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Back from the lock's wait (released, changed hands, or the wait's bound reached): try again."""
+        self.log.info("network lock: %s", (event or {}).get("status"))
+        return self.execute(context)
 
 
 class DeleteNetworkOperator(TeardownOperator):

@@ -7,7 +7,8 @@ stacks: concurrent runs never race on a read-modify-write). The VPC names that b
 `pcflow:references` tag, so the janitor, which has no profile, finds the references too.
 
 Every decision that creates or deletes the network is taken under the stack's network lock, one object
-(`pcflow/networks/<stack>/lock`) written only if absent (S3's conditional write, `If-None-Match: *`):
+(`pcflow/networks/<stack>/lock`) written only if absent (S3's conditional write, `If-None-Match: *`; the
+shared `pcflow.aws.locks.S3Lock`):
 
 - taking: write the reference first, then (under the lock) find or create the network;
 - releasing: delete the reference; if no other reference is left, take the lock, list the references
@@ -30,8 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pcflow.aws.clients import error_code
-from pcflow.errors import ResourceConflict
+from pcflow.aws.locks import LockTimeout, S3Lock, read_marker
 from pcflow.naming import validate_stack_name
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,9 @@ PREFIX = "pcflow/networks/"
 #: A lock older than this is left by a task that died holding it (every holder finishes within its
 #: stage's timeout, `pipeline.assembly.STAGE_TIMEOUTS["teardown"]` at most): it may be broken.
 STALE_LOCK = dt.timedelta(hours=2)
-MISSING = ("404", "NoSuchKey", "NotFound")
 
 
-class NetworkLockTimeout(ResourceConflict):
+class NetworkLockTimeout(LockTimeout):
     """The stack's network lock stayed held by another run for longer than this task waits."""
 
 
@@ -96,29 +95,17 @@ def references(s3: Any, bucket: str, stack: str, limit: int = 1000) -> list[Refe
 def _read_reference(s3: Any, bucket: str, key: str) -> Reference | None:
     """One marker; None when it went meanwhile. A marker pcflow cannot read still counts as a user (never
     delete on doubt)."""
-    marker = _read_marker(s3, bucket, key)
+    marker = read_marker(s3, bucket, key)
     if marker is None:
         return None
-    found, _ = marker
+    found = marker.content
     return Reference(key.rsplit("/", 1)[-1], found.get("dag_id"), found.get("run_id"))
 
 
-def _read_marker(s3: Any, bucket: str, key: str) -> tuple[dict[str, Any], dt.datetime] | None:
-    """A reference's or the lock's JSON (at most 4 KiB read; `{}` when it is not a JSON object) and when it was
-    written; None when the object is gone. The one read both kinds of marker go through."""
-    from botocore.exceptions import ClientError
-
-    try:
-        got = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-4095")
-    except ClientError as error:
-        if error_code(error) in MISSING:
-            return None
-        raise
-    try:
-        found = json.loads(got["Body"].read(4096))
-    except ValueError:
-        found = None
-    return (found if isinstance(found, dict) else {}), got["LastModified"]
+def lock_of(s3: Any, bucket: str, stack: str, holder: str) -> S3Lock:
+    """The stack's network lock, for `holder` (a run key: a retry of the same run takes its own over)."""
+    why = f"creating or deleting the network of stack {stack}"
+    return S3Lock(s3, bucket, lock_key(stack), holder=holder, why=why, stale_after=STALE_LOCK)
 
 
 @contextmanager
@@ -132,46 +119,10 @@ def network_lock(
     delay: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[None]:
-    """Hold the stack's network lock while the body runs: created only if absent, so one holder at a time.
-    A lock `holder` itself left (a retry of the same run) or older than STALE_LOCK is taken over."""
-    key, waited = lock_key(stack), 0.0
-    while not _try_lock(s3, bucket, key, holder):
-        if waited >= timeout:
-            raise NetworkLockTimeout(
-                f"the network lock of stack {stack} (s3://{bucket}/{key}) is still held after {waited:.0f} s; "
-                "if no run of the stack is creating or deleting its network, delete that object and retry"
-            )
-        sleep(delay)
-        waited += delay
-    try:
+    """Hold the stack's network lock while the body runs, waiting for it in this process (an operator
+    defers instead: `EnsureNetworkOperator`)."""
+    with lock_of(s3, bucket, stack, holder).held(timeout=timeout, delay=delay, sleep=sleep, error=NetworkLockTimeout):
         yield
-    finally:
-        s3.delete_object(Bucket=bucket, Key=key)
-
-
-def _try_lock(s3: Any, bucket: str, key: str, holder: str) -> bool:
-    """Write the lock if it is absent; take over one this holder left or one gone stale. True when held."""
-    from botocore.exceptions import ClientError
-
-    body = json.dumps({"holder": holder, "why": "creating or deleting the stack's network"}).encode()
-    try:
-        s3.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
-        return True
-    except ClientError as error:
-        if error_code(error) not in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
-            raise
-    marker = _read_marker(s3, bucket, key)
-    if marker is None:
-        return False  # released meanwhile: the next try takes it
-    found, written = marker
-    owner = found.get("holder")
-    stale = dt.datetime.now(dt.UTC) - written > STALE_LOCK
-    if owner == holder or stale:
-        log.warning("taking over the network lock s3://%s/%s (held by %s%s)", bucket, key, owner, ", stale" * stale)
-        s3.put_object(Bucket=bucket, Key=key, Body=body)
-        return True
-    log.info("network lock s3://%s/%s is held by %s; waiting", bucket, key, owner)
-    return False
 
 
 def vpc_in_use(ec2: Any, vpc_id: str) -> list[str]:

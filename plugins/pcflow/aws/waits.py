@@ -154,3 +154,40 @@ class BakeWaitTrigger(AwsBaseWaiterTrigger):
 
     def hook(self) -> PcflowWaiterHook:
         return PcflowWaiterHook(client_type=self.service, **self._hook_parameters)
+
+
+class LockReleasedTrigger(AwsBaseWaiterTrigger):
+    """Waits in the triggerer while another run holds a pcflow lock (`pcflow.aws.locks.S3Lock`): it fires
+    once the lock object is gone (released) or is no longer the one seen (its ETag changed: taken over, or
+    released and taken again), with pcflow's waiter `LockReleased` (HeadObject with `If-Match`: 404 or 412
+    end the wait). The operator then tries the lock again; it does not take it here. Bounded: after
+    `waiter_max_attempts` polls the event is an error, and the operator looks again (a lock gone stale
+    meanwhile is broken then)."""
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        key: str,
+        etag: str,
+        holder: str = "",
+        waiter_delay: int = 15,
+        waiter_max_attempts: int = 240,
+        **connection: Any,
+    ):
+        super().__init__(
+            serialized_fields={"bucket": bucket, "key": key, "etag": etag, "holder": holder},
+            waiter_name="LockReleased",
+            waiter_args={"Bucket": bucket, "Key": key, **({"IfMatch": etag} if etag else {})},
+            failure_message=f"lock s3://{bucket}/{key} (held by {holder or 'unknown'})",
+            status_message=f"lock s3://{bucket}/{key} held by {holder or 'unknown'}, last modified",
+            status_queries=["LastModified"],
+            return_key="lock",
+            return_value={"bucket": bucket, "key": key, "holder": holder},
+            waiter_delay=waiter_delay,
+            waiter_max_attempts=waiter_max_attempts,
+            **connection,
+        )
+
+    def hook(self) -> PcflowWaiterHook:
+        return PcflowWaiterHook(client_type="s3", **self._hook_parameters)

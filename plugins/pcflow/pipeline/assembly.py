@@ -186,7 +186,8 @@ def dataset_stage(source: Any) -> Any:
 
 
 def image_stage() -> Any:
-    """The image task: bakes (or reuses) the run's AMI inside the run's network."""
+    """The image task: bakes (or reuses) the run's AMI inside the run's network, under the recipe's bake lock
+    in the stack's data bucket (pcflow.aws.ami.BakeLocking)."""
     from pcflow.aws.ami import BakeImageOperator
 
     return BakeImageOperator(
@@ -204,6 +205,8 @@ def image_stage() -> Any:
         enabled=RUN.ami.enabled,
         environment_file=RUN.ami.environment,
         ttl_hours=RUN.expiry.kept_hours,
+        # The recipe's bake lock, beside the network's: of runs that start at once, one bakes, the rest adopt.
+        lock_bucket=RUN.dataset.bucket,
         **aws_args(),
     )
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from dagrun import delete_bucket
 
 from pcflow.aws.clients import aws_client
 from pcflow.aws.teardown import Selector, teardown
@@ -56,6 +57,16 @@ def stack(aws) -> str:
     name = f"t{uuid.uuid4().hex[:12]}"
     yield name
     teardown(aws, Selector(stack=name), handler_sets=("ec2", "images"), pass_delay=0, raise_on_leftovers=False)
+
+
+@pytest.fixture
+def bucket(aws) -> str:
+    """A data bucket of the test's own, for the markers pcflow keeps in a stack's bucket (network references,
+    locks); deleted with everything in it after the test."""
+    name = f"pcflow-refs-{uuid.uuid4().hex[:10]}"
+    aws.s3.create_bucket(Bucket=name)
+    yield name
+    delete_bucket(aws.s3, name)
 
 
 def count_by_kind(ec2: Any, stack: str, account_id: str | None = None) -> dict[str, int]:

@@ -6,7 +6,7 @@ from importlib import import_module
 
 import pytest
 
-from pcflow.aws.waits import FsxDataRepositoryTaskTrigger, ImageAvailableTrigger
+from pcflow.aws.waits import FsxDataRepositoryTaskTrigger, ImageAvailableTrigger, LockReleasedTrigger
 from pcflow.cluster.triggers import ClusterStackTrigger
 
 
@@ -16,6 +16,7 @@ from pcflow.cluster.triggers import ClusterStackTrigger
         ImageAvailableTrigger(image_id="ami-0123456789abcdef0", region_name="us-east-1", botocore_config={"a": 1}),
         FsxDataRepositoryTaskTrigger(task_id="task-0123456789abcdef0", waiter_delay=5, aws_conn_id=None),
         ClusterStackTrigger(stack_name="pcflow-c", waiter_name="stack_delete_complete", verify=False),
+        LockReleasedTrigger(bucket="b", key="pcflow/images/s/r/lock", etag='"e"', holder="pretrain-x", waiter_delay=5),
     ],
 )
 def test_trigger_round_trips_through_its_class_path(trigger):

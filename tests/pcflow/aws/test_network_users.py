@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import uuid
 
 import pytest
-from dagrun import delete_bucket
 
 from pcflow.aws.janitor import run_janitor
 from pcflow.aws.network import NetworkSpec, release_network, use_network
@@ -25,14 +23,6 @@ from pcflow.aws.network_users import (
 
 pytestmark = pytest.mark.stack
 TTL = dt.timedelta(hours=1)
-
-
-@pytest.fixture
-def bucket(aws):
-    name = f"pcflow-refs-{uuid.uuid4().hex[:10]}"
-    aws.s3.create_bucket(Bucket=name)
-    yield name
-    delete_bucket(aws.s3, name)
 
 
 def use(aws, stack: str, bucket: str, run: str, dag_run: tuple[str, str] | None = None):

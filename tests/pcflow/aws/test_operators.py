@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import pytest
+import taskcontext
 from airflow.sdk.exceptions import TaskDeferred
 from taskcontext import first_event
 
@@ -37,24 +37,17 @@ def test_network_operators_return_ids_and_tear_down(aws, stack, counts):
 
 
 def roundtrip(trigger):
-    """The trigger as the triggerer builds it: from its class path and serialized kwargs."""
-    classpath, kwargs = trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    assert module == "pcflow.aws.waits"
-    return getattr(importlib.import_module(module), name)(**kwargs)
+    """The trigger as the triggerer builds it: one of pcflow's AWS triggers."""
+    rebuilt = taskcontext.roundtrip(trigger)
+    assert type(rebuilt).__module__ == "pcflow.aws.waits"
+    return rebuilt
 
 
-def drive(op, deferred):
-    """Run each deferred wait's trigger for real against moto and resume the operator, until it returns."""
-    waits = []
-    while True:
-        trigger = roundtrip(deferred.trigger)
-        assert trigger.serialize()[1]["botocore_config"]["retries"]["mode"] == "standard"
-        waits.append(trigger.waiter_name)
-        try:
-            return op.execute_complete({"ti": _TI()}, event=first_event(trigger)), waits
-        except TaskDeferred as again:
-            deferred = again
+def retrying(trigger):
+    """The trigger as the triggerer builds it, from an operator: on the operator's retrying connection."""
+    rebuilt = roundtrip(trigger)
+    assert rebuilt.serialize()[1]["botocore_config"]["retries"]["mode"] == "standard"
+    return rebuilt
 
 
 def test_bake_operator_defers_every_wait_and_a_retry_resumes(aws, stack, counts):
@@ -86,7 +79,7 @@ def test_bake_operator_defers_every_wait_and_a_retry_resumes(aws, stack, counts)
         op = bake_op()
         with pytest.raises(TaskDeferred) as retried:
             op.execute({"ti": _TI()})
-        result, waits = drive(op, retried.value)
+        result, waits = taskcontext.drive(op, {"ti": _TI()}, retried.value, rebuild=retrying)
         assert waits == ["instance_stopped", "image_available"]
         assert result["reused"] is False and counts()["instance"] == 0 and counts()["image"] == 1
         builders = aws.ec2.describe_instances(Filters=[{"Name": "tag:pcflow:stack", "Values": [stack]}])
