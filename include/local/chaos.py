@@ -45,13 +45,19 @@ RUN_TIMEOUT_S = 900
 MOMENT_TIMEOUT_S = 600
 #: How long a killed process stays down before it is started again.
 DOWN_S = 5
+#: "starting": a job allocated this recently (squeue's TimeUsed) has not got far into its program; slurmctld
+#: saves its state a few seconds after a change, so a kill then finds the start missing from it (a kill while
+#: the job is still pending loses nothing: it is recovered pending and starts).
+STARTING_S = 2
 
 
 @dataclass(frozen=True)
 class Fault:
     """One process killed at one moment of the train task: `moment` is "submitting" (the task runs, its
-    job not yet submitted or just) or "waiting" (deferred, its job RUNNING); `by_person` for a person's
-    action, after which the run fails and its job is cancelled (by the orchestrator, on the person's word)."""
+    job not yet submitted or just), "starting" (its job just given its nodes: configuring, or running for at
+    most STARTING_S, its program not yet under way) or "waiting" (deferred, its job RUNNING);
+    `by_person` for a person's action, after which the run fails and its job is cancelled (by the
+    orchestrator, on the person's word)."""
 
     name: str
     moment: str
@@ -70,9 +76,10 @@ FAULTS = (
     Fault("sshd", "waiting", "SIGKILL of the head node's sshd and its sessions (the waits' SSH)"),
     Fault("slurmd", "waiting", "SIGKILL of the slurmd of the compute node running the job"),
     Fault("mark-failed", "waiting", "a person marks the deferred train task failed", by_person=True),
-    # Last: killed just after a job started, slurmctld recovers a stale state, drains the node and holds
-    # the job until a person releases it (docs/reliability.md); the run waits until RUN_TIMEOUT_S.
-    Fault("slurmctld", "waiting", "SIGKILL of slurmctld"),
+    # Killed as its job starts, slurmctld recovers a state saved before the start: it drains the node
+    # ("Duplicate jobid") and holds the job ("launch failed requeued held"); the train wait releases it
+    # (docs/reliability.md).
+    Fault("slurmctld", "starting", "SIGKILL of slurmctld as the job starts"),
 )
 BY_NAME = {fault.name: fault for fault in FAULTS}
 
@@ -191,10 +198,26 @@ class Chaos:
             if moment == "waiting" and ti["state"] == "deferred":
                 if any(row[1] == "RUNNING" for row in self.jobs(name)):
                     return ti
+            if moment == "starting" and ti["state"] in ("running", "deferred") and self.starting(name):
+                return ti
             if ti["state"] in ("success", "failed", "upstream_failed"):
                 raise AssertionError(f"train ended {ti['state']} before the fault's moment ({moment})")
-            time.sleep(0.3 if moment == "submitting" else 1)
+            time.sleep(1 if moment == "waiting" else 0.3)
         raise AssertionError(f"train not at {moment} in {MOMENT_TIMEOUT_S} s")
+
+    def starting(self, name: str, within_s: float = 10) -> bool:
+        """Whether a job under `name` is starting (configuring, or running for at most STARTING_S), asked of
+        slurmctld (squeue: sacct lags behind) every 0.1 s for up to `within_s` once train runs: sbatch comes
+        from the task a moment after it is running, and a job on idle nodes starts within seconds."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            for line in self.slurm("squeue", "-h", "-t", "all", "--name", name, "-o", "%T|%M").splitlines():
+                state, _, used = line.partition("|")
+                seconds = sum(int(p) * 60**i for i, p in enumerate(reversed(used.split(":"))) if p.isdigit())
+                if state == "CONFIGURING" or (state == "RUNNING" and seconds <= STARTING_S):
+                    return True
+            time.sleep(0.1)
+        return False
 
     def follow(self, run_id: str) -> str:
         """The run's end state (or its state at the timeout), reviving what exits meanwhile."""
