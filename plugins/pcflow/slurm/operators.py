@@ -519,7 +519,11 @@ class SlurmJobOperator(BaseOperator):
         if event["outcome"] == str(Outcome.SUCCESS):
             self.check_outputs(run_dir, event.get("log_tail") or [])
         result = self.result(run_dir, info, exit_code=event.get("exit_code") or 0, outcome=event["outcome"])
-        return {**result, "capacity_moves": event.get("capacity_moves") or []}
+        return {
+            **result,
+            "capacity_moves": event.get("capacity_moves") or [],
+            "held_releases": event.get("held_releases") or 0,  # holds after a failed launch the wait released
+        }
 
     def check_outputs(self, run_dir: RunDir, log_tail: Sequence[str] = ()) -> None:
         """A job that completed without one of its declared outputs, or with one empty or cut short, did not do

@@ -138,8 +138,13 @@ class Seat:
 
     async def run(self, argv: list[str]) -> str:
         """A command of this waiter's own (scancel) over the shared connection; its stdout."""
+        return (await self.call(argv))[1]
+
+    async def call(self, argv: list[str]) -> tuple[int, str, str]:
+        """A command of this waiter's own over the shared connection: its exit status, stdout and stderr (for a
+        command whose refusal the waiter reports: `scontrol release`)."""
         result = await self.session.run(argv, slurm_bin=self.waiter.slurm_bin, timeout=self.waiter.command_timeout)
-        return _text(result.stdout)
+        return int(result.exit_status or 0), _text(result.stdout), _text(result.stderr)
 
     async def next_view(self) -> View:
         """The next tick's view. A connection failure is logged here, in the waiter's own task (so in its

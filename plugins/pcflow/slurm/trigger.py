@@ -433,6 +433,8 @@ class SlurmJobTrigger(HeadNodeTrigger):
         #: down for insufficient capacity is moved to the next one's partition; the moves made, for the result.
         self.capacity = capacity
         self.moves: list[dict[str, Any]] = []
+        #: A release of the job's hold Slurm refused was logged (once: it is tried again at each answer).
+        self.release_refused = False
         self.watch = JobWatch(self.job_id, self.watch_policy)
         self.cursor = LogCursor(offset=log_offset)
         self.progress = JobProgress()
@@ -544,6 +546,8 @@ class SlurmJobTrigger(HeadNodeTrigger):
             verdict = self.watch.assess(self.info, self.marker, view.now)
             if verdict is None and self.info is not None and self.info.state is JobState.RUNNING:
                 await self.stop_early_if_due(seat, self.job_id, self.run_dir)
+            if verdict is None and self.watch.release_due(self.info):
+                await self.release_held(seat, self.info)
             fallback = len(self.capacity or ()) > 1  # an option to move to: else no question is asked
             if verdict is None and fallback and self.info is not None and self.info.state is JobState.PENDING:
                 await self.fall_back_if_short(seat)
@@ -584,6 +588,36 @@ class SlurmJobTrigger(HeadNodeTrigger):
         self.moves.append({"from": move.from_partition, "to": move.to_partition, "code": move.code, **move.option})
         seat.confirm_soon()  # see it start in its new partition
 
+    async def release_held(self, seat: Seat, info: JobInfo) -> None:
+        """The job is held after a failed launch (`watch.held_after_failed_launch`: after slurmctld was killed as
+        it started, say) and nothing else would ever end the hold: `scontrol release` of this wait's own job, as
+        its user, over the session's connection; a restart within max_restarts. A refusal is logged once and the
+        release tried again at the next answer."""
+        release = as_job_user(["scontrol", "release", self.job_id], self.head_node.job_user)
+        status, _, said = await seat.call(release)
+        if status != 0:
+            if not self.release_refused:
+                self.log.warning(
+                    "Slurm job %s is held after a failed launch and `scontrol release` was refused (%s): tried again "
+                    "at each answer from Slurm; a person's `scontrol release %s` ends the hold too",
+                    self.job_id,
+                    said.strip()[:500] or f"exit status {status}",
+                    self.job_id,
+                )
+                self.release_refused = True
+            return
+        self.watch.released(info)
+        self.log.warning(
+            "Slurm job %s was held after a failed launch (%s; Slurm's restarts: %d): released it (release %d, within "
+            "max_restarts=%d)",
+            self.job_id,
+            info.reason,
+            info.restarts,
+            self.watch.held_releases,
+            self.watch_policy.max_restarts,
+        )
+        seat.confirm_soon()  # see it start again
+
     def marker_is_ours(self) -> bool:
         """Whether the exit marker names this job: a marker left by an earlier job in the same directory settles
         nothing."""
@@ -612,6 +646,7 @@ class SlurmJobTrigger(HeadNodeTrigger):
             "log_offset": self.cursor.offset,
             "log_tail": list(self.cursor.tail),
             "capacity_moves": self.moves,  # the fallbacks the wait made (pcflow.capacity)
+            "held_releases": self.watch.held_releases,  # holds after a failed launch the wait released
         }
 
     def error_payload(self, exc: Exception) -> dict[str, Any]:

@@ -91,6 +91,21 @@ def marker_job_info(marker: dict, job_id: str, last: JobInfo | None) -> JobInfo:
     )
 
 
+#: slurmctld's description of a batch job whose launch failed: it requeued the job and held it (priority 0)
+#: until someone runs `scontrol release` (squeue's Reason prints it as is, scontrol's with underscores).
+LAUNCH_FAILED_HELD = "launch failed requeued held"
+
+
+def held_after_failed_launch(info: JobInfo | None, job_id: str) -> bool:
+    """Slurm holds this very job (`job_id`, the wait's own) after its launch failed. slurmctld does so when a
+    node could not start the job, and after it was killed as the job started: recovering a state saved
+    before the start, it found the job already on a node (node drained, "Duplicate jobid"). Nothing but a
+    release ends that hold; the job's state and reason are in the squeue answer the wait already has."""
+    if info is None or info.job_id != job_id or info.state not in (JobState.PENDING, JobState.REQUEUED):
+        return False
+    return " ".join(info.reason.replace("_", " ").split()).lower() == LAUNCH_FAILED_HELD
+
+
 def _int(value: object, default: int) -> int:
     """A number from a marker (a file the job writes): anything else is the default, never an error."""
     try:
@@ -107,11 +122,47 @@ class JobWatch:
     policy: WatchPolicy = field(default_factory=WatchPolicy)
     pending_since: float | None = None
     interrupted_since: float | None = None
+    #: Holds after a failed launch the waiter released (`release_due`), and the restart count the job had then.
+    held_releases: int = 0
+    released_at: int | None = None
+
+    def restart_if_released(self, info: JobInfo) -> int:
+        """Which restart a release of the held job would start, of the `max_restarts` budget: Slurm counts
+        the launch failure's requeue in its restarts; the waiter's own count of releases covers a Slurm that
+        would not."""
+        return max(info.restarts, self.held_releases + 1)
+
+    def release_due(self, info: JobInfo | None) -> bool:
+        """The job is held after a failed launch, a release fits the budget, and it is not the hold a
+        release was already sent for (an answer from before it) unless Slurm requeued the job since."""
+        if not held_after_failed_launch(info, self.job_id) or self.released_already(info):
+            return False
+        return self.restart_if_released(info) <= self.policy.max_restarts
+
+    def released_already(self, info: JobInfo) -> bool:
+        """The hold `info` shows is the one a release was sent for (an answer from before the release took
+        effect): not released again, nor counted against the budget again."""
+        return self.released_at is not None and info.restarts == self.released_at
+
+    def released(self, info: JobInfo) -> None:
+        """The waiter released the hold `info` shows."""
+        self.held_releases += 1
+        self.released_at = info.restarts
 
     def assess(self, info: JobInfo | None, marker: dict | None, now: float) -> Verdict | None:
         """None while the job is (or will again be) running; a Verdict once it is over for good."""
         if info is None:
             return self._forgotten(marker)
+        if not held_after_failed_launch(info, self.job_id):
+            self.released_at = None  # the released hold is over: a new one may be released
+        elif not self.released_already(info) and self.restart_if_released(info) > self.policy.max_restarts:
+            return Verdict(
+                Outcome.TOO_MANY_RESTARTS,
+                f"Slurm job {info.job_id} is held after a failed launch ({LAUNCH_FAILED_HELD}); releasing it "
+                f"would be restart {self.restart_if_released(info)}, more than max_restarts="
+                f"{self.policy.max_restarts} ({self.held_releases} released already); pcflow cancels it. Look at "
+                "the drained nodes (sinfo -R) and slurmctld's log.",
+            )
         if info.restarts > self.policy.max_restarts:
             return Verdict(
                 Outcome.TOO_MANY_RESTARTS,
