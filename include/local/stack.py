@@ -616,6 +616,12 @@ def resume_if_held(lay: Layout, name: str) -> None:
         run(["scontrol", "update", f"nodename={name}", "state=resume"], env=lay.slurm_env(), check=False)
 
 
+def clustermgtd_ready(lay: Layout) -> bool:
+    """The clustermgtd stand-in made a pass lately (its `alive` file, include/local/clustermgtd_standin.py)."""
+    alive = lay.path("clustermgtd", "alive")
+    return alive.exists() and time.time() - alive.stat().st_mtime < 30
+
+
 def sshd_ready(lay: Layout) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", lay.ports["sshd"]), timeout=2) as s:
@@ -823,6 +829,14 @@ SERVICES: list[Service] = [
         ],
         moto_ready,
         after_start=seed_emulated_account,
+    ),
+    Service(
+        # ParallelCluster's clustermgtd as far as the local Slurm needs it (include/local/clustermgtd_standin.py).
+        "clustermgtd",
+        lambda lay: [sys.executable, str(REPO / "include" / "local" / "clustermgtd_standin.py")],
+        clustermgtd_ready,
+        env=Layout.slurm_env,
+        configs=lambda lay: (REPO / "include" / "local" / "clustermgtd_standin.py",),  # its code: changed, restarted
     ),
 ]
 
