@@ -1,8 +1,8 @@
 """`make chaos`: fault injection on the Celery deployment (airflow_services.py: scheduler, 2 triggerers, 2
 Celery workers, PostgreSQL, Redis) and the local stack (the head node's sshd, slurmctld, the compute nodes'
 slurmd), with training jobs running. One short `pretrain` run per fault: once its train task is at the
-fault's moment (submitting its job, or deferred while the job runs), one process is SIGKILLed (kill -9,
-with what it started) and started again. Then the run is followed to its end and measured:
+fault's moment (submitting its job, its job starting, or deferred while the job runs), one process is
+SIGKILLed (kill -9, with what it started) and started again. Then the run is followed to its end and measured:
 
 - survived: the run ended as it would have (success; failed for a person's "mark failed");
 - duplicates: Slurm jobs under the run's job name beyond the first (sacct --name: every sbatch counts);
