@@ -208,7 +208,8 @@ class Chaos:
     def starting(self, name: str, within_s: float = 10) -> bool:
         """Whether a job under `name` is starting (configuring, or running for at most STARTING_S), asked of
         slurmctld (squeue: sacct lags behind) every 0.1 s for up to `within_s` once train runs: sbatch comes
-        from the task a moment after it is running, and a job on idle nodes starts within seconds."""
+        from the task a moment after it is running, and a job on idle nodes starts within seconds. A job
+        first seen further on (a slow poll on a loaded machine) is a missed moment: said at once."""
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             for line in self.slurm("squeue", "-h", "-t", "all", "--name", name, "-o", "%T|%M").splitlines():
@@ -216,6 +217,8 @@ class Chaos:
                 seconds = sum(int(p) * 60**i for i, p in enumerate(reversed(used.split(":"))) if p.isdigit())
                 if state == "CONFIGURING" or (state == "RUNNING" and seconds <= STARTING_S):
                     return True
+                if state != "PENDING":
+                    raise AssertionError(f"the job was {state} for {used} when first seen: its start was missed")
             time.sleep(0.1)
         return False
 
