@@ -115,5 +115,7 @@ def test_the_bill_after_a_fallback_prices_the_capacity_the_job_ran_on():
         "instance_type": "g6.12xlarge",
         "capacity_type": "spot",
     }
-    assert HarvestMetricsOperator(job=moved, **kwargs).capacity_used() == ("g5.12xlarge", "ondemand")
-    assert HarvestMetricsOperator(job={"capacity_moves": []}, **kwargs).capacity_used() == ("g6.12xlarge", "spot")
+    assert HarvestMetricsOperator(job=moved, **kwargs).capacity_used() == ("g5.12xlarge", "ondemand", None)
+    assert HarvestMetricsOperator(job={"capacity_moves": []}, **kwargs).capacity_used() == ("g6.12xlarge", "spot", None)
+    zoned = {"capacity_moves": [{"from": "gpu", "to": "gpu-2", **ORDER[0], "availability_zone": "us-east-1b"}]}
+    assert HarvestMetricsOperator(job=zoned, **kwargs).capacity_used() == ("g6.12xlarge", "spot", "us-east-1b")

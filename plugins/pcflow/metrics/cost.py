@@ -142,25 +142,32 @@ class CostInputs:
     fsx_deployment_type: str = "SCRATCH_2"
     start: dt.datetime | None = None
     end: dt.datetime | None = None
+    #: Where the compute ran when a capacity fallback named a zone (its spot price is that zone's); None: any zone.
+    availability_zone: str | None = None
 
     def __post_init__(self) -> None:
         if self.capacity_type not in CAPACITY_TYPES:
             raise ValueError(f"capacity_type must be one of {CAPACITY_TYPES}, got {self.capacity_type!r}")
 
 
-def spot_price(ec2: Any, instance_type: str, start: dt.datetime, end: dt.datetime) -> float | None:
-    """Mean spot price of the type over [start, end] (any zone), from EC2's price history; None when
-    the history is empty or unreadable."""
-    prices = spot_prices(ec2, instance_type, start, end)
+def spot_price(
+    ec2: Any, instance_type: str, start: dt.datetime, end: dt.datetime, zone: str | None = None
+) -> float | None:
+    """Mean spot price of the type over [start, end] (in `zone`, else any zone), from EC2's price history;
+    None when the history is empty or unreadable."""
+    prices = spot_prices(ec2, instance_type, start, end, zone)
     return round(fmean(prices), 6) if prices else None
 
 
-def spot_prices(ec2: Any, instance_type: str, start: dt.datetime, end: dt.datetime) -> list[float]:
-    """Every spot price of the type in effect over [start, end] in the region's zones (Linux), from
-    EC2's price history; empty when there is none or the API refuses."""
+def spot_prices(
+    ec2: Any, instance_type: str, start: dt.datetime, end: dt.datetime, zone: str | None = None
+) -> list[float]:
+    """Every spot price of the type in effect over [start, end] in the region's zones, or in `zone` alone
+    (Linux), from EC2's price history; empty when there is none or the API refuses."""
     from botocore.exceptions import BotoCoreError, ClientError  # here: DAG files import this module
 
     prices: list[float] = []
+    where = {"AvailabilityZone": zone} if zone else {}
     try:
         paginator = ec2.get_paginator("describe_spot_price_history")
         pages = paginator.paginate(
@@ -169,9 +176,15 @@ def spot_prices(ec2: Any, instance_type: str, start: dt.datetime, end: dt.dateti
             StartTime=start - dt.timedelta(hours=1),
             EndTime=end,
             PaginationConfig={"MaxItems": 1000},
+            **where,
         )
         for page in pages:
-            prices += [float(p["SpotPrice"]) for p in page.get("SpotPriceHistory", []) if p.get("SpotPrice")]
+            # The zone is asked of EC2 and kept here too (an endpoint that ignores the filter answers every zone).
+            prices += [
+                float(p["SpotPrice"])
+                for p in page.get("SpotPriceHistory", [])
+                if p.get("SpotPrice") and zone in (None, p.get("AvailabilityZone"))
+            ]
     except (ClientError, BotoCoreError) as exc:  # a missing permission, an unreachable endpoint: use the table
         log.warning("No spot price history for %s (%s); pricing it from the table instead", instance_type, exc)
         return []
@@ -188,10 +201,14 @@ def _compute(inputs: CostInputs, table: Mapping[str, Any], ec2: Any) -> tuple[di
         if on_demand is None:
             return None, None, f"compute ({inputs.instance_type} not in the price table)"
         return _line("compute (on-demand)", inputs.instance_type, node_hours, "node-hours", on_demand), None, ""
+    zone = inputs.availability_zone
     history = (
-        spot_price(ec2, inputs.instance_type, inputs.start, inputs.end) if ec2 and inputs.start and inputs.end else None
+        spot_price(ec2, inputs.instance_type, inputs.start, inputs.end, zone)
+        if ec2 and inputs.start and inputs.end
+        else None
     )
-    quote = Quote(history, "spot-history", "EC2 spot price history") if history is not None else None
+    basis = f"EC2 spot price history in {zone}" if zone else "EC2 spot price history"
+    quote = Quote(history, "spot-history", basis) if history is not None else None
     if quote is None and on_demand is not None:
         discounted = round(on_demand.usd_per_hour * (1 - float(table.get("spot_discount_when_unknown", 0.7))), 6)
         quote = Quote(discounted, on_demand.source, f"{on_demand.basis}, less the typical spot discount")

@@ -202,7 +202,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         if window_s is not None and (start is None or end is None):  # no accounting: the run's window
             start, end = start or now - dt.timedelta(seconds=window_s), end or now
         head, fsx_gib, fsx_type = self.priced_infrastructure()
-        instance_type, capacity_type = self.capacity_used()
+        instance_type, capacity_type, zone = self.capacity_used()
         inputs = cost.CostInputs(
             instance_type=instance_type,
             capacity_type=capacity_type,
@@ -213,6 +213,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
             fsx_deployment_type=fsx_type,
             start=start,
             end=end,
+            availability_zone=zone,
         )
         try:
             types = [instance_type, head]
@@ -223,15 +224,15 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         ec2 = self.client("ec2") if capacity_type == "spot" else None
         return cost.estimate(inputs, table, ec2=ec2)
 
-    def capacity_used(self) -> tuple[str, str]:
-        """The instance type and capacity type the job ran on: the run's, or after a capacity fallback
-        (the train task's `capacity_moves`, pcflow.capacity) the last option's capacity type and its first
-        listed type (which of its types EC2 launched is not known here)."""
+    def capacity_used(self) -> tuple[str, str, str | None]:
+        """The instance type, capacity type and zone the job ran on: the run's (its network's zone: None), or
+        after a capacity fallback (the train task's `capacity_moves`, pcflow.capacity) the last option's capacity
+        type, zone and first listed type (which of its types EC2 launched is not known here)."""
         moves = (self.job or {}).get("capacity_moves") if isinstance(self.job, Mapping) else None
         if not moves:
-            return self.instance_type, self.capacity_type
+            return self.instance_type, self.capacity_type, None
         option = moves[-1]
-        return option["instance_types"][0], option["capacity_type"]
+        return option["instance_types"][0], option["capacity_type"], option.get("availability_zone")
 
     def cost_over_time(self, document: Mapping[str, Any], context: Context) -> dict[str, Any]:
         """What the first task said the run may cost, and the cost so far at each evaluation."""

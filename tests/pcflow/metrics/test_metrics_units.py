@@ -156,6 +156,27 @@ def test_spot_price_history_refused_falls_back_to_the_table_standin_ec2():
     assert bill["lines"][0]["price_per_hour"] == pytest.approx(5.672 * 0.3)
 
 
+def test_spot_after_a_move_to_another_zone_is_priced_at_that_zones_history_standin_ec2():
+    """A capacity fallback in us-east-1b ran the nodes there: that zone's spot prices, not the region's mean
+    (botocore's Stubber stands in for EC2's answer, which also lists another zone: the filter is kept here too)."""
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    end = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    history = [
+        {"AvailabilityZone": "us-east-1a", "SpotPrice": "4.0", "InstanceType": "g5.12xlarge"},
+        {"AvailabilityZone": "us-east-1b", "SpotPrice": "2.0", "InstanceType": "g5.12xlarge"},
+        {"AvailabilityZone": "us-east-1b", "SpotPrice": "3.0", "InstanceType": "g5.12xlarge"},
+    ]
+    with Stubber(ec2) as stub:
+        stub.add_response("describe_spot_price_history", {"SpotPriceHistory": history})
+        start = end - dt.timedelta(hours=1)
+        inputs = CostInputs(
+            "g5.12xlarge", "spot", node_seconds=3600, start=start, end=end, availability_zone="us-east-1b"
+        )
+        bill = estimate(inputs, price_table(), ec2=ec2)
+    assert bill["lines"][0]["price_per_hour"] == pytest.approx(2.5)
+    assert bill["lines"][0]["basis"] == "EC2 spot price history in us-east-1b"
+
+
 def test_report_numbers_read_as_numbers():
     assert [fmt(0.65), fmt(2 / 3), fmt(330.0), fmt(20480.0), fmt(None), fmt(7)] == [
         "0.65",
