@@ -1,19 +1,23 @@
 """Many runs on one stack at once (issue 27): two `pretrain` runs and a 4-trial `pretrain_sweep` on the same
 stack, each its own `dag.test` process on the stack's Airflow home, then what they shared and what is left.
 
-All three processes start together; the second `pretrain` run and the sweep begin their DAG runs as soon as
-the first run's image exists (every run needs the stack's image, and two bakes of one recipe at once are not
-what this shows: they reuse it), and all three then run side by side: network references, clusters (one per
-run on ParallelCluster; the local Slurm, one job account each, on `local`), Slurm jobs and teardowns overlap.
+All three processes start together and begin their DAG runs seconds apart (each once the previous one's DAG
+run exists: the first write of the DAGs to a fresh Airflow database is not safe to race): on a stack with no
+network or image yet, one run creates the network and one bakes the image, under the stack's network lock
+and the recipe's bake lock (pcflow.aws.locks), while the others wait for each lock in the triggerer and then
+adopt what was made; then all three run side by side: network references, clusters (one per run on
+ParallelCluster; the local Slurm, one job account each, on `local`), Slurm jobs and teardowns overlap.
 The first run trains the profile's epochs, the others one (what they share matters, not their accuracy).
 `overlapped` says whether all three held the network at once (every network task began before any run's
 `release_network` ended). Prints each run's summary line, then
 
     concurrent: {"runs": 3, "succeeded": 3, "clusters_created": K, "networks_created": 1}
+    images: {"baked": B, "adopted": A}
 
-and each run's time to first job (from its DAG run's start to its Slurm job's submission: the second run's
-is the figure of a stack whose network and image exist). Exits non-zero unless every run succeeded and
-nothing tagged with a run key, nor the stack's network, is left.
+(B: 1 on a stack with no image of the recipe yet, else 0; a run that waited for the bake lock adopts) and
+each run's time to first job (from its DAG run's start to its Slurm job's submission). Exits non-zero unless
+every run succeeded, at most one image was baked, and nothing tagged with a run key, nor the stack's
+network, is left.
 
 Usage: many_runs.py [PROFILE] (default aws-gpu-rehearsal; `make rehearsal` runs it after the single-run
 rehearsal, `make concurrent` with `local`).
@@ -56,14 +60,14 @@ def runs_for(profile: str) -> tuple[tuple[str, str, dict[str, Any]], ...]:
 
 def child(dag_id: str, run_after: str, conf: str, out: str, after: str = "") -> int:
     """One run to its end in this process, on the Airflow home its parent set up (inherited environment: the
-    parent's `prepare()`, or a test's); what it returned goes to `out` as JSON. `after`
-    (`<dag_id> <run_after> <task_id>`): loaded first, the run begins once that task has ended."""
+    parent's `prepare()`, or a test's); what it returned goes to `out` as JSON. `after` (`<dag_id>
+    <run_after>`): loaded first, the run begins once that DAG run exists (its DAG is in the database)."""
     sys.path.insert(0, str(REPO / "plugins"))  # this checkout's pcflow, as demo.py imports it
     if after:
         import pcflow.pipeline  # noqa: F401 - what the run's DAG file imports, loaded while it waits
 
-        wait_dag, wait_after, wait_task = after.split()
-        wait_for(wait_dag, dt.datetime.fromisoformat(wait_after), wait_task)
+        wait_dag, wait_after = after.split()
+        wait_for_run(wait_dag, dt.datetime.fromisoformat(wait_after))
     when = dt.datetime.fromisoformat(run_after)  # also its logical date: dag.test clears the runs of its own only
     result = run_dag(dag_id, json.loads(conf), logical_date=when, run_after=when)
     Path(out).write_text(json.dumps(result.__dict__, default=str))
@@ -73,7 +77,7 @@ def child(dag_id: str, run_after: str, conf: str, out: str, after: str = "") -> 
 def start(
     name: str, dag_id: str, conf: dict[str, Any], when: dt.datetime, logs: Path, *, after: str = ""
 ) -> tuple[Any, Path]:
-    """A run in a process of its own (its Airflow output in a log file), begun once `after` has ended (see
+    """A run in a process of its own (its Airflow output in a log file), begun once `after` exists (see
     `child`); returns the process and where it answers."""
     out = logs / f"concurrent-{name}-{when:%Y%m%dT%H%M%S}.json"
     log = (logs / f"concurrent-{name}-{when:%Y%m%dT%H%M%S}.log").open("w")
@@ -81,30 +85,18 @@ def start(
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), out
 
 
-def task_state(dag_id: str, run_after: dt.datetime, task_id: str) -> str | None:
-    """A task's state in the stack's Airflow database (None before the run or the task exists); the run is
-    found by its `run_after` (its id is `manual__<run_after>_<random suffix>`)."""
+def wait_for_run(dag_id: str, run_after: dt.datetime, timeout: float = 600) -> None:
+    """Until that DAG run exists in the stack's Airflow database (or `timeout` seconds have passed: the run
+    then starts all the same); the run is found by its `run_after` (its id has a random suffix)."""
     from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 
-    with create_session() as session:
-        run = session.query(DagRun).filter_by(dag_id=dag_id, run_after=run_after).one_or_none()
-        if run is None:
-            return None
-        ti = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run.run_id, task_id=task_id).one_or_none()
-        return str(ti.state) if ti is not None and ti.state else None
-
-
-def wait_for(dag_id: str, run_after: dt.datetime, task_id: str, timeout: float = 3600) -> None:
-    """Until the task has ended (or `timeout` seconds have passed: the run then starts all the same)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and task_state(dag_id, run_after, task_id) not in (
-        "success",
-        "failed",
-        "skipped",
-    ):
-        time.sleep(2)
+    while time.monotonic() < deadline:
+        with create_session() as session:
+            if session.query(DagRun).filter_by(dag_id=dag_id, run_after=run_after).count():
+                return
+        time.sleep(1)
 
 
 def time_to_first_job(dag_id: str, run_id: str) -> float | None:
@@ -159,11 +151,13 @@ def summary(results: dict[str, DagRunResult]) -> dict[str, Any]:
         "clusters_created": len(made),
         "networks_created": sum(bool(r["network"]["created"]) for r in runs.values()),
     }
-    return {"concurrent": counts, "runs": runs}
+    baked = sum(r["image"]["image_id"] is not None and r["image"]["reused"] is False for r in runs.values())
+    images = {"baked": baked, "adopted": sum(bool(r["image"]["reused"]) for r in runs.values())}
+    return {"concurrent": counts, "images": images, "runs": runs}
 
 
 def run_many(profile: str) -> dict[str, DagRunResult]:
-    """The runs of RUNS on `profile`, each in its own process, the first alone until its image exists."""
+    """The runs of RUNS on `profile`, each in its own process, begun seconds apart (`start_all`)."""
     stack_dir = Path(os.environ.get("PCFLOW_STACK_DIR", REPO / ".stack"))
     logs = stack_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -181,13 +175,12 @@ def run_many(profile: str) -> dict[str, DagRunResult]:
 def start_all(
     runs: tuple[tuple[str, str, dict[str, Any]], ...], conf: dict[str, Any], began: dt.datetime, logs: Path
 ) -> dict[str, tuple[Any, Path]]:
-    """Each run's process, now; all but the first begin once the first's image exists. `conf` over each run's."""
-    first_dag = runs[0][1]
-    started = {}
+    """Each run's process, now; each run begins once the previous one's DAG run exists. `conf` over each run's."""
+    started, previous = {}, ""
     for index, (name, dag_id, run_conf) in enumerate(runs):
         when = began + dt.timedelta(seconds=index)  # run ids apart
-        after = f"{first_dag} {began.isoformat()} image" if index else ""
-        started[name] = start(name, dag_id, {**run_conf, **conf}, when, logs, after=after)
+        started[name] = start(name, dag_id, {**run_conf, **conf}, when, logs, after=previous)
+        previous = f"{dag_id} {when.isoformat()}"
         print(f"  started {name} ({dag_id}, run after {when.isoformat()}), log {started[name][1].with_suffix('.log')}")
     return started
 
@@ -221,9 +214,10 @@ def report(results: dict[str, DagRunResult]) -> int:
     for name, run in summary_["runs"].items():
         print(f"time to first job: {name} {run['time_to_first_job_s']} s")
     print(f"concurrent: {json.dumps(summary_['concurrent'])}")
+    print(f"images: {json.dumps(summary_['images'])} (one bake of the recipe at most: the bake lock)")
     print(f"overlapped: {overlapped(results)} (every run held the stack's network at the same time)")
     left = network_left + [x for r in summary_["runs"].values() for x in r["left_tagged_with_run_key"]]
-    ok = summary_["concurrent"]["succeeded"] == len(RUNS) and not left
+    ok = summary_["concurrent"]["succeeded"] == len(RUNS) and summary_["images"]["baked"] <= 1 and not left
     print(f"pcflow concurrent: {'OK' if ok else 'FAILED'} - {len(left)} left {left}", flush=True)
     return 0 if ok else 1
 
