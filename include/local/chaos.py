@@ -2,7 +2,8 @@
 Celery workers, PostgreSQL, Redis) and the local stack (the head node's sshd, slurmctld, the compute nodes'
 slurmd), with training jobs running. One short `pretrain` run per fault: once its train task is at the
 fault's moment (submitting its job, its job starting, or deferred while the job runs), one process is
-SIGKILLed (kill -9, with what it started) and started again. Then the run is followed to its end and measured:
+SIGKILLed (kill -9, with what it started) and started again (triggerer-late: SIGSTOPped until the other
+triggerer has taken its wait over, then SIGCONT). Then the run is followed to its end and measured:
 
 - survived: the run ended as it would have (success; failed for a person's "mark failed");
 - duplicates: Slurm jobs under the run's job name beyond the first (sacct --name: every sbatch counts);
@@ -11,7 +12,7 @@ SIGKILLed (kill -9, with what it started) and started again. Then the run is fol
 - detection: seconds from the job's end (sacct End) to the train task's success (after recovery).
 
 The table, then a JSON line `{"faults": N, "survived": N, "duplicates": 0, "self_cancelled": 0, "lost": 0}`.
-tests/deploy/test_celery_deployment.py runs two of the faults on its own deployment (Chaos below).
+tests/deploy/test_celery_deployment.py runs four of the faults on its own deployment (Chaos below).
 
 Usage: chaos.py [--faults name,name] [--keep]   (the stack up: make stack-up; --keep leaves the
 deployment up, in <stack dir>/chaos-deployment, for a look at its logs)
@@ -49,6 +50,8 @@ DOWN_S = 5
 #: saves its state a few seconds after a change, so a kill then finds the start missing from it (a kill while
 #: the job is still pending loses nothing: it is recovered pending and starts).
 STARTING_S = 2
+#: How long a stopped triggerer waits, at most, for the other to take its wait over (10 s of stale heartbeat).
+TAKEOVER_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ FAULTS = (
     Fault("worker-sigterm", "submitting", "SIGTERM of the worker running train (a shutdown), then a new one"),
     Fault("worker-deferred", "waiting", "SIGKILL of the worker that ran train, its task deferred"),
     Fault("triggerer", "waiting", "SIGKILL of the triggerer holding train's wait"),
+    Fault("triggerer-late", "waiting", "SIGSTOP of the triggerer holding train's wait until the other takes it"),
     Fault("scheduler", "waiting", "SIGKILL of the scheduler"),
     Fault("redis", "waiting", "SIGKILL of Redis (the Celery broker)"),
     Fault("postgres", "waiting", "SIGKILL of PostgreSQL's postmaster (the metadata DB), down briefly"),
@@ -110,19 +114,26 @@ class Outcome:
         return self.state == self.expected and clean
 
 
-def kill_family(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal a process and every process it started, and wait for them to go."""
+def signal_family(pid: int, sig: int) -> list:
+    """Signal a process and every process it started; the processes signalled."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         family = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return
+        return []
     for member in family:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.send_signal(sig)
-    psutil.wait_procs(family, timeout=60)
+    return family
+
+
+def kill_family(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a process and every process it started, and wait for them to go."""
+    import psutil
+
+    psutil.wait_procs(signal_family(pid, sig), timeout=60)
 
 
 class Chaos:
@@ -303,6 +314,49 @@ class Chaos:
             raise AssertionError(f"no triggerer runs train's trigger: {trigger}")
         return found
 
+    def assigned(self, run_id: str, ti: dict) -> dict:
+        """Train's task instance once a triggerer holds its trigger (a trigger just deferred has none yet)."""
+        deadline = time.monotonic() + TAKEOVER_TIMEOUT_S
+        while not (ti.get("trigger") or {}).get("triggerer_id") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            ti = self.train(run_id)
+        return ti
+
+    def late(self, run_id: str, ti: dict) -> str:
+        """The triggerer holding train's wait stopped (SIGSTOP, with its trigger runner: alive, its heartbeat
+        stale) until the other triggerer has taken the trigger over, then let go on (SIGCONT): it finds the
+        trigger no longer its own, and Airflow cancels its copy as a user's action, calling `on_kill`."""
+        ti = self.assigned(run_id, ti)
+        name, holder = self.triggerer_of(ti), (ti.get("trigger") or {}).get("triggerer_id")
+        pid, taken = self.airflow.processes.pid(name), "not taken over"
+        signal_family(pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + TAKEOVER_TIMEOUT_S
+            while time.monotonic() < deadline:
+                now = self.train(run_id)
+                if now["state"] != "deferred":
+                    taken = f"train {now['state']} meanwhile"
+                    break
+                if (now.get("trigger") or {}).get("triggerer_id") not in (holder, None):
+                    taken = "taken over"
+                    break
+                time.sleep(1)
+        finally:
+            signal_family(pid, signal.SIGCONT)
+        return f"{name} stopped ({taken}); then its on_kill: {self.late_kill_said(run_id)}"
+
+    def late_kill_said(self, run_id: str, timeout: float = 60) -> str:
+        """What the late triggerer's `on_kill` did, as train's log says (it runs once the triggerer notices the
+        trigger is no longer its own)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.said(run_id, "keeps running: Airflow cancelled this wait"):
+                return "job kept"
+            if self.said(run_id, "a person stopped this task"):
+                return "job cancelled"
+            time.sleep(2)
+        return "no word in the log"
+
     def inject(self, fault: Fault, run_id: str, ti: dict) -> str:
         """Do `fault` to the process it names; returns which one it was."""
         if fault.name in ("worker-mid-submit", "worker-deferred"):
@@ -312,9 +366,11 @@ class Chaos:
             self.worker_sigterm(ti["hostname"])
             return ti["hostname"]
         if fault.name == "triggerer":
-            name = self.triggerer_of(ti)
+            name = self.triggerer_of(self.assigned(run_id, ti))
             self.replica(name)
             return name
+        if fault.name == "triggerer-late":
+            return self.late(run_id, ti)
         if fault.name == "scheduler":
             self.replica("airflow-scheduler-1")
             return "airflow-scheduler-1"
@@ -370,9 +426,13 @@ class Chaos:
     def said_by_person(self, run_id: str) -> bool:
         """Whether train's log (the triggerer's part of it) says its job was cancelled because a person
         stopped the task."""
+        return self.said(run_id, "a person stopped this task")
+
+    def said(self, run_id: str, text: str) -> bool:
+        """Whether train's logs (every try, the triggerers' parts: one volume for all) contain `text`."""
         logs = Path(self.airflow.container("airflow-triggerer", "airflow-triggerer-1").path("/opt/airflow/logs"))
         folder = logs / f"dag_id={DAG_ID}" / f"run_id={run_id}" / "task_id=train"
-        return any("a person stopped this task" in f.read_text(errors="replace") for f in folder.glob("*.log*"))
+        return any(text in f.read_text(errors="replace") for f in folder.glob("*.log*"))
 
     def measure(self, faults: tuple[Fault, ...], run_id: str, state: str) -> Outcome:
         """The run's row: its end, its Slurm jobs, what it left, how fast its job's end was seen."""

@@ -13,8 +13,9 @@ its own state directory and 2 of each), and stopped by it. One deployment for th
   first night's dataset stage is SIGKILLed mid-load; the stage is retried on the other worker,
   nothing is created twice, and both nights succeed on the shared network and image.
 - a short version of `make chaos` (include/local/chaos.py): one `pretrain` run whose worker is SIGKILLed as
-  train submits, then the head node's sshd while its job runs; it succeeds with one Slurm job, none
-  cancelled, nothing lost.
+  train submits, whose triggerer is stopped until the other takes its wait over (its on_kill keeps the
+  job), then the head node's sshd while its job runs; it succeeds with one Slurm job, none cancelled,
+  nothing lost. And one run a person marks failed: its job is cancelled.
 - the trigger form of `pretrain` in headless Chromium, after logging in as the first user.
 - `make airflow` as a person uses it: the login it prints, a second `up` finding everything up, the
   form filled in and submitted in Chromium, the run's success, pcflow's page listing it; then `down`.
@@ -684,24 +685,28 @@ def test_the_metrics_task_s_extra_link_opens_the_report_inside_airflow(airflow, 
 
 # -- faults: a short version of `make chaos`, on this module's deployment -----------------------------------
 
-#: One pretrain run, two faults (include/local/chaos.py): its worker SIGKILLed while train submits, then
-#: the head node's sshd (with its sessions) while the job runs; each started again. `make chaos` runs them
-#: all, a run each.
-CI_FAULTS = ("worker-mid-submit", "sshd")
+#: One pretrain run, three faults (include/local/chaos.py): its worker SIGKILLed while train submits, then
+#: the triggerer holding the wait stopped until the other takes it over, then the head node's sshd (with its
+#: sessions) while the job runs; each started again. `make chaos` runs them all, a run each.
+CI_FAULTS = ("worker-mid-submit", "triggerer-late", "sshd")
+#: Training long enough for the three faults to land while the job runs (`make chaos`'s runs: 3 epochs).
+CI_CONF = {"tasks_per_node": 1, "hyperparameters": {"epochs": 8}}
 
 
-def test_a_run_survives_its_worker_killed_mid_submit_and_the_head_node_s_sshd_killed(airflow, artifacts_dir):
+def test_a_run_survives_its_worker_killed_mid_submit_its_triggerer_late_and_its_sshd_killed(airflow, artifacts_dir):
     """Issue 28: kill -9 of the worker running train as it submits (the scheduler fails the task when its
-    heartbeat stops; the retry adopts the job, or submits the one that never was), then of the head node's
-    sshd while the job runs (the wait's connection drops; it reconnects once sshd is back, and notices the
-    job's end). The run succeeds with one Slurm job under its name, none cancelled by pcflow, and its
-    summary, report and model in S3."""
+    heartbeat stops; the retry adopts the job, or submits the one that never was); then the triggerer
+    holding the wait SIGSTOPped until the other triggerer has taken it over, and let go on: Airflow cancels
+    the late one's copy as a user's action, and its on_kill, told the task is still deferred, keeps the job;
+    then the head node's sshd killed while the job runs (the wait's connection drops; it reconnects once
+    sshd is back, and notices the job's end). The run succeeds with one Slurm job under its name, none
+    cancelled by pcflow, and its summary, report and model in S3."""
     from chaos import BY_NAME, Chaos, table
     from stack import load_layout
 
     started = time.monotonic()
     wait_for_dag(airflow, "pretrain")
-    chaos = Chaos(airflow, load_layout(create=False), log=print)
+    chaos = Chaos(airflow, load_layout(create=False), conf=CI_CONF, log=print)
     outcome = chaos.run(*(BY_NAME[name] for name in CI_FAULTS))
     (artifacts_dir / "chaos.md").write_text(table([outcome]) + "\n")
     seconds = round(time.monotonic() - started, 1)
@@ -711,6 +716,7 @@ def test_a_run_survives_its_worker_killed_mid_submit_and_the_head_node_s_sshd_ki
     assert outcome.self_cancelled == 0 and outcome.states == ["COMPLETED"], outcome
     assert outcome.lost == [], outcome
     assert outcome.train_tries >= 2, f"train was not retried after its worker was killed: {outcome}"
+    assert "taken over); then its on_kill: job kept" in outcome.note, f"the late triggerer's on_kill: {outcome}"
 
 
 def test_a_person_s_mark_failed_cancels_the_deferred_job_and_says_so(airflow, artifacts_dir):
