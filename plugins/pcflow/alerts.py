@@ -141,6 +141,21 @@ def should_alert(settings: Any, kind: str, *, unattended: bool) -> bool:
     return settings.on_run_failure == "all" or (settings.on_run_failure == "unattended" and unattended)
 
 
+def where_it_ran(ti: Any, profile: str) -> tuple[str | None, str | None, str | None]:
+    """The failed run's key, stack and region: from the first task's document (`ResolvedRun`) where it
+    returned one, else the profile's stack and region (the first task itself failed; no key yet)."""
+    from pcflow.pipeline.resolved import load
+    from pcflow.pipeline.settings import VALIDATE_TASK
+    from pcflow.runspec import load_profile
+
+    document = ti.xcom_pull(task_ids=VALIDATE_TASK)
+    if document:
+        run = load(document)
+        return run.run_key, run.stack, run.region
+    settings = load_profile(profile)
+    return None, settings.get("stack"), settings.get("region")
+
+
 def not_deleted(error: BaseException | str | None) -> list[str]:
     """What a teardown that failed with its report (`TeardownIncomplete`) left, one line a resource with
     AWS's answer, redacted and bounded; [] for any other error."""
@@ -322,12 +337,9 @@ class FailureAlert(BaseNotifier):
         """The facts of the failure: the validated run settings where the first task returned them,
         else the profile's (the first task itself failed); a teardown's report of what it left."""
         from pcflow.naming import run_key
-        from pcflow.pipeline.settings import VALIDATE_TASK
-        from pcflow.runspec import load_profile
 
         ti = context["ti"]
-        run = None if self.every_stack else ti.xcom_pull(task_ids=VALIDATE_TASK)
-        run = run or ({} if self.every_stack else load_profile(profile))
+        key, stack, region = (None, None, None) if self.every_stack else where_it_ran(ti, profile)
         index = getattr(ti, "map_index", -1)
         error = context.get("exception")
         left = not_deleted(error)  # listed in a section of its own: the reason only counts it
@@ -337,9 +349,9 @@ class FailureAlert(BaseNotifier):
             run_id=ti.run_id,
             task_id=ti.task_id + (f"[{index}]" if index is not None and index >= 0 else ""),
             reason=failure_reason(counted if left else error),
-            run_key=run.get("run_key") or run_key(ti.dag_id, ti.run_id),
-            stack=None if self.every_stack else run.get("stack"),
-            region=run.get("region"),
+            run_key=key or run_key(ti.dag_id, ti.run_id),
+            stack=stack,
+            region=region,
             try_number=getattr(ti, "try_number", None),
             log_url=getattr(ti, "log_url", None),
             kind=kind,

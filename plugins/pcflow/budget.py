@@ -20,7 +20,7 @@ import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcflow.errors import ConfigurationError
 from pcflow.metrics.cost import (
@@ -33,10 +33,12 @@ from pcflow.metrics.cost import (
     spot_prices,
     table_basis,
 )
+from pcflow.patterns import ABSURD_USD  # noqa: F401 - where callers found it
 from pcflow.slurm.states import JobInfo, JobState
 
-#: No training run pcflow makes costs this much: a budget above it is a typo, not a budget.
-ABSURD_USD = 1_000_000.0
+if TYPE_CHECKING:
+    from pcflow.resolved import PlannedRun
+
 #: How far back the spot price history is read: the highest price of the last day, in any zone.
 SPOT_HISTORY = dt.timedelta(days=1)
 
@@ -63,18 +65,14 @@ def usd(amount: float | None) -> str:
     return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.2g}"
 
 
-def capacity_options(run: Mapping[str, Any]) -> list[dict[str, Any]]:
+def capacity_options(run: PlannedRun) -> list[dict[str, Any]]:
     """The run's capacity options in order (pcflow.capacity; the first task's `capacity_order`), or its
-    one instance type and capacity type where the document has none."""
-    options = run.get("capacity_order")
-    return (
-        list(options)
-        if options
-        else [{"instance_types": [run["instance_type"]], "capacity_type": run["capacity_type"]}]
-    )
+    one instance type and capacity type where the run has none."""
+    options = run.capacity_order
+    return list(options) if options else [{"instance_types": [run.instance_type], "capacity_type": run.capacity_type}]
 
 
-def compute_price(run: Mapping[str, Any], table: Mapping[str, Any], ec2: Any, now: dt.datetime) -> Price | None:
+def compute_price(run: PlannedRun, table: Mapping[str, Any], ec2: Any, now: dt.datetime) -> Price | None:
     """One compute node's price per hour, never under-estimated: the dearest instance type of the dearest
     capacity option the run may fall back to (pcflow.capacity), each priced by `type_price`; None when one
     has no price (the run then cannot be priced). Each option's own price goes into it (`usd_per_node_hour`)."""
@@ -113,9 +111,9 @@ def type_price(
     return Price(on_demand.usd_per_hour, on_demand.source, instance_type, on_demand.basis) if on_demand else None
 
 
-def infrastructure_prices(run: Mapping[str, Any], table: Mapping[str, Any]) -> tuple[list[Price], list[str]]:
+def infrastructure_prices(run: PlannedRun, table: Mapping[str, Any]) -> tuple[list[Price], list[str]]:
     """The head node and FSx, priced while the cluster exists; and what the prices do not cover."""
-    infra = cluster_infrastructure(run["cluster"]["provider"], run["cluster"]["config"])
+    infra = cluster_infrastructure(run.cluster.provider, run.cluster.config)
     prices, unknown = [], []
     if infra.head_instance_type:
         head = on_demand_quote(table, infra.head_instance_type)
@@ -135,17 +133,17 @@ def infrastructure_prices(run: Mapping[str, Any], table: Mapping[str, Any]) -> t
 
 
 def plan_cost(
-    run: Mapping[str, Any], *, ec2: Any = None, pricing: Any = None, now: dt.datetime | None = None
+    run: PlannedRun, *, ec2: Any = None, pricing: Any = None, now: dt.datetime | None = None
 ) -> dict[str, Any]:
     """The run's `cost` section: price per hour, maximum, budget, approval, and one line that says it all.
     `pricing`: a Price List API client (`price_list.pricing_client`); without one, the table prices."""
     from pcflow.slurm.spec import time_limit_seconds
 
-    budget, training, now = run["budget"], run["training"], now or dt.datetime.now(dt.UTC)
-    head = cluster_infrastructure(run["cluster"]["provider"], run["cluster"]["config"]).head_instance_type
+    budget, training, now = run.budget, run.training, now or dt.datetime.now(dt.UTC)
+    head = cluster_infrastructure(run.cluster.provider, run.cluster.config).head_instance_type
     try:
         types = [t for option in capacity_options(run) for t in option["instance_types"]]
-        table = run_prices(run["region"], [*dict.fromkeys(types), head], pricing=pricing, today=now.date())
+        table = run_prices(run.region, [*dict.fromkeys(types), head], pricing=pricing, today=now.date())
     except NoPrices as exc:
         table, unknown, compute, infra = {}, [str(exc)], None, []
     else:
@@ -153,53 +151,53 @@ def plan_cost(
         infra, unknown = infrastructure_prices(run, table)
         if compute is None:
             nor = "the AWS Price List API nor " if pricing is not None else ""
-            unknown.insert(0, f"{run['instance_type']} (not in {nor}the {run['region']} price table)")
-    limit_s = time_limit_seconds(training["allocation"].get("time_limit"))
+            unknown.insert(0, f"{run.instance_type} (not in {nor}the {run.region} price table)")
+    limit_s = time_limit_seconds(training.allocation.get("time_limit"))
     priced = ([compute] if compute else []) + infra
     cost = {
-        "region": run["region"],
+        "region": run.region,
         "currency": "USD",
         "price_table_as_of": table.get("as_of"),
         "price_list_as_of": (table.get("price_list") or {}).get("as_of"),
-        "capacity_type": run["capacity_type"],
+        "capacity_type": run.capacity_type,
         "priced_capacity_type": priced_capacity_type(run, compute),
-        "nodes": training["nodes"],
+        "nodes": training.nodes,
         "compute_per_node_hour": compute.usd_per_hour if compute else None,
         "infrastructure_per_hour": round(sum(p.usd_per_hour for p in infra), 6),
         "prices": [vars(p) for p in priced],
         "price_sources": sources_of(vars(p) for p in priced),
         "time_limit_hours": limit_s / 3600 if limit_s is not None else None,
-        "attempts": int(training.get("max_restarts") or 0) + 1,
-        "trials": len(run.get("trials") or []) or 1,
-        "trials_at_once": (run.get("sweep") or {}).get("parallel", 1),
-        "cluster_hours": (budget["create_minutes"] + budget["delete_minutes"]) / 60 if infra else 0.0,
+        "attempts": training.max_restarts + 1,
+        "trials": run.trial_count,
+        "trials_at_once": run.sweep.parallel,
+        "cluster_hours": (budget.create_minutes + budget.delete_minutes) / 60 if infra else 0.0,
         "unknown": unknown,
-        "budget_usd": budget["usd"],
-        "if_maximum_exceeds": budget["if_maximum_exceeds"],
-        "report_every_s": budget["report_every_s"],
+        "budget_usd": budget.usd,
+        "if_maximum_exceeds": budget.if_maximum_exceeds,
+        "report_every_s": budget.report_every_s,
     }
     cost["per_hour"] = per_hour(cost)
     cost["maximum_usd"] = maximum(cost)
-    above = budget["approval_above_usd"]
+    above = budget.approval_above_usd
     needed = above is not None and (cost["maximum_usd"] is None or cost["maximum_usd"] > above)
     cost["approval"] = {
         "above_usd": above,
         "needed": needed,
-        "timeout_hours": budget["approval_timeout_hours"],
-        "approvers": budget.get("approvers") or [],
+        "timeout_hours": budget.approval_timeout_hours,
+        "approvers": [approver.model_dump(mode="json") for approver in budget.approvers],
     }
     cost["summary"] = summary(cost)
     return cost
 
 
-def priced_capacity_type(run: Mapping[str, Any], compute: Price | None) -> str:
+def priced_capacity_type(run: PlannedRun, compute: Price | None) -> str:
     """The capacity type of the option the compute price is (a fallback's on-demand may be above the run's spot)."""
     found = (
         o["capacity_type"]
         for o in capacity_options(run)
         if compute and compute.item in o["instance_types"] and o.get("usd_per_node_hour") == compute.usd_per_hour
     )
-    return next(found, run["capacity_type"])
+    return next(found, run.capacity_type)
 
 
 def per_hour(cost: Mapping[str, Any]) -> float | None:
@@ -277,7 +275,7 @@ def trials_at_once_note(cost: Mapping[str, Any]) -> str:
     return note
 
 
-def refuse_over_budget(cost: Mapping[str, Any], run: Mapping[str, Any]) -> None:
+def refuse_over_budget(cost: Mapping[str, Any], run: PlannedRun) -> None:
     """Raise BudgetRefused when the run has a budget it may exceed, or that cannot cap it (an unknown
     price, no time limit); a profile with `if_maximum_exceeds: cap` lets it start, capped by its train task."""
     budget = cost["budget_usd"]
@@ -301,19 +299,19 @@ def refuse_over_budget(cost: Mapping[str, Any], run: Mapping[str, Any]) -> None:
         )
 
 
-def what_to_change(cost: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+def what_to_change(cost: Mapping[str, Any], run: PlannedRun) -> str:
     """The levers of the maximum, with their values now."""
-    training = run["training"]
-    levers = [f"fewer nodes (now {training['nodes']})"]
+    training = run.training
+    levers = [f"fewer nodes (now {training.nodes})"]
     if cost["trials"] > 1:
         levers.append(f"fewer trials (now {cost['trials']})")
     if cost.get("attempts", 1) > 1:
         levers.append(f"fewer requeues (training.max_restarts, now {cost['attempts'] - 1}; the admin's)")
-    if run["capacity_type"] == "ondemand":
+    if run.capacity_type == "ondemand":
         levers.append("spot capacity")
-    levers.append(f"a cheaper instance type than {run['instance_type']}")
-    levers.append(f"a shorter training.time_limit (now {training['allocation'].get('time_limit')}; the admin's)")
-    ceiling = run["budget"]["max_usd"]
+    levers.append(f"a cheaper instance type than {run.instance_type}")
+    levers.append(f"a shorter training.time_limit (now {training.allocation.get('time_limit')}; the admin's)")
+    ceiling = run.budget.max_usd
     raise_to = f"up to {usd(ceiling)}, the profile's budget.max_usd" if ceiling is not None else "within the profile"
     return f"To run it: {', '.join(levers)}; or raise the budget (form field 'Budget (USD)', {raise_to})."
 

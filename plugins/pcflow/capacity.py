@@ -136,27 +136,36 @@ class CapacitySettings(BaseModel):
     )
 
 
-def capacity_order(run: Mapping[str, Any], first_partition: str | None) -> list[dict[str, Any]]:
+def capacity_order(
+    capacity: CapacitySettings,
+    *,
+    instance_type: str,
+    capacity_type: str,
+    provider: str,
+    first_partition: str | None,
+    zones: Iterable[str] = (),
+) -> list[dict[str, Any]]:
     """Every option of the run, its own first: partition, instance types, capacity type, strategy and
-    reservation. `first_partition`: where the run's job goes (ParallelCluster: its queue, whose fallback
-    queues are `<queue>-2`, `<queue>-3`...; a static cluster: the job's partition, None: the default one)."""
-    capacity = CapacitySettings.model_validate(run.get("capacity") or {})
-    types = [run["instance_type"], *(t for t in capacity.instance_types if t != run["instance_type"])]
-    strategy = strategy_for(run["capacity_type"], capacity.allocation_strategy)
-    check_option(run["capacity_type"], strategy, capacity.capacity_reservation_id)
+    reservation. `capacity`, `instance_type`, `capacity_type`: the run's settings of those names; `provider`:
+    its cluster's; `zones`: those its network makes compute subnets in (`network.zone_subnet_cidrs`).
+    `first_partition`: where the run's job goes (ParallelCluster: its queue, whose fallback queues are
+    `<queue>-2`, `<queue>-3`...; a static cluster: the job's partition, None: the default one)."""
+    types = [instance_type, *(t for t in capacity.instance_types if t != instance_type)]
+    strategy = strategy_for(capacity_type, capacity.allocation_strategy)
+    check_option(capacity_type, strategy, capacity.capacity_reservation_id)
     first = CapacityOption(
         instance_types=types,
-        capacity_type=run["capacity_type"],
+        capacity_type=capacity_type,
         allocation_strategy=strategy,
         capacity_reservation_id=capacity.capacity_reservation_id,
         partition=first_partition,
     )
     options = [first, *capacity.fallback]
-    check_zones(run, capacity.fallback)
+    check_zones(capacity.fallback, provider=provider, zones=zones)
     order = []
     for index, option in enumerate(options):
         partition = option.partition
-        if partition is None and index and run["cluster"]["provider"] == "parallelcluster":
+        if partition is None and index and provider == "parallelcluster":
             partition = f"{first_partition}-{index + 1}"
         if partition is None and index:
             raise ValueError(f"capacity.fallback[{index - 1}].partition: a static cluster's option names its partition")
@@ -164,14 +173,15 @@ def capacity_order(run: Mapping[str, Any], first_partition: str | None) -> list[
     return order
 
 
-def check_zones(run: Mapping[str, Any], fallback: Sequence[CapacityOption]) -> None:
-    """A fallback's zone must be one the profile's network makes a subnet in (`network.zone_subnet_cidrs`,
-    the admin's): the subnets a queue launches in are the stack's network's, never one a run names."""
-    zones = sorted((run.get("network") or {}).get("zone_subnet_cidrs") or {})
+def check_zones(fallback: Sequence[CapacityOption], *, provider: str, zones: Iterable[str]) -> None:
+    """A fallback's zone must be one the profile's network makes a subnet in (`zones`: the keys of
+    `network.zone_subnet_cidrs`, the admin's): the subnets a queue launches in are the stack's network's,
+    never one a run names. `provider`: the run's cluster's."""
+    zones = sorted(zones)
     for index, option in enumerate(fallback):
         if option.availability_zone is None:
             continue
-        if run["cluster"]["provider"] != "parallelcluster":
+        if provider != "parallelcluster":
             raise ValueError(
                 f"capacity.fallback[{index}].availability_zone: a static cluster's partition decides where its "
                 "nodes are; name the partition instead"

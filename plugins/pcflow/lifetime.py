@@ -14,32 +14,33 @@ nothing of a DAG run Airflow says is queued or running (pcflow.aws.janitor).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pcflow.runspec import RunSpec
 
 
-def longest_run(run: Mapping[str, Any]) -> dt.timedelta | None:
-    """The longest a run with these validated settings may take from its first stamp to its teardown;
-    None when its job has no time limit."""
+def longest_run(spec: RunSpec, trials: int = 1) -> dt.timedelta | None:
+    """The longest a run with these validated settings (and this many trials, one after another at worst)
+    may take from its first stamp to its teardown; None when its job has no time limit."""
     from pcflow.slurm.spec import time_limit_seconds
 
-    training, budget = run["training"], run["budget"]
-    limit_s = time_limit_seconds(training.get("time_limit"))
+    training, budget = spec.training, spec.budget
+    limit_s = time_limit_seconds(training.time_limit)
     if limit_s is None:
         return None
-    attempts = int(training.get("max_restarts") or 0) + 1
-    per_attempt = dt.timedelta(seconds=limit_s + float(training.get("pending_timeout_s") or 0))
-    trials = len(run.get("trials") or []) or 1
-    cluster = dt.timedelta(minutes=float(budget["create_minutes"]) + float(budget["delete_minutes"]))
-    return per_attempt * attempts * trials + cluster
+    attempts = training.max_restarts + 1
+    per_attempt = dt.timedelta(seconds=limit_s + float(training.pending_timeout_s or 0))
+    cluster = dt.timedelta(minutes=float(budget.create_minutes) + float(budget.delete_minutes))
+    return per_attempt * attempts * max(trials, 1) + cluster
 
 
-def expiry_hours(run: Mapping[str, Any]) -> dict[str, float | None]:
+def expiry_hours(spec: RunSpec, trials: int = 1) -> dict[str, float | None]:
     """The hours ahead a run stamps `pcflow:expires`: on its own resources (`run_hours`) and on what the
     stack keeps (`kept_hours`), with the longest the run may take (`longest_run_hours`, None: unbounded)."""
-    longest = longest_run(run)
+    longest = longest_run(spec, trials)
     hours = None if longest is None else round(longest / dt.timedelta(hours=1), 4)
-    ttl, keep = float(run["ttl_hours"]), float(run["teardown"]["keep_hours"])
+    ttl, keep = float(spec.ttl_hours), float(spec.teardown.keep_hours)
     return {
         "longest_run_hours": hours,
         "run_hours": ttl if hours is None else max(ttl, hours),

@@ -11,6 +11,9 @@ from pcflow.errors import ConfigurationError
 INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 #: An EC2 availability zone's name (us-east-1b): where a capacity fallback's queue launches (pcflow.capacity).
 AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+#: No training run pcflow makes costs this much: a budget above it is a typo, not a budget (the run spec's
+#: check of `budget.usd`, below pcflow.budget, which takes the run spec).
+ABSURD_USD = 1_000_000.0
 #: A dataset partition: one path segment under the dataset prefix (a date for scheduled runs).
 PARTITION = re.compile(r"^[A-Za-z0-9=_.-]{1,64}$")
 #: A profile's name (its file is `<name>.yaml` in a profile directory).

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -66,21 +66,23 @@ class Account:
     """What the checks look at: the run's settings, the cluster it will create (None: no ParallelCluster
     cluster), AWS clients of the run's region."""
 
-    run: Mapping[str, Any]
+    #: The planned run (`pcflow.resolved.PlannedRun`), read by attribute; not imported here: the run spec
+    #: imports this module (its `preflight.skip` names CHECKS).
+    run: Any
     cluster: Any
     client: Callable[[str], Any]
     pcluster_path: str | None = None
 
     @property
     def region(self) -> str:
-        return self.run["region"]
+        return self.run.region
 
     @cached_property
     def zone(self) -> str:
         """The zone the run's instances will be launched in (its network's)."""
         from pcflow.aws.network import choose_availability_zone
 
-        network = self.run.get("network") or {}
+        network = self.run.network
         if network.get("public_subnet_id"):  # an adopted VPC: the head node's subnet decides
             subnet = self.client("ec2").describe_subnets(SubnetIds=[network["public_subnet_id"]])["Subnets"][0]
             return subnet["AvailabilityZone"]
@@ -91,8 +93,8 @@ class Account:
         types = {}
         if self.cluster is not None:
             types |= {"compute": self.cluster.instance_type, "head node": self.cluster.head_node_instance_type}
-        if self.run["ami"]["enabled"]:
-            types["AMI builder"] = self.run["ami"]["instance_type"]
+        if self.run.ami.enabled:
+            types["AMI builder"] = self.run.ami.instance_type
         return types
 
 
@@ -108,7 +110,7 @@ def key_pair(account: Account) -> str | None:
             raise
         return (
             f"the key pair {name!r} does not exist in {account.region}: import the public half of the key the "
-            f"`{account.run['cluster']['ssh_conn_id']}` connection holds (aws ec2 import-key-pair --key-name {name} "
+            f"`{account.run.cluster.ssh_conn_id}` connection holds (aws ec2 import-key-pair --key-name {name} "
             f"--public-key-material fileb://key.pub --region {account.region}), or set cluster.config.key_name "
             "to a key pair that exists there"
         )
@@ -235,10 +237,10 @@ def vcpu_quota(account: Account) -> str | None:
 def builder_instance_profile(account: Account) -> str | None:
     """The AMI builder's instance profile must exist and hold a role, or SSM never reaches the builder and the
     bake times out."""
-    ami = account.run["ami"]
-    if not ami["enabled"]:
+    ami = account.run.ami
+    if not ami.enabled:
         return None
-    name = ami["instance_profile"]
+    name = ami.instance_profile
     fix = (
         f"create it with a role that has AmazonSSMManagedInstanceCore (aws iam create-instance-profile "
         f"--instance-profile-name {name}; aws iam add-role-to-instance-profile --instance-profile-name {name} "

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pcflow.capacity import CapacitySettings
 from pcflow.datasource import DIGITS
@@ -22,6 +22,7 @@ from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
 from pcflow.paths import ami_script, include_dir, payload_roots, profile_names, within
 from pcflow.patterns import (
+    ABSURD_USD,
     DEFAULT_CRON,
     DEFAULT_JOB_USER,
     ENTRY_POINT,
@@ -43,6 +44,9 @@ from pcflow.profiles import (  # noqa: F401 - where callers found them
 )
 from pcflow.trust import ConfRefused, Rule, owner_of, parse_rules, refusals
 
+#: The validation context of a run already resolved (`pcflow.resolved`, loaded from XCom): its paths are
+#: absolute, as this module's validators made them, and are checked as such.
+RESOLVED = "resolved"
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
@@ -107,7 +111,9 @@ class AmiSettings(_Section):
 
     @field_validator("bootstrap_script")
     @classmethod
-    def _in_include_ami(cls, value: str) -> str:
+    def _in_include_ami(cls, value: str, info: ValidationInfo) -> str:
+        if value.startswith("/") and (info.context or {}).get(RESOLVED):  # a resolved run's, already absolute
+            return str(ami_script(value))
         if value.startswith("/") or ".." in value.split("/"):
             raise ValueError("must be a path relative to include/, without '..', of a script in include/ami/")
         return str(ami_script(value))
@@ -643,7 +649,6 @@ class BudgetSettings(_Section):
     @field_validator("usd", "max_usd", "approval_above_usd", mode="before")
     @classmethod
     def _amount(cls, value: Any) -> Any:
-        from pcflow.budget import ABSURD_USD
 
         if value is None:
             return None

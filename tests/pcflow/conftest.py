@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+from run_factories import make_planned_run, make_resolved_run
 from taskcontext import FakeTI
 
 
@@ -65,3 +66,15 @@ def schemaless_payload(tmp_path, monkeypatch) -> str:
     (payloads / "plain" / "requirements.txt").write_text("torch==2.13.0\n")
     monkeypatch.setattr("pcflow.paths.payloads_dir", lambda: payloads)
     return "plain"
+
+
+@pytest.fixture
+def planned_run():
+    """`make_planned_run`: tests build the planned run as a valid model, not as a dict."""
+    return make_planned_run
+
+
+@pytest.fixture
+def resolved_run():
+    """`make_resolved_run`: tests build the first task's document as a valid model, not as a dict."""
+    return make_resolved_run

@@ -37,14 +37,13 @@ class Case:
     call: Callable[[], object]
 
 
-def run_document(**changes: object) -> dict:
-    """The local profile resolved as the first task hands it on, with `changes` laid over its sections."""
+def run_document(**changes: object):
+    """The local profile planned as the first task hands it on (`PlannedRun`), with `changes` (run-spec
+    sections) laid over it."""
+    from pcflow.pipeline.settings import plan_run
     from pcflow.runspec import resolve_run_spec
 
-    document = resolve_run_spec("local").model_dump(mode="json")
-    for section, values in changes.items():
-        document[section] = {**document[section], **values} if isinstance(values, dict) else values
-    return document
+    return plan_run(resolve_run_spec("local", changes), run_key="pretrain__input_errors", partition="default")
 
 
 def conf_out_of_bounds() -> None:
@@ -92,7 +91,7 @@ def first_task_code_hyperparameters() -> None:
 
     code = {"dir": str(include_dir().parent / "examples" / "resnet")}  # its hparams.schema.json: depth in 14..152
     run = run_document(training={"payload": None, "code": code, "hyperparameters": {"depth": 13}})
-    check_hyperparameters(run, [Case(run["training"]["hyperparameters"])])
+    check_hyperparameters(run, [Case(run.training.hyperparameters)])
 
 
 def first_task_network() -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
+from run_factories import make_planned_run
 
 from pcflow.budget import plan_cost
-from pcflow.runspec import resolve_run_spec
 
 pytestmark = pytest.mark.security
 
@@ -57,13 +57,9 @@ def test_a_sweep_costs_its_trials(offline):
 
 def aws_gpu_cost(ec2=None, trials: list[dict] | None = None, **settings) -> dict:
     """The aws-gpu profile's run priced as the first task prices it (the checks that ask AWS aside); with
-    `trials`, as a sweep (the document's expanded trials)."""
-    spec = resolve_run_spec("aws-gpu", settings)
-    run = spec.model_dump(mode="json")
-    run["training"]["allocation"] = spec.training.allocation()
-    if trials:
-        run["trials"] = trials
-    return plan_cost(run, ec2=ec2)
+    `trials`, as a sweep (the document's expanded trials), one trial at a time."""
+    sweep = {"sweep": {"max_parallel": 1}} if trials else {}
+    return plan_cost(make_planned_run("aws-gpu", trials=trials, **sweep, **settings), ec2=ec2)
 
 
 def test_parallelcluster_adds_head_node_and_fsx_over_the_time_limit_and_the_cluster_life():
@@ -84,14 +80,15 @@ def test_spot_is_priced_from_ec2s_spot_price_history(local_stack):
     """moto's history: 0.00001 USD per hour for every offered type in every zone of the region."""
     from pcflow.aws.clients import aws_client
 
-    cost = aws_gpu_cost(ec2=aws_client("ec2"))  # the profile's spot capacity
+    alone = {"instance_types": [], "fallback": []}  # the run's own type and spot capacity only: no fallback
+    cost = aws_gpu_cost(ec2=aws_client("ec2"), capacity=alone)  # the profile's spot capacity
     infra = C5_2XLARGE + FSX_1200_SCRATCH_2
     assert cost["compute_per_node_hour"] == pytest.approx(0.00001)
     assert cost["maximum_usd"] == pytest.approx((2 * 0.00001 + infra) * 12 * 6 + infra, abs=1e-4)  # $41.62
     assert "EC2 spot price history" in cost["summary"] and "2 x g5.12xlarge spot at $1e-05/h" in cost["summary"]
     # A sweep of 4 trials on spot: each trial's nodes, head node and FSx over the time limit; the cluster's
     # create and delete once.
-    sweep = aws_gpu_cost(ec2=aws_client("ec2"), trials=[{"lr": lr} for lr in (0.1, 0.2, 0.3, 0.4)])
+    sweep = aws_gpu_cost(ec2=aws_client("ec2"), trials=[{"lr": lr} for lr in (0.1, 0.2, 0.3, 0.4)], capacity=alone)
     assert sweep["trials"] == 4 and sweep["compute_per_node_hour"] == pytest.approx(0.00001)
     assert sweep["maximum_usd"] == pytest.approx((2 * 0.00001 + infra) * 12 * 6 * 4 + infra, abs=1e-4)  # $164.78
     assert sweep["summary"].startswith("Cost of this run: up to $164.78 (budget $1,000.00)")

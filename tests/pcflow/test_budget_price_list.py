@@ -14,10 +14,10 @@ import boto3
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from botocore.stub import Stubber
+from run_factories import make_planned_run
 
 from pcflow.budget import BudgetRefused, plan_cost, refuse_over_budget
 from pcflow.metrics import price_list
-from pcflow.runspec import resolve_run_spec
 
 SAMPLE = Path(__file__).resolve().parents[2] / "include" / "local" / "price_list_sample.json"
 DAY = dt.date(2026, 12, 2)
@@ -34,12 +34,9 @@ def cache(tmp_path, monkeypatch) -> price_list.PriceCache:
     return fresh
 
 
-def local_run(**settings) -> dict:
-    """The local profile's run document as the first task holds it (its 2 x c5.xlarge, static cluster)."""
-    spec = resolve_run_spec("local", settings)
-    run = spec.model_dump(mode="json")
-    run["training"]["allocation"] = spec.training.allocation()
-    return run
+def local_run(**settings):
+    """The local profile's run as the first task plans it (its 2 x c5.xlarge, static cluster)."""
+    return make_planned_run("local", **settings)
 
 
 def sample_document(region: str, instance_type: str) -> str:

@@ -5,9 +5,10 @@ prices the dearest option so a fallback never runs above it."""
 from __future__ import annotations
 
 import pytest
+from run_factories import make_planned_run
 
 from pcflow.budget import plan_cost
-from pcflow.capacity import capacity_order, decide, parse_nodes
+from pcflow.capacity import CapacitySettings, capacity_order, decide, parse_nodes
 from pcflow.runspec import RunSpecError, resolve_run_spec
 
 #: pcflow/metrics/prices.json, us-east-1: on-demand per hour.
@@ -48,26 +49,23 @@ def test_no_move_without_a_capacity_error_or_an_option_after_it(partition, sinfo
 
 
 def test_options_take_partitions_from_the_provider():
-    run = {
-        "instance_type": "g6.12xlarge",
-        "capacity_type": "spot",
-        "cluster": {"provider": "parallelcluster"},
-        "capacity": {
-            "instance_types": ["g5.12xlarge"],
-            "fallback": [{"instance_types": ["g5.12xlarge"], "capacity_type": "ondemand"}],
-        },
-    }
-    order = capacity_order(run, "gpu")
+    capacity = CapacitySettings(
+        instance_types=["g5.12xlarge"],
+        fallback=[{"instance_types": ["g5.12xlarge"], "capacity_type": "ondemand"}],
+    )
+    run = {"instance_type": "g6.12xlarge", "capacity_type": "spot", "provider": "parallelcluster"}
+    order = capacity_order(capacity, **run, first_partition="gpu")
     assert [(o["partition"], o["instance_types"], o["capacity_type"]) for o in order] == [
         ("gpu", ["g6.12xlarge", "g5.12xlarge"], "spot"),
         ("gpu-2", ["g5.12xlarge"], "ondemand"),
     ]
     with pytest.raises(ValueError, match=r"capacity.fallback\[0\].partition: a static cluster's option names"):
-        capacity_order({**run, "cluster": {"provider": "static"}}, "compute")
-    assert capacity_order({**run, "capacity": {}, "cluster": {"provider": "static"}}, None)[0]["partition"] is None
+        capacity_order(capacity, **{**run, "provider": "static"}, first_partition="compute")
+    static = capacity_order(CapacitySettings(), **{**run, "provider": "static"}, first_partition=None)
+    assert static[0]["partition"] is None
     # A trigger user's on-demand over the profile's spot: the spot strategy gives way to ParallelCluster's default.
-    spot_strategy = {**run["capacity"], "allocation_strategy": "price-capacity-optimized"}
-    ondemand = capacity_order({**run, "capacity_type": "ondemand", "capacity": spot_strategy}, "gpu")[0]
+    spot_strategy = capacity.model_copy(update={"allocation_strategy": "price-capacity-optimized"})
+    ondemand = capacity_order(spot_strategy, **{**run, "capacity_type": "ondemand"}, first_partition="gpu")[0]
     assert ondemand["allocation_strategy"] is None
 
 
@@ -112,13 +110,11 @@ def test_the_estimate_prices_the_dearest_option_never_the_cheaper_first():
     """g6.12xlarge spot first (no spot history here: bounded by its on-demand price), g5.12xlarge on-demand
     after it: the maximum is the fallback's, and the summary says on-demand."""
     fallback = [{"instance_types": ["g5.12xlarge"], "capacity_type": "ondemand"}]
-    spec = resolve_run_spec("aws-gpu", {"instance_type": "g6.12xlarge", "capacity": {"fallback": fallback}})
-    run = spec.model_dump(mode="json")
-    run["training"]["allocation"] = spec.training.allocation()
-    run["capacity_order"] = capacity_order(run, "gpu")
+    capacity = {"instance_types": [], "fallback": fallback}
+    run = make_planned_run("aws-gpu", instance_type="g6.12xlarge", capacity=capacity)
     cost = plan_cost(run)
     assert cost["compute_per_node_hour"] == G5_12XLARGE and cost["priced_capacity_type"] == "ondemand"
-    assert [o["usd_per_node_hour"] for o in run["capacity_order"]] == [G6_12XLARGE, G5_12XLARGE]
+    assert [o["usd_per_node_hour"] for o in run.capacity_order] == [G6_12XLARGE, G5_12XLARGE]
     assert "2 x g5.12xlarge on-demand at $5.67/h" in cost["summary"]
     assert "the dearest of the run's capacity options" in cost["summary"]
 

@@ -8,12 +8,9 @@ from pcflow.lifetime import expiry_hours, longest_run
 from pcflow.runspec import resolve_run_spec
 
 
-def settings(profile: str, trials: int = 0, **training) -> dict:
-    document = resolve_run_spec(profile).model_dump(mode="json")
-    document["training"].update(training)
-    if trials:
-        document["trials"] = [{"seed": seed} for seed in range(trials)]
-    return document
+def settings(profile: str, **training):
+    """The profile's run spec with `training` laid over it."""
+    return resolve_run_spec(profile, {"training": training} if training else None)
 
 
 def test_aws_gpu_runs_outlive_its_ttl_and_are_stamped_to_outlast_them():
@@ -25,13 +22,13 @@ def test_aws_gpu_runs_outlive_its_ttl_and_are_stamped_to_outlast_them():
 
 
 def test_a_sweeps_trials_count_one_after_another():
-    one, three = longest_run(settings("aws-gpu")), longest_run(settings("aws-gpu", trials=3))
+    one, three = longest_run(settings("aws-gpu")), longest_run(settings("aws-gpu"), trials=3)
     assert (three - one).total_seconds() == pytest.approx(2 * 78 * 3600)
 
 
 def test_a_run_shorter_than_its_ttl_keeps_the_ttl_and_one_without_a_time_limit_has_no_bound():
     local = settings("local", max_restarts=0, pending_timeout_s=None)
-    assert expiry_hours(local)["run_hours"] == local["ttl_hours"]
+    assert expiry_hours(local)["run_hours"] == local.ttl_hours
     unbounded = settings("aws-gpu", time_limit=None)
     assert longest_run(unbounded) is None
     assert expiry_hours(unbounded) == {"longest_run_hours": None, "run_hours": 48.0, "kept_hours": 48.0}

@@ -136,13 +136,13 @@ def test_cluster_paths_are_normalised_under_their_root():
 def test_stage_in_writes_only_under_the_clusters_datasets_directory():
     static = {"provider": "static", "shared_root": "/shared"}
     quoted = {"bucket": "b", "root": "'..''/''..''/home'/p1/", "partition": "p1"}  # the literal S3 prefix
-    assert data_dir_on_cluster({}, static, quoted) == "/shared/pcflow/datasets/b/'..''/''..''/home'/p1"
+    assert data_dir_on_cluster(static, quoted) == "/shared/pcflow/datasets/b/'..''/''..''/home'/p1"
     for root in ("../../home/", "x/../../../home/"):
         with pytest.raises(ValueError, match="is outside"):
-            data_dir_on_cluster({}, static, {"bucket": "b", "root": root, "partition": "p1"})
+            data_dir_on_cluster(static, {"bucket": "b", "root": root, "partition": "p1"})
     with pytest.raises(ValueError, match="is outside"):
-        data_dir_on_cluster({}, static, {"bucket": "..", "root": "../x/", "partition": "p1"})
+        data_dir_on_cluster(static, {"bucket": "..", "root": "../x/", "partition": "p1"})
     fsx = {"provider": "parallelcluster", "mounts": ["/fsx"]}
-    assert data_dir_on_cluster({}, fsx, {"partition": "2026-11-29"}) == "/fsx/2026-11-29"
+    assert data_dir_on_cluster(fsx, {"partition": "2026-11-29"}) == "/fsx/2026-11-29"
     with pytest.raises(ValueError, match="is outside"):
-        data_dir_on_cluster({}, fsx, {"partition": "../home"})
+        data_dir_on_cluster(fsx, {"partition": "../home"})

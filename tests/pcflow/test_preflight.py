@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
+from run_factories import make_planned_run
 
 from pcflow.aws.clients import aws_client as new_client
 from pcflow.merge import deep_merge
 from pcflow.pipeline import planned_cluster
 from pcflow.preflight import CHECKS, Account, PreflightFailed, quota_family, run_preflight
-from pcflow.runspec import resolve_run_spec
 
 pytestmark = pytest.mark.stack
 aws_client = functools.cache(new_client)  # one client per service for the module (each costs a session)
@@ -52,7 +52,7 @@ def account(local_stack, standin_cli):
     def make(quotas: dict[str, float] = QUOTAS, pcluster: str | None = str(standin_cli), **overrides) -> Account:
         # aws-gpu ships no SSH sources: the admin's to set (a documentation range here)
         base = {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}, "cluster": {"config": {"key_name": key_name}}}
-        run = resolve_run_spec("aws-gpu", deep_merge(base, overrides)).model_dump(mode="json")
+        run = make_planned_run("aws-gpu", **deep_merge(base, overrides))
         clients = {"service-quotas": seeded_quotas(quotas)}
         return Account(run, planned_cluster(run), lambda s: clients.get(s) or aws_client(s), pcluster_path=pcluster)
 
@@ -184,7 +184,7 @@ def test_node_missing(account, monkeypatch, tmp_path):
 
 def test_static_cluster_runs_only_the_checks_that_apply(local_stack):
     """The local profile: no key pair, quota or CLI to check; the builder's type and profile are."""
-    run = resolve_run_spec("local").model_dump(mode="json")
+    run = make_planned_run("local")
     assert planned_cluster(run) is None
     checked = run_preflight(Account(run, None, aws_client))
     assert checked == list(CHECKS)

@@ -9,6 +9,7 @@ import types
 import boto3
 import pytest
 from moto import mock_aws
+from run_factories import make_planned_run
 
 from pcflow import warmstart
 from pcflow.artifacts import ArtifactRefused
@@ -123,20 +124,21 @@ def s3(monkeypatch):
         yield client
 
 
-def run_document(setting: str | None) -> dict:
-    return {
-        "profile": "local",
-        "stack": "local",
-        "region": "us-east-1",
-        "dataset": {"bucket": BUCKET},
-        "training": {"warm_start": setting},
-    }
+def run_document(setting: str | None):
+    """The local profile's planned run with `training.warm_start` set, its data in BUCKET."""
+    return make_planned_run(
+        "local", stack="local", region="us-east-1", dataset={"bucket": BUCKET}, training={"warm_start": setting}
+    )
 
 
 def test_the_first_task_verifies_the_bytes_and_records_the_warm_start(s3):
     run = run_document(FIRST)
-    check_warm_start(run, inlet_events(*EVENTS))
-    assert run["warm_start"] == {"source": FIRST, "uri": uri(FIRST), "sha256": SHA, "run": FIRST}
+    assert check_warm_start(run, inlet_events(*EVENTS)) == {
+        "source": FIRST,
+        "uri": uri(FIRST),
+        "sha256": SHA,
+        "run": FIRST,
+    }
 
 
 def test_a_changed_object_is_refused_not_retried_naming_the_setting(s3):
@@ -176,12 +178,12 @@ def test_the_nightly_takes_the_profiles_warm_start_unless_its_conf_names_one(for
 
     context = {"ti": FakeTI(dag_id="pretrain_nightly", run_id="manual__1", task_id="validate")}
     nightly = resolve_for_run(form({"profile": "local"}), context, nightly=True)
-    assert nightly["training"]["warm_start"] == "latest"  # local.yaml's nightly.warm_start
+    assert nightly.training.warm_start == "latest"  # local.yaml's nightly.warm_start
     named = resolve_for_run(
         form({"profile": "local", "overrides": {"training": {"warm_start": FIRST}}}), context, nightly=True
     )
-    assert named["training"]["warm_start"] == FIRST
-    assert resolve_for_run(form({"profile": "local"}), context)["training"]["warm_start"] is None
+    assert named.training.warm_start == FIRST
+    assert resolve_for_run(form({"profile": "local"}), context).training.warm_start is None
 
 
 def test_a_profile_that_does_not_list_it_refuses_it_naming_the_admin(admin_profiles, offline):
@@ -205,12 +207,14 @@ def test_latest_passes_over_a_model_that_is_gone_but_never_one_that_changed(s3):
     bytes verify) is taken; with that gone too, the run starts from scratch instead of failing every night;
     bytes that changed are refused, not passed over."""
     run = run_document("latest")  # SECOND's object was never written: gone
-    check_warm_start(run, inlet_events(*EVENTS))
-    assert run["warm_start"] == {"source": "latest", "uri": uri(FIRST), "sha256": SHA, "run": FIRST}
+    assert check_warm_start(run, inlet_events(*EVENTS)) == {
+        "source": "latest",
+        "uri": uri(FIRST),
+        "sha256": SHA,
+        "run": FIRST,
+    }
     s3.put_object(Bucket=BUCKET, Key=f"runs/{FIRST}/model/model.pt", Body=b"someone else's pickle")
     with pytest.raises(ArtifactRefused, match="sha256"):
         check_warm_start(run_document("latest"), inlet_events(*EVENTS))
     s3.delete_object(Bucket=BUCKET, Key=f"runs/{FIRST}/model/model.pt")
-    run = run_document("latest")
-    check_warm_start(run, inlet_events(*EVENTS))
-    assert run["warm_start"] == {**warmstart.NOTHING, "source": "latest"}
+    assert check_warm_start(run_document("latest"), inlet_events(*EVENTS)) == {**warmstart.NOTHING, "source": "latest"}

@@ -22,11 +22,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcflow.code.sources import read_bundle_file, read_git_file
 from pcflow.errors import ConfigurationError
 from pcflow.paths import payload_roots, roots_holding, within
+
+if TYPE_CHECKING:
+    from pcflow.resolved import PlannedRun
 
 SCHEMA_FILE = "hparams.schema.json"
 MAX_SCHEMA_BYTES = 256 << 10
@@ -164,40 +167,41 @@ def read_local(directory: Path, path: str) -> bytes | None:
         return handle.read(MAX_SCHEMA_BYTES + 1)
 
 
-def schema_path(training: dict[str, Any]) -> str:
-    """Where the schema is in the code: `training.hparams_schema`, else SCHEMA_FILE."""
-    return training.get("hparams_schema") or SCHEMA_FILE
+def schema_path(hparams_schema: str | None) -> str:
+    """Where the schema is in the code: `training.hparams_schema` (given here), else SCHEMA_FILE."""
+    return hparams_schema or SCHEMA_FILE
 
 
-def code_schema(run: dict[str, Any], s3: Callable[[], Any]) -> tuple[str, bytes | None]:
+def code_schema(run: PlannedRun, s3: Callable[[], Any]) -> tuple[str, bytes | None]:
     """(what the file is called in a message, its bytes or None when the code has none), read from the code
     the run trains: a git commit's record in the bucket (no fetch) or the one file of the commit, the
     directory, the S3 bundle (bounded), the admin's payload. `s3`: the client, made only when needed."""
-    training = run["training"]
-    path, code = schema_path(training), training.get("code") or {}
-    if git := code.get("git"):
-        where = f"{path} in {git['url']} at {git['commit']}"
+    training = run.training
+    path, code = schema_path(training.hparams_schema), training.code
+    if code is not None and (git := code.git):
+        where = f"{path} in {git.url} at {git.commit}"
         found = recorded_schema(run, s3, path)
         if found is not MISSING:
             return where, found
-        full = posixpath.normpath(posixpath.join(git.get("subdir") or "", path))
+        full = posixpath.normpath(posixpath.join(git.subdir or "", path))
         with tempfile.TemporaryDirectory(prefix="pcflow-hparams-") as work:
-            data = read_git_file(
-                git["url"], git["commit"], full, Path(work), max_bytes=MAX_SCHEMA_BYTES, conn_id=git.get("conn_id")
-            )
+            data = read_git_file(git.url, git.commit, full, Path(work), max_bytes=MAX_SCHEMA_BYTES, conn_id=git.conn_id)
         return where, data
-    if code.get("dir"):
-        return f"{path} in {code['dir']}", read_local(Path(code["dir"]), path)
-    if code.get("s3"):
-        limit = int(training["bundle"]["max_mib"] * (1 << 20))
+    if code is not None and code.dir:
+        return f"{path} in {code.dir}", read_local(Path(code.dir), path)
+    if code is not None and code.s3:
         data = read_bundle_file(
-            s3(), code["s3"], posixpath.normpath(path), max_bytes=limit, max_file_bytes=MAX_SCHEMA_BYTES
+            s3(),
+            code.s3,
+            posixpath.normpath(path),
+            max_bytes=training.bundle.max_bytes,
+            max_file_bytes=MAX_SCHEMA_BYTES,
         )
-        return f"{path} in {code['s3']}", data
-    if training.get("payload"):
+        return f"{path} in {code.s3}", data
+    if training.payload:
         from pcflow.slurm.payload import payload_source
 
-        return f"{path} in payload {training['payload']!r}", read_local(payload_source(training["payload"]), path)
+        return f"{path} in payload {training.payload!r}", read_local(payload_source(training.payload), path)
     return path, None
 
 
@@ -205,25 +209,26 @@ def code_schema(run: dict[str, Any], s3: Callable[[], Any]) -> tuple[str, bytes 
 MISSING = object()
 
 
-def recorded_schema(run: dict[str, Any], s3: Callable[[], Any], path: str) -> Any:
+def recorded_schema(run: PlannedRun, s3: Callable[[], Any], path: str) -> Any:
     """The schema an earlier run of the same git commit recorded (pcflow.code.upload.record_commit): its
     bytes, None (the commit has no such file), or MISSING (no record, or none for this path)."""
     from pcflow.code.upload import commit_key, recorded_commit
 
-    training = run["training"]
-    git = training["code"]["git"]
-    key = commit_key(git["url"], git["commit"], git.get("subdir"), training["bundle"])
-    record = recorded_commit(s3(), run["dataset"]["bucket"], key) or {}
+    training = run.training
+    git = training.code.git
+    key = commit_key(git.url, git.commit, git.subdir, training.bundle.model_dump(mode="json"))
+    record = recorded_commit(s3(), run.dataset.bucket, key) or {}
     found = record.get("hparams_schema")
     if not isinstance(found, dict) or found.get("path") != path or not isinstance(found.get("text"), str | None):
         return MISSING
     return None if found["text"] is None else found["text"].encode()
 
 
-def schema_record(tree: Path, training: dict[str, Any]) -> dict[str, Any] | None:
+def schema_record(tree: Path, hparams_schema: str | None) -> dict[str, Any] | None:
     """What record_commit keeps of the schema of the tree the commit checked out to ({"path", "text"}), or
-    None when it is not one to keep (over the cap, not UTF-8, a link): the first task then reads the code."""
-    path = schema_path(training)
+    None when it is not one to keep (over the cap, not UTF-8, a link): the first task then reads the code.
+    `hparams_schema`: the run's `training.hparams_schema`."""
+    path = schema_path(hparams_schema)
     try:
         data = read_local(tree, path)
         return {"path": path, "text": None if data is None else data.decode()}
@@ -235,7 +240,7 @@ def local_summary(training: dict[str, Any]) -> str | None:
     """The schema of a profile's code as the trigger form lists it (`summary`), where the code is on this
     machine (a directory, the admin's payload), read when the DAG file is parsed: no network, no S3. None
     for a git or S3 code (read when a run starts) or a code without one; a note for one it cannot read."""
-    code, path = training.get("code") or {}, schema_path(training)
+    code, path = training.get("code") or {}, schema_path(training.get("hparams_schema"))
     if code.get("dir"):
         directory = Path(code["dir"])
     elif not code and isinstance(training.get("payload"), str):

@@ -68,7 +68,8 @@ def commit_key(url: str, commit: str, subdir: str | None, limits: dict[str, Any]
     packing (bundle.PACKING) and limits, so a change in any of them packs again."""
     from pcflow.code.bundle import PACKING
 
-    parts = [url, commit, subdir or "", PACKING, limits["max_mib"], bool(limits["allow_secrets"])]
+    # max_mib as the run document always held it (a float: 64 and 64.0 are one packing, one record)
+    parts = [url, commit, subdir or "", PACKING, float(limits["max_mib"]), bool(limits["allow_secrets"])]
     return f"{PREFIX}git/{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:40]}.json"
 
 

@@ -42,7 +42,7 @@ WINDOW_OBJECTS = 256
 WINDOW_BYTES = 256 << 20
 
 
-def data_dir_on_cluster(run: dict[str, Any], cluster: dict[str, Any], dataset: dict[str, Any]) -> str:
+def data_dir_on_cluster(cluster: dict[str, Any], dataset: dict[str, Any]) -> str:
     """The partition's directory as the compute nodes see it: normalised, and refused (ValueError) unless
     it is a directory below the file system's mount or the static cluster's datasets directory."""
     if cluster["provider"] == "parallelcluster":

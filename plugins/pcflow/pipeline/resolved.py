@@ -1,7 +1,6 @@
-"""The validated run document as the first task returns it, declared once as a type: the run spec
-(`pcflow.runspec.RunSpec`) plus what the first task adds to it after validation (`settings.resolve_for_run`,
-`validation.validate_run`). Every key a later stage reads is a field here, so a stage's read is checked
-against this declaration, not found missing (a KeyError) in the middle of a run.
+"""The validated run document as the first task returns it, loaded from XCom (`load`), and the field tree
+DAG files check their reads against. The models themselves (`ResolvedRun`, `PlannedRun`) live in
+`pcflow.resolved`, below the stages that take them.
 
 This module holds pydantic models, which a DAG file must not import when it is parsed. DAG files check
 their reads (`settings.RUN`) against `run_fields.FIELDS` instead: the field tree of `ResolvedRun`, written
@@ -14,97 +13,50 @@ from __future__ import annotations
 
 import types
 import typing
-import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
-from pcflow.runspec import DatasetSettings, RunSpec, SweepSettings, TrainingSettings
+from pcflow.resolved import (
+    EarlyStoppingRule,
+    Expiry,
+    Objective,
+    PlannedRun,
+    ResolvedDataset,
+    ResolvedRun,
+    ResolvedSweep,
+    ResolvedTraining,
+    WarmStart,
+)
+from pcflow.runspec import RESOLVED
 
-
-class _Declared(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Objective(_Declared):
-    """What the run is judged by, as the metrics stage and the early-stopping rule read it
-    (`metrics.objective` and `metrics.mode`, gathered)."""
-
-    name: str
-    mode: Literal["max", "min"]
-
-
-class EarlyStoppingRule(_Declared):
-    """The train task's early-stopping rule (`settings.early_stopping_rule`): the metric's defaults filled
-    in from the objective, so the trigger that applies it needs nothing else."""
-
-    objective: Objective
-    patience: int
-    min_delta: float
-
-
-class Expiry(_Declared):
-    """The hours ahead a run stamps `pcflow:expires` (`pcflow.lifetime.expiry_hours`): on its own
-    resources, on what the stack keeps, and the longest the run may take (None: unbounded)."""
-
-    longest_run_hours: float | None
-    run_hours: float
-    kept_hours: float
+__all__ = [
+    "EarlyStoppingRule",
+    "Expiry",
+    "Objective",
+    "PlannedRun",
+    "ResolvedDataset",
+    "ResolvedRun",
+    "ResolvedSweep",
+    "ResolvedTraining",
+    "WarmStart",
+    "dump",
+    "field_tree",
+    "load",
+]
 
 
-class WarmStart(_Declared):
-    """The model the run starts from, as the first task resolved it against its run's record (pcflow.warmstart):
-    all None when the run names none (or `latest` found none)."""
-
-    source: str | None = Field(description="what training.warm_start said: latest, a run key or a URI")
-    uri: str | None
-    sha256: str | None = Field(description="the sha256 the writing run recorded, which the bytes were checked against")
-    run: str | None = Field(description="the run key of the run that wrote it")
+def load(value: ResolvedRun | Mapping[str, Any]) -> ResolvedRun:
+    """The first task's document as the model, validated once where a task receives it from XCom (JSON at
+    the task boundary); a model is returned as it is."""
+    return value if isinstance(value, ResolvedRun) else ResolvedRun.model_validate(value, context={RESOLVED: True})
 
 
-class ResolvedDataset(DatasetSettings):
-    """The dataset section with its partition decided (the conf's, the profile's, or the logical date's)."""
-
-    partition: str
-
-
-with warnings.catch_warnings():  # `allocation` is the value of TrainingSettings.allocation(), so it shadows it
-    warnings.filterwarnings("ignore", message='Field name "allocation"', category=UserWarning)
-
-    class ResolvedTraining(TrainingSettings):
-        """The training section as it may travel through XCom: the environment by name only (the train task
-        reads the values itself, `settings.RunEnv`), the secrets by reference, the Slurm allocation gathered."""
-
-        env: list[str] = Field(description="the names of training.env (their values never go through XCom)")
-        secrets: dict[str, dict[str, str]] = Field(description="the secret references among training.env")
-        allocation: dict[str, Any] = Field(description="the Slurm resources, in SlurmJobOperator's shape")
-
-
-class ResolvedSweep(SweepSettings):
-    """The sweep section with how many trials run at once decided (`settings.trials_at_once`): the array's
-    `%` throttle, the queue's size on ParallelCluster and the cost's count of trials running together."""
-
-    parallel: int = Field(description="trials that run at once: max_parallel, at most the trials, within max_count")
-
-
-class ResolvedRun(RunSpec):
-    """The first task's document: every field a stage may read, the run spec's and the run's own."""
-
-    dataset: ResolvedDataset
-    training: ResolvedTraining
-    sweep: ResolvedSweep
-    run_key: str = Field(description="this run's key, on every resource it tags (pcflow.naming)")
-    objective: Objective
-    early_stopping: EarlyStoppingRule | None
-    trials: list[dict[str, Any]] | None = Field(None, description="a sweep's trials, grid expanded; absent otherwise")
-    keep_resources: bool = Field(description="teardown.policy is `never`: the teardowns only report")
-    expiry: Expiry
-    cost: dict[str, Any] = Field(description="the price, maximum and approval (pcflow.budget.plan_cost)")
-    capacity_order: list[dict[str, Any]] = Field(
-        description="the capacity options in order, each with its partition and price (pcflow.capacity)"
-    )
-    warm_start: WarmStart = Field(description="the model the run starts from (training.warm_start, resolved)")
+def dump(run: PlannedRun) -> dict[str, Any]:
+    """The run as XCom carries it: JSON, what `load` reads back."""
+    return run.model_dump(mode="json")
 
 
 #: The fields a first task's document may lack (a run that is no sweep has no trials).

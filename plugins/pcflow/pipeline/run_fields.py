@@ -173,7 +173,6 @@ FIELDS: dict[str, Any] = {
         "run_hours": None,
         "kept_hours": None,
     },
-    "cost": None,
     "capacity_order": None,
     "warm_start": {
         "source": None,
@@ -181,4 +180,5 @@ FIELDS: dict[str, Any] = {
         "sha256": None,
         "run": None,
     },
+    "cost": None,
 }

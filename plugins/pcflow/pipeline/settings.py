@@ -11,11 +11,16 @@ a test checks against the document the first task returns for every profile.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcflow.errors import deployment_admin, refused, trigger_user
 from pcflow.pipeline.form import FORM_FIELDS, MAX_TRIALS, OTHER_FIELDS
 from pcflow.values import Returned
+
+if TYPE_CHECKING:  # pydantic models: DAG files import this module when they are parsed
+    from pcflow.capacity import CapacitySettings
+    from pcflow.resolved import PlannedRun
+    from pcflow.runspec import RunSpec
 
 VALIDATE_TASK = "validate"
 #: Every `RUN` path the pipeline's tasks read, dotted (filled as the pipeline is declared).
@@ -98,12 +103,12 @@ def sweep_points(trials: list[dict[str, Any]], grid: dict[str, list[Any]]) -> li
     return [(index, trial, point) for index, trial in enumerate(trials) for point in points]
 
 
-def hyperparameter_cases(document: dict[str, Any], params: dict[str, Any]) -> list[Any]:
+def hyperparameter_cases(run: PlannedRun, params: dict[str, Any]) -> list[Any]:
     """The hyperparameter objects the job would receive (pcflow.code.hparams.Case): the run's, or each of
     a sweep's trials over them, each value labelled with the setting it came from."""
     from pcflow.code.hparams import Case
 
-    base = document["training"]["hyperparameters"]
+    base = run.training.hyperparameters
     if "trials" not in params:
         return [Case(base)]
     cases = []
@@ -154,13 +159,12 @@ def _listed(values: Any) -> list[Any]:
 
 def resolve_for_run(
     params: dict[str, Any], context: dict[str, Any], *, dated_partitions: bool = False, nightly: bool = False
-) -> dict[str, Any]:
+) -> PlannedRun:
     """The resolved settings plus what the run itself contributes (run key, partition).
 
     `dated_partitions`: the DAG trains on the partition of its logical date (a scheduled DAG), also
     when one of its runs is started by hand or by a backfill. `nightly`: the profile's `nightly.warm_start`
     (`latest`: continue from the last successful night) unless the conf names a `training.warm_start`."""
-    from pcflow.lifetime import expiry_hours
     from pcflow.naming import run_key_from_context
     from pcflow.paths import check_offered
     from pcflow.runspec import resolve_run_spec
@@ -171,52 +175,83 @@ def resolve_for_run(
     check_offered(params["profile"])  # the form's choices were fixed when the DAG was parsed, maybe elsewhere
     check_conf_fields(params)
     spec = resolve_run_spec(params["profile"], overrides_from_params(params))
+    if nightly and spec.training.warm_start is None:  # the admin's: no conf change to check
+        spec = spec.model_copy(
+            update={"training": spec.training.model_copy(update={"warm_start": spec.nightly.warm_start})}
+        )
+    trials = expand_trials(params["trials"], params.get("grid") or {}) if "trials" in params else None  # a sweep
+    return plan_run(
+        spec,
+        run_key=run_key_from_context(context),
+        partition=run_partition(spec, context, dated_partitions),
+        trials=trials,
+    )
+
+
+def plan_run(spec: RunSpec, *, run_key: str, partition: str, trials: list[dict[str, Any]] | None = None) -> PlannedRun:
+    """The run spec with what the run derives from it: the Slurm allocation, the capacity options, the
+    environment by name only (XCom is readable by whoever can see the run: the train task resolves the
+    values itself, RunEnv), the objective and early-stopping rule, the trials at once and the expiry."""
+    from pcflow.lifetime import expiry_hours
+    from pcflow.resolved import PlannedRun
+    from pcflow.runspec import RESOLVED
+
     document = spec.model_dump(mode="json")
-    document["training"]["allocation"] = spec.training.allocation()
-    document["capacity_order"] = run_capacity_order(document)  # the options a pending job falls back through
-    # XCom is readable by whoever can see the run: the train task resolves the values itself (RunEnv).
-    document["training"]["env"] = sorted(spec.training.env)
-    document["training"]["secrets"] = spec.training.secret_references()
-    document["dataset"]["partition"] = run_partition(spec, context, dated_partitions)
-    if nightly and spec.training.warm_start is None:
-        document["training"]["warm_start"] = spec.nightly.warm_start  # the admin's: no conf change to check
-    document["run_key"] = run_key_from_context(context)
-    document["objective"] = {"name": spec.metrics.objective, "mode": spec.metrics.mode}
-    document["early_stopping"] = early_stopping_rule(spec.metrics)
-    if "trials" in params:  # a sweep
-        document["trials"] = expand_trials(params["trials"], params.get("grid") or {})
-    document["sweep"]["parallel"] = trials_at_once(document)
-    document["keep_resources"] = spec.teardown.policy == "never"
-    document["expiry"] = expiry_hours(document)  # the stamps outlast the run's longest possible time
-    return document
+    document["training"] |= {
+        "allocation": spec.training.allocation(),
+        "env": sorted(spec.training.env),
+        "secrets": spec.training.secret_references(),
+    }
+    document["dataset"]["partition"] = partition
+    trial_count = len(trials or []) or 1
+    document["sweep"]["parallel"] = trials_at_once(spec, len(trials or []))
+    return PlannedRun.model_validate(
+        {
+            **document,
+            "run_key": run_key,
+            "objective": {"name": spec.metrics.objective, "mode": spec.metrics.mode},
+            "early_stopping": early_stopping_rule(spec.metrics),
+            **({"trials": trials} if trials is not None else {}),
+            "keep_resources": spec.teardown.policy == "never",
+            "expiry": expiry_hours(spec, trial_count),  # the stamps outlast the run's longest possible time
+            "capacity_order": run_capacity_order(spec),  # the options a pending job falls back through
+        },
+        context={RESOLVED: True},  # the spec's paths are resolved already
+    )
 
 
-def run_capacity_order(document: dict[str, Any]) -> list[dict[str, Any]]:
+def run_capacity_order(spec: RunSpec) -> list[dict[str, Any]]:
     """The run's capacity options in order (pcflow.capacity), each with its Slurm partition: ParallelCluster's
     queue (cluster.config.queue_name, its fallbacks `<queue>-2`...), a static cluster's job partition."""
     from pcflow.capacity import capacity_order
     from pcflow.cluster.spec import ClusterSpec
 
-    config = document["cluster"]["config"]
-    if document["cluster"]["provider"] == "parallelcluster":
+    config = spec.cluster.config
+    if spec.cluster.provider == "parallelcluster":
         first = config.get("queue_name") or ClusterSpec.model_fields["queue_name"].default
     else:
-        first = document["training"]["allocation"].get("partition") or config.get("partition")
+        first = spec.training.partition or config.get("partition")
     try:
-        return capacity_order(document, first)
+        return capacity_order(
+            spec.capacity,
+            instance_type=spec.instance_type,
+            capacity_type=spec.capacity_type,
+            provider=spec.cluster.provider,
+            first_partition=first,
+            zones=spec.network.get("zone_subnet_cidrs") or {},
+        )
     except ValueError as exc:
         raise refused("capacity", str(exc), deployment_admin()) from None
 
 
-def cluster_capacity(run: dict[str, Any]) -> dict[str, Any]:
+def cluster_capacity(capacity: CapacitySettings) -> dict[str, Any]:
     """The ClusterSpec fields of the run's `capacity` section: the first queue's more instance types, strategy
     and reservation, and the fallback options (each its own queue; ParallelCluster names their partitions)."""
-    capacity = run.get("capacity") or {}
-    fallback = [{k: v for k, v in option.items() if k != "partition"} for option in capacity.get("fallback") or ()]
+    fallback = [option.model_dump(mode="json", exclude={"partition"}) for option in capacity.fallback]
     found = {
-        "instance_types": capacity.get("instance_types") or [],
-        "allocation_strategy": capacity.get("allocation_strategy"),
-        "capacity_reservation_id": capacity.get("capacity_reservation_id"),
+        "instance_types": capacity.instance_types,
+        "allocation_strategy": capacity.allocation_strategy,
+        "capacity_reservation_id": capacity.capacity_reservation_id,
         "fallback": fallback,
     }
     return {k: v for k, v in found.items() if v}
@@ -228,18 +263,17 @@ def zone_subnets(network: dict[str, Any]) -> dict[str, Any]:
     return {"zone_subnet_ids": dict(zones)} if zones else {}
 
 
-def trials_at_once(run: dict[str, Any]) -> int:
-    """How many of the run's trials run at once (1 for a run that is no sweep): the profile's (or conf's)
+def trials_at_once(spec: RunSpec, trials: int) -> int:
+    """How many of the run's `trials` run at once (1 for a run that is no sweep): the profile's (or conf's)
     `sweep.max_parallel`, no more than there are trials, and on ParallelCluster no more than an admin's
     `cluster.config.max_count` holds (`training.nodes` each). The array's `%` throttle, the queue's MaxCount
     (`settings_for_cluster`) and the cost's waves of trials (pcflow.budget) all read this one number."""
-    trials = len(run.get("trials") or [])
     if not trials:
         return 1
-    parallel = min(run["sweep"]["max_parallel"], trials)
-    cap = run["cluster"]["config"].get("max_count") if run["cluster"]["provider"] == "parallelcluster" else None
+    parallel = min(spec.sweep.max_parallel, trials)
+    cap = spec.cluster.config.get("max_count") if spec.cluster.provider == "parallelcluster" else None
     if isinstance(cap, int) and not isinstance(cap, bool):
-        parallel = min(parallel, max(1, cap // run["training"]["nodes"]))
+        parallel = min(parallel, max(1, cap // spec.training.nodes))
     return parallel
 
 
@@ -300,15 +334,52 @@ FROM_CLUSTER_SECTION = ("job_user", "job_accounts")
 
 
 def settings_for_cluster(
-    run: dict[str, Any], network: dict[str, Any], image_id: str | None, *, own: bool = False
+    run: PlannedRun, network: dict[str, Any], image_id: str | None, *, own: bool = False
 ) -> dict[str, Any]:
     """The provider's settings: the profile's, plus the network's subnets and head security group, who
     may SSH to the head node (`network.ssh_ingress_cidrs`, aws/ssh_ingress.py) and the image to boot.
     The cluster is the stack's (`own=False`: the nightly keeps it) or the run's own (`cluster_name`)."""
-    settings = dict(run["cluster"]["config"])
-    if run["cluster"]["provider"] != "parallelcluster":
+    settings = dict(run.cluster.config)
+    if run.cluster.provider != "parallelcluster":
         return settings
+    check_cluster_config(settings)
     from pcflow.aws.ssh_ingress import head_node_allowed_ips
+    from pcflow.cluster.spec import ClusterSpecError
+
+    try:
+        allowed_ips = head_node_allowed_ips(run.network.get("ssh_ingress_cidrs") or ())
+    except ValueError as exc:
+        raise ClusterSpecError(str(exc)) from None
+    training = run.training
+    return {
+        "ssh_allowed_ips": allowed_ips,
+        "allow_ssh_from_anywhere": bool(run.network.get("allow_ssh_from_anywhere")),
+        "head_security_group_ids": [network["head_security_group_id"]],
+        "name": cluster_name(run.stack, run.run_key if own else None),
+        "region": run.region,
+        "custom_ami": image_id,
+        "head_subnet_id": network["head_subnet_id"],
+        "compute_subnet_ids": network["compute_subnet_ids"],
+        **zone_subnets(network),  # the other zones' compute subnets, for the fallbacks that name a zone
+        "instance_type": run.instance_type,
+        "capacity_type": "SPOT" if run.capacity_type == "spot" else "ONDEMAND",
+        # Room for the trials that run at once (a sweep), each on nodes of its own; the admin's max_count
+        # wins (trials_at_once stays within it); below the job's nodes: refused.
+        "max_count": settings.pop("max_count", training.nodes * run.sweep.parallel),
+        "job_nodes": training.nodes,
+        "gpus_required": training.gpus_per_node > 0,
+        "s3_bucket": run.dataset.bucket,
+        "s3_prefix": run.dataset.prefix,
+        "job_user": run.cluster.job_user,  # every node makes it (cluster/node_setup.py)
+        "job_accounts": run.cluster.job_accounts,  # and the rest of the pool
+        **cluster_capacity(run.capacity),  # more instance types, the fallback queues (pcflow.capacity)
+        **settings,
+    }
+
+
+def check_cluster_config(settings: dict[str, Any]) -> None:
+    """Refuse in `cluster.config` what the network and cluster sections decide (FROM_NETWORK,
+    FROM_CLUSTER_SECTION): one place says each setting."""
     from pcflow.cluster.spec import ClusterSpecError
 
     owned = sorted(set(FROM_NETWORK) & set(settings))
@@ -322,32 +393,3 @@ def settings_for_cluster(
         raise ClusterSpecError(
             f"{clash[0]}: set as cluster.{clash[0]} (the accounts jobs run as), not in cluster.config"
         )
-    try:
-        allowed_ips = head_node_allowed_ips(run["network"].get("ssh_ingress_cidrs") or ())
-    except ValueError as exc:
-        raise ClusterSpecError(str(exc)) from None
-    training = run["training"]
-    return {
-        "ssh_allowed_ips": allowed_ips,
-        "allow_ssh_from_anywhere": bool(run["network"].get("allow_ssh_from_anywhere")),
-        "head_security_group_ids": [network["head_security_group_id"]],
-        "name": cluster_name(run["stack"], run["run_key"] if own else None),
-        "region": run["region"],
-        "custom_ami": image_id,
-        "head_subnet_id": network["head_subnet_id"],
-        "compute_subnet_ids": network["compute_subnet_ids"],
-        **zone_subnets(network),  # the other zones' compute subnets, for the fallbacks that name a zone
-        "instance_type": run["instance_type"],
-        "capacity_type": "SPOT" if run["capacity_type"] == "spot" else "ONDEMAND",
-        # Room for the trials that run at once (a sweep), each on nodes of its own; the admin's max_count
-        # wins (trials_at_once stays within it); below the job's nodes: refused.
-        "max_count": settings.pop("max_count", training["nodes"] * run.get("sweep", {}).get("parallel", 1)),
-        "job_nodes": training["nodes"],
-        "gpus_required": training["gpus_per_node"] > 0,
-        "s3_bucket": run["dataset"]["bucket"],
-        "s3_prefix": run["dataset"]["prefix"],
-        "job_user": run["cluster"].get("job_user"),  # every node makes it (cluster/node_setup.py)
-        "job_accounts": run["cluster"].get("job_accounts", 1),  # and the rest of the pool
-        **cluster_capacity(run),  # more instance types, the fallback queues (pcflow.capacity)
-        **settings,
-    }

@@ -7,7 +7,7 @@ prices the run against its budget; the document it returns is what every later s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import task
 
@@ -25,14 +25,17 @@ from pcflow.pipeline.settings import (
     settings_for_cluster,
 )
 
+if TYPE_CHECKING:  # pydantic models: DAG files import this module when they are parsed
+    from pcflow.resolved import PlannedRun
 
-def check_against_aws(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
+
+def check_against_aws(run: PlannedRun, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """What only AWS can answer, asked before anything is created: does the instance type exist here?"""
     from botocore.exceptions import ClientError
 
     from pcflow.aws.clients import aws_client
 
-    region, instance_type = run["region"], run["instance_type"]
+    region, instance_type = run.region, run.instance_type
     ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=region)
     try:
         ec2.describe_instance_types(InstanceTypes=[instance_type])
@@ -43,38 +46,38 @@ def check_against_aws(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_I
         raise
 
 
-def planned_cluster(run: dict[str, Any]) -> Any:
+def planned_cluster(run: PlannedRun) -> Any:
     """The ParallelCluster cluster the run will create or adopt (`ClusterSpec`), None for a static one."""
-    if run["cluster"]["provider"] != "parallelcluster":
+    if run.cluster.provider != "parallelcluster":
         return None
     from pcflow.cluster.spec import ClusterSpec
 
     planned = {
         "head_subnet_id": PLANNED_SUBNET,
         "compute_subnet_ids": [PLANNED_SUBNET],
-        "zone_subnet_ids": {zone: PLANNED_SUBNET for zone in run["network"].get("zone_subnet_cidrs") or {}},
+        "zone_subnet_ids": {zone: PLANNED_SUBNET for zone in run.network.get("zone_subnet_cidrs") or {}},
         "head_security_group_id": PLANNED_SECURITY_GROUP,
     }
-    return ClusterSpec.parse(settings_for_cluster(run, planned, run["ami"]["base_image_id"]))
+    return ClusterSpec.parse(settings_for_cluster(run, planned, run.ami.base_image_id))
 
 
-def check_cluster_settings(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
+def check_cluster_settings(run: PlannedRun, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """ParallelCluster settings checked before the network exists: name, counts, schema of pcflow's
     fields, and a GPU queue on a GPU instance type (EC2 DescribeInstanceTypes)."""
-    if run["cluster"]["provider"] != "parallelcluster":
+    if run.cluster.provider != "parallelcluster":
         return
     from pcflow.aws.clients import aws_client
     from pcflow.cluster.spec import ClusterSpecError, check_instance_type
 
     try:
         spec = planned_cluster(run)
-        ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run["region"])
+        ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run.region)
         check_instance_type(ec2, spec.instance_type, gpus_required=spec.gpus_required, efa=spec.efa)
     except ClusterSpecError as exc:
         raise refused("cluster.config", str(exc), setting_owner(run, "cluster.config"), ClusterSpecError) from None
 
 
-def account_preflight(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
+def account_preflight(run: PlannedRun, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> None:
     """What a first real run trips on (key pair, instance types in the zone, vCPU quota, the builder's
     instance profile, the pcluster CLI and Node.js), asked before anything is created: pcflow/preflight.py."""
     import functools
@@ -84,9 +87,9 @@ def account_preflight(run: dict[str, Any], aws_conn_id: str = DEFAULT_AWS_CONN_I
 
     @functools.cache
     def client(service: str) -> Any:
-        return aws_client(service, aws_conn_id=aws_conn_id, region_name=run["region"])
+        return aws_client(service, aws_conn_id=aws_conn_id, region_name=run.region)
 
-    run_preflight(Account(run, planned_cluster(run), client), skip=run["preflight"]["skip"])
+    run_preflight(Account(run, planned_cluster(run), client), skip=run.preflight.skip)
 
 
 def training_form(params: dict[str, Any], dag: Any) -> dict[str, Any]:
@@ -104,8 +107,6 @@ def validate_run(
     The checks run in order, those that ask nothing of AWS first; each names the field it refuses.
     `nightly`: the profile's `nightly.warm_start` applies when the conf names no `training.warm_start`.
     The warm start is resolved from the model events this task reads as its inlet (pcflow.warmstart)."""
-    import functools
-
     from pcflow.checks import (
         check_code,
         check_cost,
@@ -118,20 +119,22 @@ def validate_run(
     )
 
     params = training_form(params or {}, context.get("dag"))
-    document = resolve_for_run(params, context, dated_partitions=dated_partitions, nightly=nightly)
-    check_job(document, env=run_env(params))  # env values stay out of the document (XCom)
-    checks = (
-        check_network,
-        check_static_cluster,
-        check_cluster_settings,
-        check_dataset_source,
-        check_code,  # pins the commit the code's schema is read at
-        functools.partial(check_hyperparameters, cases=hyperparameter_cases(document, params)),
-        check_against_aws,
-        account_preflight,
-    )
-    for check in checks:
-        check(document)
-    check_warm_start(document, context.get("inlet_events"))  # a model's bytes are read last, once all else holds
-    document["cost"] = check_cost(document)  # the price and maximum; refused above the budget
-    return document
+    run = resolve_for_run(params, context, dated_partitions=dated_partitions, nightly=nightly)
+    check_job(run, env=run_env(params))  # env values stay out of the document (XCom)
+    for check in (check_network, check_static_cluster, check_cluster_settings, check_dataset_source):
+        check(run)
+    run = check_code(run)  # pins the commit the code's schema is read at
+    check_hyperparameters(run, cases=hyperparameter_cases(run, params))
+    check_against_aws(run)
+    account_preflight(run)
+    warm = check_warm_start(run, context.get("inlet_events"))  # a model's bytes are read last, once all else holds
+    cost = check_cost(run)  # the price and maximum; refused above the budget
+    return resolved_document(run, warm_start=warm, cost=cost)
+
+
+def resolved_document(run: PlannedRun, *, warm_start: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
+    """The first task's document: the planned run with its warm start and cost, checked against
+    `ResolvedRun` and returned as XCom carries it (JSON)."""
+    from pcflow.pipeline.resolved import dump, load
+
+    return dump(load({**dump(run), "warm_start": warm_start, "cost": cost}))

@@ -15,12 +15,12 @@ import pytest
 import yaml
 from cluster_specs import NODE_POLICY, WITH_NODE_SETUP
 from moto import mock_aws
+from run_factories import make_planned_run
 
 from pcflow.cluster.config import render_config
 from pcflow.cluster.node_setup import KEY_PREFIX, ensure_uploaded, node_setup_for, script_bytes
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.pipeline.settings import settings_for_cluster
-from pcflow.runspec import resolve_run_spec
 
 pytestmark = pytest.mark.security
 
@@ -113,8 +113,8 @@ def test_the_aws_gpu_profile_gives_its_cluster_the_node_setup(admin_profiles):
     """The shipped profile's `cluster.job_user` and `cluster.config` (job_uid, node_policy) reach the
     config the cluster stage renders; `job_user` inside cluster.config is refused (it is the cluster
     section's)."""
-    run = resolve_run_spec(admin_profiles.make("aws-gpu", {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}}))
-    run = run.model_dump(mode="json")
+    profile = admin_profiles.make("aws-gpu", {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}})
+    run = make_planned_run(profile)
     network = {
         "head_subnet_id": "subnet-0a1b2c3d4e5f60718",
         "compute_subnet_ids": ["subnet-0a1b2c3d4e5f60718"],
@@ -123,8 +123,8 @@ def test_the_aws_gpu_profile_gives_its_cluster_the_node_setup(admin_profiles):
     cluster = ClusterSpec.parse(settings_for_cluster(run, network, "ami-0123456789abcdef0"))
     action = render_config(cluster).document["HeadNode"]["CustomActions"]["OnNodeConfigured"]
     assert action["Args"] == ["pcflow-job", "2950", "ubuntu", "4"]  # the pool: cluster.job_accounts
-    assert action["Script"] == f"s3://{run['dataset']['bucket']}/{SCRIPT_KEY}"
-    run["cluster"]["config"]["job_user"] = "ubuntu"
+    assert action["Script"] == f"s3://{run.dataset.bucket}/{SCRIPT_KEY}"
+    run = make_planned_run(profile, cluster={"config": {"job_user": "ubuntu"}})
     with pytest.raises(ClusterSpecError, match=r"job_user: set as cluster\.job_user"):
         settings_for_cluster(run, network, "ami-0123456789abcdef0")
 

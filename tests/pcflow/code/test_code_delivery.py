@@ -13,12 +13,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from run_factories import make_resolved_run
 from taskcontext import make_context, run_to_end
 from test_code_sources import commit, sh
 
 from pcflow.aws.clients import aws_client
 from pcflow.code.deliver import deliver, pin_code
 from pcflow.code.hparams import code_schema
+from pcflow.runspec import CodeSettings
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.operators import SlurmJobOperator
 
@@ -60,17 +62,15 @@ def repo(tmp_path) -> str:
 def test_git_code_is_uploaded_and_staged_once_and_runs_as_an_entry_point(local_stack, bucket, repo):
     s3, name = bucket
     shared_root = str(local_stack.shared_root / "tests" / f"code-{uuid.uuid4().hex[:8]}")
-    code = {"git": {"url": repo, "ref": "main", "subdir": "proj"}}
-    run = {
-        "stack": "dev",
-        "dataset": {"bucket": name},
-        "training": {"code": code, "bundle": {"max_mib": 1, "allow_secrets": False}},
-    }
-    pin_code(run, str)
+    code = pin_code(CodeSettings.model_validate({"git": {"url": repo, "ref": "main", "subdir": "proj"}}), str)
+    training = {"code": code.model_dump(mode="json"), "bundle": {"max_mib": 1, "allow_secrets": False}}
+    run = make_resolved_run(
+        "local", stack="dev", dataset={"bucket": name}, training={**training, "hyperparameters": {}}
+    )
     hook = SlurmHook()
     try:
         first = deliver(run, hook, shared_root=shared_root, s3=s3, log=log)
-        assert first["source"] == "git" and first["commit"] == code["git"]["commit"] and first["dirty"] is False
+        assert first["source"] == "git" and first["commit"] == code.git.commit and first["dirty"] is False
         assert first["uploaded_bytes"] == first["bytes"] > 0 and first["reused"] is False and first["files"] == 3
         second = deliver(run, hook, shared_root=shared_root, s3=s3, log=log)
         assert (second["uploaded_bytes"], second["reused"], second["digest"]) == (0, True, first["digest"])

@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from run_factories import make_planned_run
 from test_code_sources import commit, sh
 
 from pcflow.code.hparams import (
@@ -163,9 +164,14 @@ def git_project(tmp_path):
     return f"file://{tmp_path / 'remote.git'}", head
 
 
+def code_run(code: dict, **training):
+    """A planned run of this `training.code`, its bundle within LIMITS, its data in hp-bucket."""
+    training = {"code": code, "bundle": LIMITS, "hyperparameters": {}, **training}
+    return make_planned_run("local", dataset={"bucket": "hp-bucket"}, training=training)
+
+
 def git_run(url, head, **training):
-    code = {"git": {"url": url, "ref": "main", "subdir": "proj", "commit": head}}
-    return {"training": {"code": code, "bundle": LIMITS, **training}, "dataset": {"bucket": "hp-bucket"}}
+    return code_run({"git": {"url": url, "ref": "main", "subdir": "proj", "commit": head}}, **training)
 
 
 def test_a_git_commits_schema_is_read_from_the_commit_then_from_the_bucket_record(git_project, s3):
@@ -197,7 +203,7 @@ def test_an_s3_bundles_schema_is_read_from_the_tar(s3):
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     s3.put_object(Bucket="code", Key="p.tar.gz", Body=raw.getvalue())
-    run = {"training": {"code": {"s3": "s3://code/p.tar.gz"}, "bundle": LIMITS}}
+    run = code_run({"s3": "s3://code/p.tar.gz"})
     assert json.loads(code_schema(run, lambda: s3)[1]) == SCHEMA
 
 

@@ -14,10 +14,16 @@ import pytest
 from pcflow.code.bundle import BundleRefused, pack
 from pcflow.code.deliver import build, pin_code
 from pcflow.code.sources import check_git_url, checkout_state, resolve_commit
+from pcflow.runspec import CodeSettings, TrainingSettings
 
 pytestmark = pytest.mark.security  # docs/security.md names this module's refusals
 
 LIMITS = {"max_mib": 1, "allow_secrets": False}
+
+
+def training(code) -> TrainingSettings:
+    """The training section of a run of this code (`training.code`), its bundle within LIMITS."""
+    return TrainingSettings(program=["train.py"], code=code, bundle=LIMITS)
 
 
 def sh(*args: str, cwd: Path) -> str:
@@ -49,26 +55,25 @@ def repo(tmp_path) -> tuple[Path, str]:
 
 def test_a_ref_that_does_not_exist_is_refused_by_the_first_task(repo):
     _, url = repo
-    run = {"training": {"code": {"git": {"url": url, "ref": "no-such-branch"}}}}
+    code = CodeSettings.model_validate({"git": {"url": url, "ref": "no-such-branch"}})
     with pytest.raises(
         BundleRefused,
         match=r"training\.code\.git\.ref: .* has no branch or tag 'no-such-branch'.*"
         r"; whoever",
     ):
-        pin_code(run, lambda path: "whoever")
+        pin_code(code, lambda path: "whoever")
 
 
 def test_the_commit_pinned_first_is_what_is_fetched_after_the_branch_moves(repo):
     work, url = repo
-    run = {"training": {"code": {"git": {"url": url, "ref": "main", "subdir": "proj"}}}}
-    pin_code(run, str)
-    pinned = run["training"]["code"]["git"]["commit"]
-    first, fetched, _ = build({**run["training"], "bundle": LIMITS}, s3=None)
+    code = pin_code(CodeSettings.model_validate({"git": {"url": url, "ref": "main", "subdir": "proj"}}), str)
+    pinned = code.git.commit
+    first, fetched, _ = build(training(code), s3=None)
     assert (fetched.source, fetched.commit, fetched.dirty) == ("git", pinned, False)
     commit(work, "proj/train.py", "print(2)\n")
     sh("git", "push", "-q", "origin", "main", cwd=work)
     assert resolve_commit(url, "main") != pinned  # the branch moved...
-    again, _, _ = build({**run["training"], "bundle": LIMITS}, s3=None)
+    again, _, _ = build(training(code), s3=None)
     assert again.digest == first.digest  # ...the run's code did not
 
 
@@ -108,7 +113,7 @@ def test_an_s3_bundle_is_unpacked_and_hashed_by_what_it_holds(tmp_path, s3):
         info.size, info.mtime = len(data), 12345  # another packer's times: not part of the id
         tar.addfile(info, io.BytesIO(data))
     s3.put_object(Bucket="code-bucket", Key="proj/v1.tar.gz", Body=raw.getvalue())
-    bundle, fetched, _ = build({"code": {"s3": "s3://code-bucket/proj/v1.tar.gz"}, "bundle": LIMITS}, s3=s3)
+    bundle, fetched, _ = build(training({"s3": "s3://code-bucket/proj/v1.tar.gz"}), s3=s3)
     (tmp_path / "same").mkdir()
     (tmp_path / "same" / "train.py").write_bytes(data)
     assert bundle.digest == pack(tmp_path / "same", name="x", max_bytes=1 << 20).digest
@@ -122,5 +127,5 @@ def test_an_s3_bundle_over_the_cap_is_refused_before_it_is_read(s3):
     gets: list[dict] = []
     s3.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **kw: gets.append(params))
     with pytest.raises(BundleRefused, match=r"s3://code-bucket/proj/big\.tar is 2097152 bytes, over the code's cap"):
-        build({"code": {"s3": "s3://code-bucket/proj/big.tar"}, "bundle": LIMITS}, s3=s3)
+        build(training({"s3": "s3://code-bucket/proj/big.tar"}), s3=s3)
     assert gets == []

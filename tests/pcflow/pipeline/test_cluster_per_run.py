@@ -5,11 +5,11 @@ share a name), within Slurm accounting's 40 characters; the nightly keeps the st
 from __future__ import annotations
 
 import pytest
+from run_factories import make_planned_run
 
 from pcflow.cluster.spec import CLUSTER_NAME_MAX_ACCOUNTING, validate_cluster_name
 from pcflow.naming import run_key
 from pcflow.pipeline.settings import cluster_name, settings_for_cluster
-from pcflow.runspec import resolve_run_spec
 
 NETWORK = {
     "head_subnet_id": "subnet-0a1b2c3d4e5f60718",
@@ -37,10 +37,10 @@ def test_each_run_has_its_own_cluster_name_the_same_on_every_retry(stack):
 
 
 def test_the_cluster_settings_name_the_runs_cluster_or_the_stacks(admin_profiles):
-    run = resolve_run_spec(
-        admin_profiles.make("aws-gpu", {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}})
-    ).model_dump(mode="json")
-    run["run_key"] = run_key("pretrain", "manual__2026-12-04T16:20:00+00:00")
+    run = make_planned_run(
+        admin_profiles.make("aws-gpu", {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}}),
+        run_key=run_key("pretrain", "manual__2026-12-04T16:20:00+00:00"),
+    )
     own = settings_for_cluster(run, NETWORK, "ami-0123456789abcdef0", own=True)
     kept = settings_for_cluster(run, NETWORK, "ami-0123456789abcdef0")
-    assert own["name"] == cluster_name(run["stack"], run["run_key"]) != kept["name"] == cluster_name(run["stack"])
+    assert own["name"] == cluster_name(run.stack, run.run_key) != kept["name"] == cluster_name(run.stack)

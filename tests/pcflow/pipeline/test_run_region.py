@@ -100,10 +100,11 @@ def test_the_pcluster_cli_is_run_in_the_region_of_the_config_it_is_given(run, co
     import subprocess
 
     from pcflow.cluster.config import render_config
+    from pcflow.pipeline.resolved import load
     from pcflow.pipeline.validation import planned_cluster
 
     document = run(sweep=False)
-    config_region = render_config(planned_cluster(document)).document["Region"]
+    config_region = render_config(planned_cluster(load(document))).document["Region"]
     assert config_region == RUN_REGION
     calls = []
 

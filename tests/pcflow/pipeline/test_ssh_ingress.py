@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from run_factories import make_planned_run
 
 from pcflow.checks import check_network
 from pcflow.cluster.config import render_config
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
 from pcflow.pipeline.settings import settings_for_cluster
-from pcflow.runspec import resolve_run_spec
 
 pytestmark = pytest.mark.security
 
@@ -28,12 +28,14 @@ NETWORK = {
 WORKERS = "203.0.113.0/24"  # the Airflow workers' egress (a documentation range)
 
 
-def admins_run(admin_profiles, **network) -> dict:
-    """The run document of an admin's aws-gpu with these network settings, as the first task resolves it."""
-    return resolve_run_spec(admin_profiles.make("aws-gpu", {"network": network})).model_dump(mode="json")
+def admins_run(admin_profiles, config: dict | None = None, **network):
+    """The run of an admin's aws-gpu with these network settings (and `cluster.config` settings laid over the
+    profile's), as the first task plans it."""
+    overrides = {"cluster": {"config": config}} if config else {}
+    return make_planned_run(admin_profiles.make("aws-gpu", {"network": network}), **overrides)
 
 
-def head_node(run: dict) -> dict:
+def head_node(run) -> dict:
     """The rendered config's HeadNode, as the cluster stage makes it from the run and the network."""
     check_network(run)  # the first task's check of the same settings
     spec = ClusterSpec.parse(settings_for_cluster(run, NETWORK, "ami-0123456789abcdef0"))
@@ -107,23 +109,22 @@ def test_no_profile_may_make_them_overridable(offline, admin_profiles, path):
     ],
 )
 def test_extra_config_cannot_undo_it(admin_profiles, head_node_config, complaint):
-    run = admins_run(admin_profiles, ssh_ingress_cidrs=[WORKERS])
-    run["cluster"]["config"]["extra_config"] = {"HeadNode": head_node_config}
+    extra_config = {"HeadNode": head_node_config}
+    run = admins_run(admin_profiles, {"extra_config": extra_config}, ssh_ingress_cidrs=[WORKERS])
     with pytest.raises(ClusterSpecError, match="only the deployment admin sets it") as refused:
         head_node(run)
     assert complaint in str(refused.value)
 
 
 def test_extra_config_may_add_a_head_group_beside_pcflows(admin_profiles):
-    run = admins_run(admin_profiles, ssh_ingress_cidrs=[WORKERS])
     groups = [NETWORK["head_security_group_id"], "sg-0fedcba9876543210"]
-    run["cluster"]["config"]["extra_config"] = {"HeadNode": {"Networking": {"AdditionalSecurityGroups": groups}}}
+    extra_config = {"HeadNode": {"Networking": {"AdditionalSecurityGroups": groups}}}
+    run = admins_run(admin_profiles, {"extra_config": extra_config}, ssh_ingress_cidrs=[WORKERS])
     assert head_node(run)["Networking"]["AdditionalSecurityGroups"] == groups
 
 
 @pytest.mark.parametrize("setting", [{"ssh_allowed_ips": "0.0.0.0/0"}, {"allow_ssh_from_anywhere": True}])
 def test_the_cluster_config_does_not_bypass_the_network_section(admin_profiles, setting):
-    run = admins_run(admin_profiles, ssh_ingress_cidrs=[WORKERS])
-    run["cluster"]["config"].update(setting)
+    run = admins_run(admin_profiles, setting, ssh_ingress_cidrs=[WORKERS])
     with pytest.raises(ClusterSpecError, match="set from the network section"):
         head_node(run)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowFailException
+from run_factories import make_planned_run
 
 from pcflow.budget import CostMeter, plan_cost
 from pcflow.cluster.config import render_config
 from pcflow.cluster.spec import ClusterSpec
-from pcflow.pipeline.settings import settings_for_cluster, trials_at_once
-from pcflow.runspec import resolve_run_spec
+from pcflow.pipeline.settings import settings_for_cluster
 from pcflow.slurm.operators import SlurmArrayJobOperator
 from pcflow.slurm.render import render_batch_script
 from pcflow.slurm.spec import RunDir
@@ -47,17 +47,12 @@ def test_more_trials_at_once_than_the_profile_allows_is_refused_naming_the_setti
     )
 
 
-def sweep_run(profile: str, trials: list[dict], **settings) -> dict:
-    """The aws-gpu document of a sweep as the first task resolves it (the checks that ask AWS aside)."""
-    spec = resolve_run_spec(profile, {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}, **settings})
-    run = spec.model_dump(mode="json")
-    run["training"]["allocation"] = spec.training.allocation()
-    run["trials"] = trials
-    run["sweep"]["parallel"] = trials_at_once(run)
-    return run
+def sweep_run(profile: str, trials: list[dict], **settings):
+    """The aws-gpu run of a sweep as the first task plans it (the checks that ask AWS aside)."""
+    return make_planned_run(profile, trials=trials, network={"ssh_ingress_cidrs": ["203.0.113.0/24"]}, **settings)
 
 
-def max_count(run: dict) -> int:
+def max_count(run) -> int:
     spec = ClusterSpec.parse(settings_for_cluster(run, NETWORK, "ami-0123456789abcdef0"))
     config = yaml.safe_load(render_config(spec).text)
     return config["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]["MaxCount"]
@@ -66,17 +61,17 @@ def max_count(run: dict) -> int:
 @pytest.mark.parametrize("profile", ["aws-gpu", "aws-gpu-rehearsal"])
 def test_the_queue_holds_every_trial_that_runs_at_once(profile):
     run = sweep_run(profile, SIX)  # 2 nodes a trial, 2 trials at once (the profile's)
-    assert run["sweep"]["parallel"] == 2 and max_count(run) == 4
+    assert run.sweep.parallel == 2 and max_count(run) == 4
     assert max_count(sweep_run(profile, SIX, sweep={"max_parallel": 4})) == 8
     assert max_count(sweep_run(profile, SIX[:1], sweep={"max_parallel": 4})) == 2  # one trial: one trial's nodes
     single = sweep_run(profile, [])  # no sweep
-    assert single["sweep"]["parallel"] == 1 and max_count(single) == 2
+    assert single.sweep.parallel == 1 and max_count(single) == 2
 
 
 def test_an_admins_max_count_bounds_the_trials_at_once(admin_profiles):
     profile = admin_profiles.make("aws-gpu-rehearsal", {"cluster": {"config": {"max_count": 7}}})
     run = sweep_run(profile, SIX, sweep={"max_parallel": 4})
-    assert run["sweep"]["parallel"] == 3 and max_count(run) == 7  # 3 trials of 2 nodes fit in 7
+    assert run.sweep.parallel == 3 and max_count(run) == 7  # 3 trials of 2 nodes fit in 7
 
 
 def test_the_maximum_counts_every_trials_nodes_and_the_head_node_per_wave():

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from run_factories import make_resolved_run
 from stacktools import LocalStack
 from taskcontext import make_context, run_to_end
 
@@ -22,7 +23,6 @@ from pcflow.errors import ConfigurationError
 from pcflow.naming import run_key_from_context
 from pcflow.patterns import DEFAULT_JOB_USER
 from pcflow.pipeline.tasks import prepare_image
-from pcflow.runspec import resolve_run_spec
 from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.operators import SlurmJobOperator
@@ -69,11 +69,12 @@ print("FACTS " + json.dumps(facts, sort_keys=True))
 
 
 def run_document(image: str, **containers) -> dict:
-    """The first task's document for a local run naming `image` (the parts prepare_image reads)."""
-    spec = resolve_run_spec("local", {"training": {"container": image, "launcher": "srun"}})
-    document = spec.model_dump(mode="json")
-    document["cluster"]["containers"].update(containers)
-    return document
+    """The first task's document (XCom's JSON) for a local run naming `image`, `containers` laid over the
+    profile's `cluster.containers`."""
+    from pcflow.pipeline.resolved import dump
+
+    training = {"container": image, "launcher": "srun"}
+    return dump(make_resolved_run("local", training=training, cluster={"containers": containers}))
 
 
 def forget_image(shared_root: Path, digest: str) -> None:

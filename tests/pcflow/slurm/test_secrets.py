@@ -21,6 +21,7 @@ from taskcontext import first_event, make_context
 from pcflow import runspec
 from pcflow.patterns import DEFAULT_JOB_USER
 from pcflow.pipeline import resolve_for_run, run_env
+from pcflow.pipeline.resolved import dump
 from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.operators import SlurmJobOperator
 
@@ -104,9 +105,9 @@ def test_validated_document_holds_env_names_and_the_train_task_resolves_values(p
     from airflow.dag_processing.dagbag import DagBag
 
     params = {"profile": "local", "partition": "default", "overrides": {}}
-    document = resolve_for_run(params, make_context("validate"))
-    assert document["training"]["env"] == ["API_TOKEN"]
-    assert SECRET not in json.dumps(document)  # the validate task's XCom
+    run = resolve_for_run(params, make_context("validate"))
+    assert run.training.env == ["API_TOKEN"]
+    assert SECRET not in json.dumps(dump(run))  # the validate task's XCom
     assert run_env(params) == {"API_TOKEN": SECRET}
 
     bag = DagBag(dag_folder=str(REPO / "dags"))
@@ -137,10 +138,10 @@ def profile_with_references(monkeypatch) -> dict:
 
 def test_secrets_by_reference_are_read_by_the_tasks_never_stored(profile_with_references, offline, monkeypatch):
     params = {"profile": "local", "partition": "default", "overrides": {}}
-    document = resolve_for_run(params, make_context("validate"))
-    assert document["training"]["env"] == ["API_TOKEN", "DB_PASSWORD", "MODE"]
-    assert SECRET not in json.dumps(document)  # the references are, for the trigger to hide the values
-    assert document["training"]["secrets"] == {
+    run = resolve_for_run(params, make_context("validate"))
+    assert run.training.env == ["API_TOKEN", "DB_PASSWORD", "MODE"]
+    assert SECRET not in json.dumps(dump(run))  # the references are, for the trigger to hide the values
+    assert run.training.secrets == {
         "API_TOKEN": {"variable": "pcflow_api_token"},
         "DB_PASSWORD": {"connection": "pcflow_db"},
     }

@@ -28,12 +28,11 @@ AWS = {"aws_conn_id": "aws_default", "region_name": "us-east-1", "verify": None}
 def budget() -> dict:
     """The train task's budget: the first task's cost section of the aws-gpu profile, and the run's start."""
     from pcflow.budget import plan_cost
+    from pcflow.pipeline.settings import plan_run
     from pcflow.runspec import resolve_run_spec
 
-    spec = resolve_run_spec("aws-gpu")
-    document = spec.model_dump(mode="json")
-    document["training"]["allocation"] = spec.training.allocation()
-    return {**plan_cost(document), "run_started": 1767225600.0}
+    run = plan_run(resolve_run_spec("aws-gpu"), run_key="pretrain__capture", partition="default")
+    return {**plan_cost(run), "run_started": 1767225600.0}
 
 
 def triggers() -> list:
