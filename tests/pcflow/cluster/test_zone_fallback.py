@@ -13,7 +13,7 @@ import yaml
 from taskcontext import deferred_trigger, first_event, make_context
 
 from pcflow.aws.clients import aws_client
-from pcflow.capacity import capacity_order
+from pcflow.capacity import CapacitySettings, capacity_order
 from pcflow.cluster.config import render_config
 from pcflow.cluster.pcluster import PclusterError
 from pcflow.cluster.providers import delete_cluster, ensure_cluster, make_provider, validate_cluster
@@ -50,6 +50,15 @@ def zone_spec(site, other_zone, **overrides) -> dict:
     return site.spec(**{**values, **overrides})
 
 
+def spot_run(zone: str) -> dict:
+    """capacity_order's settings of a spot run of TYPE on ParallelCluster (queue `gpu`) whose network makes a
+    compute subnet in `zone` too (`network.zone_subnet_cidrs`)."""
+    return {
+        **{"instance_type": TYPE, "capacity_type": "spot", "provider": "parallelcluster"},
+        **{"first_partition": "gpu", "zones": [zone]},
+    }
+
+
 def queue_subnets(config: dict) -> dict[str, list[str]]:
     return {q["Name"]: q["Networking"]["SubnetIds"] for q in config["Scheduling"]["SlurmQueues"]}
 
@@ -84,17 +93,9 @@ def test_a_zone_fallback_beside_managed_fsx_is_refused_as_parallelcluster_refuse
 def test_a_zone_the_network_has_no_subnet_in_is_refused(site, other_zone):
     with pytest.raises(ClusterSpecError, match="no subnet of the network"):
         ClusterSpec.parse(zone_spec(site, other_zone, zone_subnet_ids={}))
-    run = {
-        "instance_type": TYPE,
-        "capacity_type": "spot",
-        "capacity": {
-            "fallback": [{"instance_types": [TYPE], "capacity_type": "ondemand", "availability_zone": "us-east-1f"}]
-        },
-        "cluster": {"provider": "parallelcluster"},
-        "network": {"zone_subnet_cidrs": {other_zone[1]: "10.77.16.0/20"}},
-    }
+    fallback = [{"instance_types": [TYPE], "capacity_type": "ondemand", "availability_zone": "us-east-1f"}]
     with pytest.raises(ValueError, match=r"network\.zone_subnet_cidrs"):
-        capacity_order(run, "gpu")
+        capacity_order(CapacitySettings(fallback=fallback), **spot_run(other_zone[1]))
 
 
 @pytest.mark.usefixtures("local_stack")
@@ -105,14 +106,8 @@ def test_ice_in_the_networks_zone_moves_the_job_to_the_other_zones_queue_and_say
     spec = zone_spec(site, other_zone)
     monkeypatch.setenv("PCFLOW_STANDIN_ICE", f"{TYPE}@{own_zone}")  # short in the network's zone only, as EC2 says
     provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
-    run = {
-        "instance_type": TYPE,
-        "capacity_type": "spot",
-        "capacity": {"fallback": [dict(option) for option in spec["fallback"]]},
-        "cluster": {"provider": "parallelcluster"},
-        "network": {"zone_subnet_cidrs": {zone: "10.77.16.0/20"}},
-    }
-    order = capacity_order(run, "gpu")
+    capacity = CapacitySettings(fallback=[dict(option) for option in spec["fallback"]])
+    order = capacity_order(capacity, **spot_run(zone))
     order[-1]["usd_per_node_hour"] = 1.006
     try:
         ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)

@@ -12,6 +12,7 @@ import yaml
 
 from pcflow.cluster.config import render_config
 from pcflow.cluster.spec import ClusterSpec, ClusterSpecError
+from pcflow.pipeline.resolved import load
 from pcflow.pipeline.settings import settings_for_cluster
 from pcflow.pipeline.validation import planned_cluster
 
@@ -46,8 +47,9 @@ def first_task(offline, monkeypatch):
     return offline
 
 
-def rendered_queues(run: dict, network: dict = NETWORK) -> dict[str, list[str]]:
-    spec = ClusterSpec.parse(settings_for_cluster(run, network, "ami-0123456789abcdef0"))
+def rendered_queues(document: dict, network: dict = NETWORK) -> dict[str, list[str]]:
+    """The queues' subnets of the config the cluster stage renders from the first task's document."""
+    spec = ClusterSpec.parse(settings_for_cluster(load(document), network, "ami-0123456789abcdef0"))
     queues = yaml.safe_load(render_config(spec).text)["Scheduling"]["SlurmQueues"]
     return {q["Name"]: q["Networking"]["SubnetIds"] for q in queues}
 
@@ -61,7 +63,7 @@ def test_the_zone_fallback_reaches_the_capacity_order_and_its_queue_launches_in_
         ("gpu-2", None),
         ("gpu-3", ZONE),
     ]
-    planned_cluster(run)  # the first task's check of the cluster it will make
+    planned_cluster(load(run))  # the first task's check of the cluster it will make
     assert rendered_queues(run) == {
         "gpu": NETWORK["compute_subnet_ids"],
         "gpu-2": NETWORK["compute_subnet_ids"],
