@@ -71,22 +71,17 @@ def test_options_take_partitions_from_the_provider():
 
 def test_a_zone_option_keeps_its_zone_says_it_when_taken_and_is_parallelclusters_alone():
     zoned = {"instance_types": ["g5.12xlarge"], "capacity_type": "ondemand", "availability_zone": "us-east-1b"}
-    run = {
-        "instance_type": "g6.12xlarge",
-        "capacity_type": "spot",
-        "cluster": {"provider": "parallelcluster"},
-        "network": {"zone_subnet_cidrs": {"us-east-1b": "10.60.32.0/20"}},
-        "capacity": {"fallback": [zoned]},
-    }
-    order = capacity_order(run, "gpu")
+    run = {"instance_type": "g6.12xlarge", "capacity_type": "spot", "provider": "parallelcluster"}
+    zones = ["us-east-1b"]  # the network's zone_subnet_cidrs
+    order = capacity_order(CapacitySettings(fallback=[zoned]), **run, first_partition="gpu", zones=zones)
     assert [(o["partition"], o["availability_zone"]) for o in order] == [("gpu", None), ("gpu-2", "us-east-1b")]
     move = decide([*order[:1], {**order[1], "usd_per_node_hour": 5.672}], "gpu", parse_nodes(SHORT))
     assert "gpu-2: g5.12xlarge on-demand in us-east-1b (that zone's subnet) at $5.67 per node-hour" in move.message("1")
-    static = {**run, "cluster": {"provider": "static"}, "capacity": {"fallback": [{**zoned, "partition": "b"}]}}
+    static = {**run, "provider": "static"}
     with pytest.raises(ValueError, match="a static cluster's partition decides where its nodes are"):
-        capacity_order(static, "compute")
+        capacity_order(CapacitySettings(fallback=[{**zoned, "partition": "b"}]), **static, first_partition="compute")
     with pytest.raises(ValueError, match="is not an availability zone's name"):
-        capacity_order({**run, "capacity": {"fallback": [{**zoned, "availability_zone": "b; rm"}]}}, "gpu")
+        CapacitySettings(fallback=[{**zoned, "availability_zone": "b; rm"}])
 
 
 def test_what_parallelcluster_would_refuse_is_refused_in_the_profile():
