@@ -2,7 +2,7 @@
 budget.
 
 The first task prices the run for its region from AWS's Price List API (on-demand instances, cached per
-day; pcflow.metrics.price_list), its dated price table (pcflow/metrics/prices.json: FSx, and what the API
+day; pcflow.metrics.price_list), its dated price table (pcflow/prices.json: FSx, and what the API
 does not answer) and, for spot capacity, EC2's spot price history: the compute nodes (nodes x type), and
 for ParallelCluster the head node and FSx for Lustre. Each price says its source (`price-list`,
 `spot-history`, `table`). The maximum is that price per hour over the job's time limit, once per attempt
@@ -24,9 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pcflow.errors import ConfigurationError
 from pcflow.metrics.cost import (
-    NoPrices,
     cluster_infrastructure,
-    fsx_per_hour,
     on_demand_quote,
     run_prices,
     sources_of,
@@ -34,6 +32,7 @@ from pcflow.metrics.cost import (
     table_basis,
 )
 from pcflow.patterns import ABSURD_USD  # noqa: F401 - where callers found it
+from pcflow.prices import NoPrices, fsx_per_hour
 from pcflow.slurm.states import JobInfo, JobState
 
 if TYPE_CHECKING:
@@ -285,7 +284,7 @@ def refuse_over_budget(cost: Mapping[str, Any], run: PlannedRun) -> None:
         raise BudgetRefused(
             f"budget.usd: this run has a budget of {usd(budget)}, but it cannot be priced: no price for "
             f"{'; '.join(cost['unknown'])}. An unknown price cannot be capped: choose a priced instance type or "
-            "region, or add the price to pcflow's table (plugins/pcflow/metrics/prices.json, in a pcflow release)"
+            "region, or add the price to pcflow's table (plugins/pcflow/prices.json, in a pcflow release)"
         )
     if cost["maximum_usd"] is None:
         raise BudgetRefused(

@@ -16,7 +16,7 @@ from pcflow.budget import plan_cost
 
 pytestmark = pytest.mark.security
 
-#: pcflow/metrics/prices.json, us-east-1, as of 2026-11-01 (what the hand computations use).
+#: pcflow/prices.json, us-east-1, as of 2026-11-01 (what the hand computations use).
 C5_2XLARGE, G5_12XLARGE = 0.34, 5.672
 FSX_1200_SCRATCH_2 = 1200 * 0.14 / 730  # USD per hour: GiB x per GiB-month / hours in a month
 

@@ -11,7 +11,7 @@ from pcflow.budget import plan_cost
 from pcflow.capacity import CapacitySettings, capacity_order, decide, parse_nodes
 from pcflow.runspec import RunSpecError, resolve_run_spec
 
-#: pcflow/metrics/prices.json, us-east-1: on-demand per hour.
+#: pcflow/prices.json, us-east-1: on-demand per hour.
 G5_12XLARGE, G6_12XLARGE = 5.672, 4.6016
 ORDER = [
     {"partition": "gpu", "instance_types": ["g6.12xlarge"], "capacity_type": "spot"},

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from pcflow.aws.clients import error_code
+from pcflow.aws.kept import daily_costs
 from pcflow.aws.kept_buckets import kept_buckets
 from pcflow.aws.network_users import TAG_REFERENCES, drop_reference, references
 from pcflow.aws.teardown import (
@@ -38,6 +39,7 @@ from pcflow.aws.teardown import (
     teardown,
 )
 from pcflow.naming import TAG_COMPONENT, TAG_DAG_ID, TAG_EXPIRES, TAG_RUN_ID, TAG_STACK, Component, parse_expires
+from pcflow.prices import NoPrices, price_table
 
 log = logging.getLogger(__name__)
 
@@ -253,9 +255,6 @@ def kept_report(
 ) -> dict[str, Any]:
     """The kept resources with their cost per day (pcflow.aws.kept), and the total of those priced;
     `why` adds each one's reason to its line."""
-    from pcflow.aws.kept import daily_costs
-    from pcflow.metrics.cost import NoPrices, price_table
-
     try:
         table = price_table(region=region or "us-east-1")
     except NoPrices as exc:

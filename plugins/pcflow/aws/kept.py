@@ -1,6 +1,6 @@
 """What each resource pcflow keeps costs per day, for the janitor's report: the nightly's cluster, network
 and image, a run kept for debugging until its TTL, the shared bucket's neighbours. Priced from the
-region's dated table (pcflow/metrics/prices.json) and what the listing shows (instance type and state,
+region's dated table (pcflow/prices.json) and what the listing shows (instance type and state,
 file system size, endpoint subnets, snapshot sizes, a bucket's stored bytes as pcflow.aws.kept_buckets
 measured them); free kinds cost 0, and what the table cannot price says so instead of counting as 0.
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pcflow.aws.teardown import Resource
-from pcflow.metrics.cost import fsx_per_hour
+from pcflow.prices import fsx_per_hour
 
 HOURS_PER_DAY = 24
 #: Kinds AWS does not bill for while they exist (a VPC, its subnets, gateways, tables, groups, interfaces).

@@ -1,7 +1,7 @@
 """What a run cost, as an estimate: node-hours x price, plus the head node and FSx over the run's window.
 
 On-demand instance prices come from AWS's Price List API for the run's region (`price_list`, cached per
-day) when it answers, else from a dated table bundled with pcflow (pcflow/metrics/prices.json), one
+day) when it answers, else from the dated table bundled with pcflow (`pcflow.prices`), one
 section per region (overridable per call); FSx and what a kept stack bills come from the table. A region
 neither prices is unpriced (`NoPrices`), never priced as another region. A run on spot capacity is priced
 from EC2's spot price history for its window when the API answers, else at the on-demand price less the
@@ -12,71 +12,19 @@ its `basis` says which table, answer or day.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from statistics import fmean
 from typing import Any
 
 from pcflow.metrics import price_list
+from pcflow.prices import bundled_prices, fsx_per_hour, price_table
 
 CAPACITY_TYPES = ("ondemand", "spot")
 #: Where a price came from: AWS's Price List API, EC2's spot price history, pcflow's bundled table.
 SOURCES = ("price-list", "spot-history", "table")
 log = logging.getLogger(__name__)
-
-
-DEFAULT_REGION = "us-east-1"
-
-
-class NoPrices(LookupError):
-    """The price table has no section for the region: its runs cannot be priced from it."""
-
-
-@cache
-def bundled_prices() -> dict[str, Any]:
-    """The price table shipped with pcflow (prices.json), read once per process: the fallback when the Price
-    List API does not answer."""
-    return json.loads(resources.files("pcflow.metrics").joinpath("prices.json").read_text())
-
-
-def price_table(
-    overrides: Mapping[str, Any] | None = None,
-    region: str = DEFAULT_REGION,
-    *,
-    listed: Mapping[str, float] | None = None,
-    listed_on: str | None = None,
-) -> dict[str, Any]:
-    """The bundled prices of `region`, flat (`on_demand_per_hour`, `fsx_lustre_per_gib_month`, the dated
-    `as_of`...), with the Price List API's on-demand prices `listed` (on the day `listed_on`) laid over
-    them, then `overrides` (top-level keys; per-type maps merged one level). Raises `NoPrices` for a region
-    the table lacks, unless the API or `overrides` price the compute nodes."""
-    bundled = bundled_prices()
-    regional = bundled["regions"].get(region)
-    if regional is None and not listed and not (overrides or {}).get("on_demand_per_hour"):
-        priced = ", ".join(sorted(bundled["regions"]))
-        raise NoPrices(
-            f"the price table (pcflow/metrics/prices.json, as of {bundled['as_of']}) has no prices for region "
-            f"{region} (it has {priced}) and none came from the AWS Price List API; add the region's prices there"
-        )
-    common = {k: v for k, v in bundled.items() if k not in ("regions", "_about")}
-    table = json.loads(json.dumps({**common, "region": region, **(regional or {})}))
-    overrides = dict(overrides or {})
-    if listed:
-        table.setdefault("on_demand_per_hour", {}).update(listed)
-        table["price_list"] = {
-            "as_of": listed_on,
-            "types": sorted(set(listed) - set(overrides.get("on_demand_per_hour", {}))),
-        }
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(table.get(key), dict):
-            table[key].update(value)
-        else:
-            table[key] = value
-    return table
 
 
 def run_prices(
@@ -310,11 +258,3 @@ def cluster_infrastructure(provider: str | None, settings: Mapping[str, Any] | N
     if kind == "PERSISTENT_2":
         kind = f"PERSISTENT_2_{fsx.per_unit_storage_throughput}"
     return Infrastructure(head, float(fsx.storage_capacity_gib), kind)
-
-
-def fsx_per_hour(table: Mapping[str, Any], gib: float, deployment_type: str) -> float | None:
-    """FSx for Lustre's price per hour for `gib` of `deployment_type`; None when the table lacks it."""
-    per_month = table.get("fsx_lustre_per_gib_month", {}).get(deployment_type)
-    if per_month is None:
-        return None
-    return gib * float(per_month) / float(table.get("hours_per_month", 730))

@@ -23,6 +23,7 @@ from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.report import render_report
 from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, validate_stack_name
+from pcflow.prices import NoPrices
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.values import known_at_run_time
 
@@ -50,7 +51,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
     :param head_instance_type, fsx_storage_gib, fsx_deployment_type: priced over the run's window.
     :param cluster_provider, cluster: the cluster stage's provider and settings; for `parallelcluster`
         the head node type and FSx size are taken from them (unless given above).
-    :param prices: overrides of pcflow/metrics/prices.json (e.g. `{"on_demand_per_hour": {...}}`).
+    :param prices: overrides of pcflow/prices.json (e.g. `{"on_demand_per_hour": {...}}`).
     :param cost_before: the first task's `cost` section (pcflow.budget: maximum, budget, prices): the
         report shows it beside the final estimate, with the cost so far at each evaluation.
     :param cloudwatch: publish CloudWatch metrics and the dashboard (S3 and XCom always).
@@ -218,7 +219,7 @@ class HarvestMetricsOperator(PcflowAwsOperator):
         try:
             types = [instance_type, head]
             table = cost.run_prices(self.hook.region_name, types, pricing=self.pricing, overrides=self.prices)
-        except cost.NoPrices as exc:  # never another region's prices
+        except NoPrices as exc:  # never another region's prices
             self.log.warning("Not priced: %s", exc)
             return cost.unpriced(inputs, str(exc))
         ec2 = self.client("ec2") if capacity_type == "spot" else None

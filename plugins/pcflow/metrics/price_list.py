@@ -1,6 +1,6 @@
 """On-demand prices from AWS's Price List API (`pricing:GetProducts`), for the run's region, cached per day.
 
-The bundled table (pcflow/metrics/prices.json) is one dated snapshot of one region; the Price List API is
+The bundled table (pcflow/prices.json) is one dated snapshot of one region; the Price List API is
 what AWS bills today in any region. Its endpoints are in us-east-1, ap-south-1 and eu-central-1 only,
 whatever region it prices (`api.pricing.<region>.amazonaws.com`), so the client is made for us-east-1.
 Each instance type is asked for with the filters that pick the one product a Linux, shared-tenancy

@@ -8,7 +8,7 @@ import pytest
 
 from pcflow.aws.kept import daily_costs
 from pcflow.aws.teardown import Resource
-from pcflow.metrics.cost import price_table
+from pcflow.prices import price_table
 
 TABLE = price_table(region="us-east-1")
 TAGS = {"pcflow:stack": "research"}

@@ -18,6 +18,7 @@ from deploy.browser import Chromium
 from PIL import Image
 from taskcontext import make_context
 
+from pcflow import prices
 from pcflow.aws.clients import aws_client
 from pcflow.metrics import cost
 from pcflow.metrics.definitions import parse_definitions
@@ -219,7 +220,7 @@ def test_real_job_harvested_published_and_rendered(slurm, s3, cloudwatch, bucket
     assert document["utilisation"]["samples"] >= 2 and document["utilisation"]["cpu_percent_mean"] is not None
     assert document["utilisation"]["gpus"] == 0 and "gpu_util_percent_mean" not in document["utilisation"]
     bill = document["cost"]
-    assert bill["estimate"] is True and bill["price_table_as_of"] == cost.bundled_prices()["as_of"]
+    assert bill["estimate"] is True and bill["price_table_as_of"] == prices.bundled_prices()["as_of"]
     lines = {line["what"]: line for line in bill["lines"]}
     assert set(lines) == {"compute (on-demand)", "head node", "FSx for Lustre"}
     # The Price List API (the stand-in's sample) prices c5.xlarge, not p4d.24xlarge; FSx is the table's.
@@ -419,7 +420,7 @@ def test_spot_price_history_on_the_emulator_and_the_table_as_fallback(local_stac
     start = end - dt.timedelta(hours=3)
     assert cost.spot_price(ec2, "p4d.24xlarge", start, end) == pytest.approx(0.00001)
     assert cost.spot_price(ec2, "x9.huge", start, end) is None  # no history for an unknown type
-    table = cost.price_table({"on_demand_per_hour": {"x9.huge": 10.0}})
+    table = prices.price_table({"on_demand_per_hour": {"x9.huge": 10.0}})
     bill = cost.estimate(cost.CostInputs("x9.huge", "spot", node_seconds=7200, start=start, end=end), table, ec2=ec2)
     (line,) = bill["lines"]
     assert bill["estimate"] is True and bill["price_table_as_of"] == table["as_of"]

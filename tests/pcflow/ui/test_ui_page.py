@@ -17,8 +17,8 @@ from pcflow.aws.clients import aws_client
 from pcflow.aws.network import NetworkSpec, ensure_network
 from pcflow.aws.tags import tag_specifications
 from pcflow.aws.teardown import Selector, teardown
-from pcflow.metrics.cost import price_table
 from pcflow.naming import run_key, standard_tags
+from pcflow.prices import price_table
 from pcflow.ui import reports
 from pcflow.ui.links import report_path
 from pcflow.ui.resources import overview
