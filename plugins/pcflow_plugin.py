@@ -5,8 +5,8 @@ The rest of pcflow is a plain library."""
 from airflow.plugins_manager import AirflowPlugin
 
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
-from pcflow.ui.links import URL_PREFIX
 from pcflow.ui.mount import LazyApp
+from pcflow.urls import URL_PREFIX
 
 
 class PcflowPlugin(AirflowPlugin):

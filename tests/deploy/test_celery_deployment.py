@@ -656,7 +656,7 @@ def test_the_metrics_task_s_extra_link_opens_the_report_inside_airflow(airflow, 
     """The *Metrics report* button of a night's metrics task (its Details tab) points into Airflow, not to
     the S3 console: a click opens the report in place, served with a policy that allows no script; without
     Airflow's token it is refused."""
-    from pcflow.ui.links import report_path
+    from pcflow.urls import report_path
 
     started = time.monotonic()
     night = backfill_nights(airflow)[-1]["dag_run_id"]

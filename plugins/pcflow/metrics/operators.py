@@ -25,6 +25,7 @@ from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, validate_stack_name
 from pcflow.prices import NoPrices
 from pcflow.slurm.head_node import HeadNode, head_node_argument
+from pcflow.urls import report_path
 from pcflow.values import known_at_run_time
 
 #: What the summary and the model's asset event say of the saved outputs: where, and their sha256.
@@ -356,8 +357,6 @@ class HarvestMetricsOperator(PcflowAwsOperator):
 
     def link(self, context: Context, dashboard: str | None) -> None:
         """The report opens inside Airflow (the pcflow page serves its S3 copy); the dashboard in AWS."""
-        from pcflow.ui.links import report_path
-
         ti = context["ti"]
         MetricsReportLink.persist(context, report_path(ti.dag_id, ti.run_id))
         if dashboard:

@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 
 from pcflow.ui import reports, runs
-from pcflow.ui.links import report_href, run_href
+from pcflow.urls import report_href, run_href
 
 JANITOR_DAG = "janitor"
 #: The page and the report are pcflow's own HTML with inline SVG and CSS: nothing may run or load.

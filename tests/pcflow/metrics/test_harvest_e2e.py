@@ -28,7 +28,7 @@ from pcflow.metrics.operators import HarvestMetricsOperator
 from pcflow.metrics.publish import NAMESPACE, dashboard_name
 from pcflow.metrics.series import Objective
 from pcflow.slurm.operators import SlurmJobOperator
-from pcflow.ui.links import report_path
+from pcflow.urls import report_path
 
 pytestmark = pytest.mark.stack
 

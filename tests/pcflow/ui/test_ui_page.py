@@ -20,9 +20,9 @@ from pcflow.aws.teardown import Selector, teardown
 from pcflow.naming import run_key, standard_tags
 from pcflow.prices import price_table
 from pcflow.ui import reports
-from pcflow.ui.links import report_path
 from pcflow.ui.resources import overview
 from pcflow.ui.runs import RunRow, leaderboards, report_location, trend
+from pcflow.urls import report_path
 
 NOW = dt.datetime.now(dt.UTC)
 PCLUSTER_TEMPLATE = json.dumps({"Resources": {"Handle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}})

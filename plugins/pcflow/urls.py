@@ -1,5 +1,8 @@
 """Where the pcflow page and a run's report live, as URLs: relative ones for the page itself (it works
-under any `[api] base_url`), and the report's path under the deployment's base for the extra link."""
+under any `[api] base_url`), and the report's path under the deployment's base for the extra link.
+
+A foundation module: the page (`pcflow.ui`) builds its links with it, and so does the harvest's extra
+link (`pcflow.metrics.operators`), which therefore need not import the page."""
 
 from __future__ import annotations
 
