@@ -119,9 +119,8 @@ def announced_partition(context: Mapping[str, Any]) -> str | None:
     """The partition the newest of the run's triggering events names (a run started by new data), or None.
 
     An event names it in its extra (`partition`, as the dataset stage's do) or as its partition key (an
-    event posted through the REST API may use either). Whoever posts an event chooses the partition as a
-    trigger user would: the run's profile must let a trigger user change `dataset.partition` (both shipped
-    profiles do). The caller validates it as any partition."""
+    event posted through the REST API may use either). The caller checks it as a trigger user's choice
+    (`pcflow.dataset.partition`), then as any partition."""
     try:
         triggering = context.get("triggering_asset_events") or {}
         events = {id(event): event for events in triggering.values() for event in events}.values()
@@ -130,12 +129,7 @@ def announced_partition(context: Mapping[str, Any]) -> str | None:
     named = [(event.timestamp, _partition_of(event)) for event in events if _partition_of(event)]
     if not named:
         return None
-    partition, profile = max(named)[1], (context.get("params") or {}).get("profile")
-    if profile:
-        from pcflow.runspec import check_conf
-
-        check_conf(profile, {"dataset": {"partition": partition}})  # RunSpecError (a ValueError) names the field
-    return partition
+    return max(named)[1]
 
 
 def _partition_of(event: Any) -> str | None:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk import Asset
 
+from pcflow.dataset.partition import resolve_partition
 from pcflow.lineage import DATASET, announced_partition, dataset_asset, is_new_content, nightly_schedule
 from pcflow.profiles import RunSpecError
 from pcflow.runspec import check_conf, resolve_run_spec
@@ -69,10 +70,11 @@ def test_who_announces_a_partition_chooses_it_as_a_trigger_user_would(admin_prof
         "params": {"profile": profile},
         "triggering_asset_events": {"asset": [event({"partition": "2026-11-29"}, 1)]},
     }
-    assert announced_partition(context) == "2026-11-29"
+    assert resolve_partition(context) == "2026-11-29"
     context["triggering_asset_events"]["asset"].append(event({"partition": "2026-11-30"}, 2))
+    assert announced_partition(context) == "2026-11-30"  # what the event names; whether it may, the stage checks
     with pytest.raises(RunSpecError, match=r"dataset\.partition: '2026-11-30' is not one the profile allows"):
-        announced_partition(context)
+        resolve_partition(context)
 
 
 def test_new_content_is_what_this_run_committed():

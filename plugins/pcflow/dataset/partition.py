@@ -39,11 +39,17 @@ def resolve_partition(context: Mapping[str, Any], explicit: str | None = None) -
     scheduled on new data: `pcflow.lineage`); else the logical date (`YYYY-MM-DD`) of a scheduled or
     backfill run."""
     from pcflow.lineage import announced_partition
+    from pcflow.runspec import check_conf
 
     if explicit:
         return validate_partition(explicit)
     announced = announced_partition(context)
     if announced:
+        # Whoever posts an event chooses the partition as a trigger user would: the run's profile must let a
+        # trigger user change `dataset.partition` (both shipped profiles do). RunSpecError names the field.
+        profile = (context.get("params") or {}).get("profile")
+        if profile:
+            check_conf(profile, {"dataset": {"partition": announced}})
         return validate_partition(announced, ANNOUNCED_BY)
     dag_run = context.get("dag_run")
     run_type = str(getattr(dag_run, "run_type", "") or "").lower()
