@@ -14,6 +14,9 @@ AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 #: No training run pcflow makes costs this much: a budget above it is a typo, not a budget (the run spec's
 #: check of `budget.usd`, below pcflow.budget, which takes the run spec).
 ABSURD_USD = 1_000_000.0
+#: The account checks pcflow.preflight runs, in order, by the names a profile's `preflight.skip` may list (the
+#: run spec refuses another name without importing the checks, which use the cluster stage).
+PREFLIGHT_CHECKS = ("key_pair", "instance_types_offered", "vcpu_quota", "builder_instance_profile", "pcluster_cli")
 #: A dataset partition: one path segment under the dataset prefix (a date for scheduled runs).
 PARTITION = re.compile(r"^[A-Za-z0-9=_.-]{1,64}$")
 #: A profile's name (its file is `<name>.yaml` in a profile directory).

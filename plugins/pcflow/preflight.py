@@ -22,12 +22,16 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
 from pcflow.aws.clients import error_code
 from pcflow.errors import ConfigurationError
+from pcflow.patterns import PREFLIGHT_CHECKS
+
+if TYPE_CHECKING:
+    from pcflow.resolved import PlannedRun
 
 NODE_MIN_MAJOR = 14  # AWS CDK, which pcluster create/update-cluster run on (include/cluster/install-pcluster.sh)
 #: vCPU quotas by instance family: (on-demand quota code, spot quota code, the quota's family name).
@@ -66,9 +70,7 @@ class Account:
     """What the checks look at: the run's settings, the cluster it will create (None: no ParallelCluster
     cluster), AWS clients of the run's region."""
 
-    #: The planned run (`pcflow.resolved.PlannedRun`), read by attribute; not imported here: the run spec
-    #: imports this module (its `preflight.skip` names CHECKS).
-    run: Any
+    run: PlannedRun
     cluster: Any
     client: Callable[[str], Any]
     pcluster_path: str | None = None
@@ -280,13 +282,14 @@ def pcluster_cli(account: Account) -> str | None:
     return None
 
 
-CHECKS: dict[str, Callable[[Account], str | None]] = {
-    "key_pair": key_pair,
-    "instance_types_offered": instance_types_offered,
-    "vcpu_quota": vcpu_quota,
-    "builder_instance_profile": builder_instance_profile,
-    "pcluster_cli": pcluster_cli,
-}
+#: The checks by their names (`patterns.PREFLIGHT_CHECKS`, which a profile's `preflight.skip` names).
+CHECKS: dict[str, Callable[[Account], str | None]] = dict(
+    zip(
+        PREFLIGHT_CHECKS,
+        (key_pair, instance_types_offered, vcpu_quota, builder_instance_profile, pcluster_cli),
+        strict=True,
+    )
+)
 
 
 def run_preflight(account: Account, *, skip: Sequence[str] = ()) -> list[str]:

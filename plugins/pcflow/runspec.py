@@ -31,6 +31,7 @@ from pcflow.patterns import (
     MAX_JOB_ACCOUNTS,
     NIGHTLY_SCHEDULES,
     PARTITION,
+    PREFLIGHT_CHECKS,
     WARM_START,
     job_account_names,
     validate_prefix,
@@ -607,11 +608,9 @@ class PreflightSettings(_Section):
     @field_validator("skip")
     @classmethod
     def _known(cls, value: list[str]) -> list[str]:
-        from pcflow.preflight import CHECKS
-
-        unknown = sorted(set(value) - set(CHECKS))
+        unknown = sorted(set(value) - set(PREFLIGHT_CHECKS))
         if unknown:
-            raise ValueError(f"unknown check(s) {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
+            raise ValueError(f"unknown check(s) {', '.join(unknown)}; the checks are {', '.join(PREFLIGHT_CHECKS)}")
         return value
 
 

@@ -20,6 +20,7 @@ from run_factories import make_planned_run
 
 from pcflow.aws.clients import aws_client as new_client
 from pcflow.merge import deep_merge
+from pcflow.patterns import PREFLIGHT_CHECKS
 from pcflow.pipeline import planned_cluster
 from pcflow.preflight import CHECKS, Account, PreflightFailed, quota_family, run_preflight
 
@@ -206,3 +207,10 @@ def test_instance_families_map_to_their_vcpu_quotas():
         "u-6tb1.metal": None,
     }
     assert {t: quota_family(t) for t in expected} == expected
+
+
+def test_each_check_goes_by_its_function_s_name_the_one_a_profile_skips():
+    """The names a profile's `preflight.skip` may list live in `patterns` (the run spec checks them without
+    importing the checks); each names its check's function, so a renamed check cannot drift from them."""
+    assert tuple(CHECKS) == PREFLIGHT_CHECKS
+    assert [check.__name__ for check in CHECKS.values()] == list(PREFLIGHT_CHECKS)
