@@ -18,6 +18,7 @@ from pcflow.aws.ssh_ingress import refuse_anywhere
 from pcflow.capacity import AllocationStrategy, CapacityOption
 from pcflow.cluster.node_setup import DEFAULT_JOB_UID
 from pcflow.errors import ConfigurationError
+from pcflow.fsx import HEAD_NODE_INSTANCE_TYPE, FsxSpec
 from pcflow.naming import AWS_TAG_VALUE_RE, TAG_PREFIX
 from pcflow.patterns import JOB_USER, MAX_JOB_ACCOUNTS
 
@@ -54,40 +55,6 @@ def validate_cluster_name(name: str, *, slurm_accounting: bool = False) -> str:
     return name
 
 
-class FsxSpec(BaseModel):
-    """FSx for Lustre linked to the dataset's S3 prefix (SCRATCH_2: import/export paths; PERSISTENT_2: a DRA)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"] = "SCRATCH_2"
-    storage_capacity_gib: int = Field(1200, ge=1200)
-    per_unit_storage_throughput: Literal[125, 250, 500, 1000] = 125
-    mount_dir: str = "/fsx"
-    name: str = "fsx"
-    association_name: str = "dataset"
-    file_system_path: str = "/"
-    export_prefix: str | None = None  # SCRATCH_2 ExportPath under the bucket; default: the import prefix
-    deletion_policy: Literal["Delete", "Retain"] = "Delete"
-    export_before_delete: bool = False
-
-    @field_validator("mount_dir", "file_system_path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/") or ".." in value.split("/") or not re.fullmatch(r"[\w/.-]+", value):
-            raise ValueError(f"{value!r} must be an absolute path of letters, digits, '/', '.', '_', '-'")
-        return value
-
-    @model_validator(mode="after")
-    def _capacity(self) -> FsxSpec:
-        # FSx for Lustre: SCRATCH_2 and PERSISTENT_2 grow in steps of 2400 GiB after the first 1200.
-        if self.storage_capacity_gib != 1200 and self.storage_capacity_gib % 2400:
-            raise ValueError(
-                f"storage_capacity_gib {self.storage_capacity_gib} is not a size FSx for Lustre offers: use 1200 "
-                "or a multiple of 2400"
-            )
-        return self
-
-
 def _refuse_reserved_tag(key: str, where: str) -> None:
     if key.lower().startswith(RESERVED_TAG_PREFIXES):
         raise ValueError(
@@ -121,7 +88,7 @@ class ClusterSpec(BaseModel):
     os: Literal[OS_CHOICES] = "ubuntu2204"  # type: ignore[valid-type]
     custom_ami: str | None = Field(None, pattern=r"^ami-[0-9a-f]{8,17}$")
     key_name: str = Field(min_length=1, max_length=255)
-    head_node_instance_type: str = "c5.xlarge"
+    head_node_instance_type: str = HEAD_NODE_INSTANCE_TYPE
     head_node_root_volume_gib: int = Field(100, ge=40, le=16384)
     head_subnet_id: str = Field(pattern=r"^subnet-[0-9a-f]{8,17}$")
     compute_subnet_ids: tuple[str, ...] = ()

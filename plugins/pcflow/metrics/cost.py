@@ -248,9 +248,9 @@ def cluster_infrastructure(provider: str | None, settings: Mapping[str, Any] | N
     that do not parse."""
     if provider != "parallelcluster" or not settings:
         return Infrastructure()
-    from pcflow.cluster.spec import ClusterSpec, FsxSpec  # pydantic: not at DAG parse
+    from pcflow.fsx import HEAD_NODE_INSTANCE_TYPE, FsxSpec  # pydantic: not at DAG parse
 
-    head = settings.get("head_node_instance_type") or ClusterSpec.model_fields["head_node_instance_type"].default
+    head = settings.get("head_node_instance_type") or HEAD_NODE_INSTANCE_TYPE
     fsx = FsxSpec.model_validate(settings["fsx"]) if settings.get("fsx") else None
     if fsx is None:
         return Infrastructure(head)
