@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pcflow.errors import ConfigurationError
+from pcflow.jobstates import JobInfo, JobState
 from pcflow.metrics.cost import (
     cluster_infrastructure,
     on_demand_quote,
@@ -31,9 +32,8 @@ from pcflow.metrics.cost import (
     spot_prices,
     table_basis,
 )
-from pcflow.patterns import ABSURD_USD  # noqa: F401 - where callers found it
+from pcflow.patterns import ABSURD_USD, time_limit_seconds  # noqa: F401 - ABSURD_USD: where callers found it
 from pcflow.prices import NoPrices, fsx_per_hour
-from pcflow.slurm.states import JobInfo, JobState
 
 if TYPE_CHECKING:
     from pcflow.resolved import PlannedRun
@@ -136,8 +136,6 @@ def plan_cost(
 ) -> dict[str, Any]:
     """The run's `cost` section: price per hour, maximum, budget, approval, and one line that says it all.
     `pricing`: a Price List API client (`price_list.pricing_client`); without one, the table prices."""
-    from pcflow.slurm.spec import time_limit_seconds
-
     budget, training, now = run.budget, run.training, now or dt.datetime.now(dt.UTC)
     head = cluster_infrastructure(run.cluster.provider, run.cluster.config).head_instance_type
     try:

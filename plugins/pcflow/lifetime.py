@@ -16,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
+from pcflow.patterns import time_limit_seconds
+
 if TYPE_CHECKING:
     from pcflow.runspec import RunSpec
 
@@ -23,8 +25,6 @@ if TYPE_CHECKING:
 def longest_run(spec: RunSpec, trials: int = 1) -> dt.timedelta | None:
     """The longest a run with these validated settings (and this many trials, one after another at worst)
     may take from its first stamp to its teardown; None when its job has no time limit."""
-    from pcflow.slurm.spec import time_limit_seconds
-
     training, budget = spec.training, spec.budget
     limit_s = time_limit_seconds(training.time_limit)
     if limit_s is None:

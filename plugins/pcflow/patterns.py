@@ -66,3 +66,24 @@ RUN_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 #: model a run of the stack wrote (`runs/<run key>/model/...`); the first task checks it against the record.
 WARM_START = re.compile(r"^(latest|[a-z0-9][a-z0-9-]{0,47}|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s\x00]{1,1024})$")
 LATEST = "latest"
+
+
+#: A job's time limit as sbatch's `--time` reads it (the run spec's `training.time_limit`).
+TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,4}(:\d{2}){0,2}$|^UNLIMITED$|^INFINITE$")
+
+
+def time_limit_seconds(text: str | None) -> int | None:
+    """A time limit as sbatch reads `--time` (`minutes`, `minutes:seconds`, `hours:minutes:seconds`,
+    `days-hours`, `days-hours:minutes`, `days-hours:minutes:seconds`) in seconds; None when it is unset
+    or unlimited (the partition's limit then applies, which pcflow does not know)."""
+    if text is None or not TIME_LIMIT.fullmatch(text) or text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:  # hours:minutes:seconds
+        hours, minutes, seconds = parts
+    else:  # minutes[:seconds]
+        hours, minutes, seconds = 0, parts[0], ([*parts, 0])[1]
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds

@@ -15,9 +15,9 @@ from stacktools import LocalStack
 from taskcontext import first_event, make_context
 
 from pcflow.dataset.digits import materialize_digits
+from pcflow.jobstates import JobState
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.operators import SlurmJobOperator
-from pcflow.slurm.states import JobState
 
 pytestmark = pytest.mark.stack
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pcflow.budget import CostMeter
-from pcflow.slurm.states import JobInfo, JobState
+from pcflow.jobstates import JobInfo, JobState
 from pcflow.slurm.watch import JobWatch, Outcome
 
 COST = {"compute_per_node_hour": 3.6, "infrastructure_per_hour": 0.36, "nodes": 2, "budget_usd": 1.0}

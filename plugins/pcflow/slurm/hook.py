@@ -39,9 +39,9 @@ from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
 from airflow.sdk import BaseHook
 
 from pcflow.errors import PcflowError, PcflowInputError, connection_admin
+from pcflow.jobstates import JobInfo
 from pcflow.slurm import DEFAULT_SSH_CONN_ID, jobfiles, queries
 from pcflow.slurm.head_node import HeadNode, head_node_argument
-from pcflow.slurm.states import JobInfo
 
 if TYPE_CHECKING:
     import asyncssh

@@ -32,6 +32,7 @@ from pcflow.errors import (
     task_author,
 )
 from pcflow.events import validate_event
+from pcflow.jobstates import JobInfo, JobState
 from pcflow.naming import run_key_from_context, slug
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.kills import kill_verdict
@@ -43,7 +44,6 @@ from pcflow.slurm.outcomes import (
     Outcome,
     output_problems,
 )
-from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.watch import WatchPolicy
 
 if TYPE_CHECKING:

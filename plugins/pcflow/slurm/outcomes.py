@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from pcflow.errors import JobFailedForGood
-from pcflow.slurm.states import JobInfo, JobState
+from pcflow.jobstates import JobInfo, JobState
 
 
 class Outcome(StrEnum):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pcflow.slurm.states import JobInfo, JobState
+from pcflow.jobstates import JobInfo, JobState
 
 #: Reason (up to its first comma: `ReqNodeNotAvail, UnavailableNodes:node[1-2]`) -> what it means.
 PENDING_REASONS = {

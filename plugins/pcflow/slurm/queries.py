@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 
-from pcflow.slurm.states import SACCT_FIELDS, SQUEUE_FORMAT, JobInfo, parse_sacct, parse_scontrol, parse_squeue
+from pcflow.jobstates import SACCT_FIELDS, SQUEUE_FORMAT, JobInfo, parse_sacct, parse_scontrol, parse_squeue
 
 Query = Generator[list[str], str, "JobInfo | list[JobInfo] | bool | None"]
 

@@ -36,8 +36,8 @@ from pcflow.slurm.hook import SlurmError, quote_command, with_slurm_bin
 from pcflow.slurm.statloop import FileStat, StatLoop
 
 if TYPE_CHECKING:
+    from pcflow.jobstates import JobInfo
     from pcflow.slurm.head_node import HeadNode
-    from pcflow.slurm.states import JobInfo
     from pcflow.slurm.watch import WatchPolicy
 
 log = logging.getLogger(__name__)

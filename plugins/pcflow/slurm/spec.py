@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pcflow.paths import remote_within
-from pcflow.patterns import ENTRY_POINT
+from pcflow.patterns import ENTRY_POINT, TIME_LIMIT
 
 Launcher = Literal["srun", "torchrun", "vissl", "mpirun"]
 
@@ -62,7 +62,6 @@ SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%/+*\-\[\]]{1,256}$")
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 ABS_PATH = re.compile(r"^/[A-Za-z0-9_.@+/\-]{0,1023}$")
-TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,4}(:\d{2}){0,2}$|^UNLIMITED$|^INFINITE$")
 RESERVED_ENV_PREFIXES = ("SLURM_", "PCFLOW_")
 #: How `python` runs a `pkg.module:function` program: the shipped code first on the path, the function
 #: called with sys.argv its arguments, its int return (or None: 0) the exit status. Arguments, not shell.
@@ -70,23 +69,6 @@ RUN_ENTRY_POINT = (
     "import importlib,sys;sys.path.insert(0,sys.argv[1]);m,_,f=sys.argv[2].partition(':');"
     "sys.argv=sys.argv[2:];r=getattr(importlib.import_module(m),f)();sys.exit(r if isinstance(r,int) else 0)"
 )
-
-
-def time_limit_seconds(text: str | None) -> int | None:
-    """A time limit as sbatch reads `--time` (`minutes`, `minutes:seconds`, `hours:minutes:seconds`,
-    `days-hours`, `days-hours:minutes`, `days-hours:minutes:seconds`) in seconds; None when it is unset
-    or unlimited (the partition's limit then applies, which pcflow does not know)."""
-    if text is None or not TIME_LIMIT.fullmatch(text) or text in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:  # days-hours[:minutes[:seconds]]
-        hours, minutes, seconds = [*parts, 0, 0][:3]
-    elif len(parts) == 3:  # hours:minutes:seconds
-        hours, minutes, seconds = parts
-    else:  # minutes[:seconds]
-        hours, minutes, seconds = 0, parts[0], ([*parts, 0])[1]
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 SbatchValue = Annotated[str, Field(pattern=SBATCH_VALUE.pattern)]

@@ -32,6 +32,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pcflow import capacity
 from pcflow.budget import CostMeter
+from pcflow.jobstates import JobInfo, JobState
 from pcflow.metrics.harvest import EARLY_STOP_FILE
 from pcflow.metrics.jsonlines import from_line_start
 from pcflow.metrics.stopping import METRICS_TAIL_BYTES, Decision, decide_from_lines, stop_record
@@ -49,7 +50,6 @@ from pcflow.slurm.hook import (
 from pcflow.slurm.outcomes import Outcome
 from pcflow.slurm.progress import ArrayProgress, JobProgress
 from pcflow.slurm.session import CONNECTION_ERRORS, Seat, View
-from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.statloop import FileStat
 from pcflow.slurm.watch import (
     ArrayWatch,

@@ -12,6 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from pcflow.jobstates import JobInfo, JobState
 from pcflow.slurm.outcomes import (
     BUDGET_SIGNAL,
     END_STATES,
@@ -21,7 +22,6 @@ from pcflow.slurm.outcomes import (
     describe_end,
     end_message,
 )
-from pcflow.slurm.states import JobInfo, JobState
 
 
 @dataclass(frozen=True)

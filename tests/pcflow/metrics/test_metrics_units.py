@@ -12,6 +12,7 @@ import pytest
 from botocore.stub import Stubber
 
 from pcflow.budget import checkpoint_costs
+from pcflow.jobstates import JobState, parse_sacct_usage, parse_scontrol_usage, parse_size
 from pcflow.metrics.cost import CostInputs, estimate
 from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
 from pcflow.metrics.jsonlines import read_metric_lines
@@ -23,7 +24,6 @@ from pcflow.metrics.stopping import decide
 from pcflow.metrics.utilisation import read_samples
 from pcflow.prices import NoPrices, price_table
 from pcflow.runspec import RunSpecError, resolve_run_spec
-from pcflow.slurm.states import JobState, parse_sacct_usage, parse_scontrol_usage, parse_size
 
 
 def line(name, value, step, epoch=0, split="train"):

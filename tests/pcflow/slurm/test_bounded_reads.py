@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from stacktools import REPO, LocalStack
 from taskcontext import first_event, make_context
 
+from pcflow.jobstates import JobInfo, JobState
 from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
 from pcflow.metrics.harvest import MAX_LOG_BYTES, MAX_METRICS_BYTES, MAX_UTILISATION_BYTES, JobRef, harvest_job
 from pcflow.metrics.jsonlines import MAX_METRIC_NAMES
@@ -24,7 +25,6 @@ from pcflow.metrics.stopping import METRICS_TAIL_BYTES
 from pcflow.runspec import RunSpecError, resolve_run_spec
 from pcflow.slurm.hook import SMALL_FILE_BYTES, SlurmHook
 from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator
-from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.trigger import LOG_POLL_BYTES, HeadNodeTrigger, SlurmJobTrigger
 from pcflow.slurm.watch import MAX_LINE_BYTES, ArrayWatch, LogCursor, Outcome, WatchPolicy
 

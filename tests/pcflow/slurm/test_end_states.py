@@ -13,6 +13,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.errors import JobFailed, JobFailedForGood
+from pcflow.jobstates import JobInfo, JobState, parse_sacct, parse_squeue
 from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.slurm.outcomes import (
     END_STATES,
@@ -23,7 +24,6 @@ from pcflow.slurm.outcomes import (
     describe_end,
     output_problems,
 )
-from pcflow.slurm.states import JobInfo, JobState, parse_sacct, parse_squeue
 from pcflow.slurm.watch import JobWatch, WatchPolicy
 
 FIXTURE = Path(__file__).with_name("end_states.txt")

@@ -21,11 +21,11 @@ import uuid
 import pytest
 from stacktools import LocalStack
 
+from pcflow.jobstates import JobInfo, JobState, parse_scontrol, parse_squeue
 from pcflow.slurm import session
 from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.outcomes import Outcome
 from pcflow.slurm.session import View
-from pcflow.slurm.states import JobInfo, JobState, parse_scontrol, parse_squeue
 from pcflow.slurm.trigger import SlurmJobTrigger
 from pcflow.slurm.watch import JobWatch, Verdict, WatchPolicy, held_after_failed_launch
 

@@ -14,8 +14,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from stacktools import LocalStack
 from taskcontext import first_event, make_context
 
+from pcflow.jobstates import JobInfo, JobState, parse_sacct, parse_squeue
 from pcflow.slurm.operators import SlurmJobOperator
-from pcflow.slurm.states import JobInfo, JobState, parse_sacct, parse_squeue
 
 pytestmark = pytest.mark.security
 

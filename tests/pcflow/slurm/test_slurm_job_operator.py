@@ -15,9 +15,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from stacktools import LocalStack, settled
 from taskcontext import MemoryStateStore, deferred_trigger, first_event, make_context
 
+from pcflow.jobstates import JobState
 from pcflow.slurm.hook import SlurmConnectionError, SlurmHook
 from pcflow.slurm.operators import STATE_KEY, SlurmArrayJobOperator, SlurmJobOperator
-from pcflow.slurm.states import JobState
 
 pytestmark = pytest.mark.stack
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from pcflow.jobstates import SQUEUE_FORMAT, JobState
 from pcflow.slurm import queries
 from pcflow.slurm.head_node import HeadNode
 from pcflow.slurm.session import Seat, current_sessions, joined
-from pcflow.slurm.states import SQUEUE_FORMAT, JobState
 from pcflow.slurm.statloop import TERMINATOR, FileStat, parse_stats
 from pcflow.slurm.watch import WatchPolicy
 

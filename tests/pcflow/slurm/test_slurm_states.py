@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pcflow.slurm.states import (
+from pcflow.jobstates import (
     JobInfo,
     JobState,
     normalise_state,

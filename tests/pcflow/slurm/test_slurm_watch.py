@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from pcflow.jobstates import JobInfo, JobState
 from pcflow.slurm.progress import ArrayProgress, JobProgress, explain_reason
-from pcflow.slurm.states import JobInfo, JobState
 from pcflow.slurm.watch import ArrayWatch, JobWatch, LogCursor, Outcome, WatchPolicy, marker_job_info
 
 

@@ -13,11 +13,11 @@ from airflow.sdk.execution_time import task_runner
 from airflow.sdk.execution_time.comms import GetTaskStates
 from taskcontext import FakeTI, deferred_trigger, make_context, supervisor_comms
 
+from pcflow.jobstates import JobState
 from pcflow.slurm import kills
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.kills import KillVerdict
 from pcflow.slurm.operators import SlurmJobOperator
-from pcflow.slurm.states import JobState
 
 FAST = {"poll_interval": 0.2, "confirm_interval": 2.0}
 A_PERSON = pytest.mark.parametrize(

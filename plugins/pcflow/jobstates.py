@@ -3,6 +3,9 @@
 The three sources spell states differently (`CANCELLED by 0`, `CA`, `NODE_FAIL`) and know different
 things (squeue: only live jobs; sacct: history, if accounting is on; scontrol: live jobs and jobs
 finished within MinJobAge), so callers never see which one answered.
+
+It sits in the foundation layer (it imports nothing of pcflow): the Slurm stage reads the states, and the
+budget's cost meter and the harvest read what they say about a job without importing the Slurm stage.
 """
 
 from __future__ import annotations
