@@ -2,7 +2,7 @@
 budget.
 
 The first task prices the run for its region from AWS's Price List API (on-demand instances, cached per
-day; pcflow.metrics.price_list), its dated price table (pcflow/prices.json: FSx, and what the API
+day; pcflow.pricing.price_list), its dated price table (pcflow/prices.json: FSx, and what the API
 does not answer) and, for spot capacity, EC2's spot price history: the compute nodes (nodes x type), and
 for ParallelCluster the head node and FSx for Lustre. Each price says its source (`price-list`,
 `spot-history`, `table`). The maximum is that price per hour over the job's time limit, once per attempt
@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from pcflow.errors import ConfigurationError
 from pcflow.jobstates import JobInfo, JobState
-from pcflow.metrics.cost import (
+from pcflow.patterns import ABSURD_USD, time_limit_seconds  # noqa: F401 - ABSURD_USD: where callers found it
+from pcflow.prices import NoPrices, fsx_per_hour
+from pcflow.pricing.cost import (
     cluster_infrastructure,
     on_demand_quote,
     run_prices,
@@ -32,8 +34,6 @@ from pcflow.metrics.cost import (
     spot_prices,
     table_basis,
 )
-from pcflow.patterns import ABSURD_USD, time_limit_seconds  # noqa: F401 - ABSURD_USD: where callers found it
-from pcflow.prices import NoPrices, fsx_per_hour
 
 if TYPE_CHECKING:
     from pcflow.resolved import PlannedRun
@@ -52,7 +52,7 @@ class Price:
     can be checked."""
 
     usd_per_hour: float
-    source: str  # one of pcflow.metrics.cost.SOURCES
+    source: str  # one of pcflow.pricing.cost.SOURCES
     item: str
     basis: str  # which table, answer or day
 

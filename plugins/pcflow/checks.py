@@ -188,7 +188,7 @@ def check_cost(run: PlannedRun, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> dict[
     import logging
 
     from pcflow.budget import plan_cost, refuse_over_budget
-    from pcflow.metrics import price_list
+    from pcflow.pricing import price_list
 
     ec2 = None
     if run.capacity_type == "spot":  # spot is priced from EC2's price history of the run's region

@@ -2,7 +2,7 @@
 (`FsxSpec`) and the head node's default type.
 
 They sit in the settings layer, below the stages: the cluster's spec (`pcflow.cluster.spec.ClusterSpec`)
-is built from them, and the cost estimate (`pcflow.metrics.cost.cluster_infrastructure`) reads them
+is built from them, and the cost estimate (`pcflow.pricing.cost.cluster_infrastructure`) reads them
 without importing the cluster stage.
 """
 

@@ -1,7 +1,7 @@
 """The price table bundled with pcflow (pcflow/prices.json): one dated section per region, with FSx and
 what a kept stack bills, and how a run's prices are laid over it.
 
-It sits in the foundation layer, below the stages that price: the estimate of a run (`pcflow.metrics.cost`,
+It sits in the foundation layer, below the stages that price: the estimate of a run (`pcflow.pricing.cost`,
 which adds the Price List API's and EC2's spot answers), the budget, and the janitor's cost of what it
 keeps (`pcflow.aws.kept`). A region the table lacks is unpriced (`NoPrices`), never priced as another.
 """

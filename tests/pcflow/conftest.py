@@ -38,8 +38,8 @@ def offline(monkeypatch):
     commit's hyperparameter schema (tests/pcflow/code/test_code_hparams.py: read from the commit instead),
     for unit tests that run without the local stack."""
     from pcflow.code import hparams
-    from pcflow.metrics import price_list
     from pcflow.pipeline import validation
+    from pcflow.pricing import price_list
 
     monkeypatch.setattr(validation, "check_against_aws", lambda run: None)
     monkeypatch.setattr(validation, "account_preflight", lambda run: None)

@@ -1,4 +1,4 @@
-"""The run priced from AWS's Price List API for its region (pcflow.metrics.price_list), cached per day, with
+"""The run priced from AWS's Price List API for its region (pcflow.pricing.price_list), cached per day, with
 the bundled table as the fallback and every estimate saying which source it used (`price-list`,
 `spot-history`, `table`). The region difference is the local stack's answers (its Price List stand-in,
 include/local/price_list_standin.py, serving price_list_sample.json); a refusal, an unreachable endpoint
@@ -17,7 +17,7 @@ from botocore.stub import Stubber
 from run_factories import make_planned_run
 
 from pcflow.budget import BudgetRefused, plan_cost, refuse_over_budget
-from pcflow.metrics import price_list
+from pcflow.pricing import price_list
 
 SAMPLE = Path(__file__).resolve().parents[2] / "include" / "local" / "price_list_sample.json"
 DAY = dt.date(2026, 12, 2)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.errors import ConfigurationError, PcflowInputError, refused, task_author
-from pcflow.metrics import cost, price_list, publish
+from pcflow.metrics import publish
 from pcflow.metrics.definitions import parse_definitions
 from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job, job_refs, load_job, xcom_summary
 from pcflow.metrics.leaderboard import leaderboard_csv, leaderboard_page, rank_trials
@@ -24,6 +24,7 @@ from pcflow.metrics.report import render_report
 from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, validate_stack_name
 from pcflow.prices import NoPrices
+from pcflow.pricing import cost, price_list
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.urls import report_path
 from pcflow.values import known_at_run_time

@@ -20,13 +20,13 @@ from taskcontext import make_context
 
 from pcflow import prices
 from pcflow.aws.clients import aws_client
-from pcflow.metrics import cost
 from pcflow.metrics.definitions import parse_definitions
 from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.operators import HarvestMetricsOperator
 from pcflow.metrics.publish import NAMESPACE, dashboard_name
 from pcflow.metrics.series import Objective
+from pcflow.pricing import cost
 from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.urls import report_path
 

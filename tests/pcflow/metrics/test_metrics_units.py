@@ -13,7 +13,6 @@ from botocore.stub import Stubber
 
 from pcflow.budget import checkpoint_costs
 from pcflow.jobstates import JobState, parse_sacct_usage, parse_scontrol_usage, parse_size
-from pcflow.metrics.cost import CostInputs, estimate
 from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
 from pcflow.metrics.jsonlines import read_metric_lines
 from pcflow.metrics.leaderboard import leaderboard_csv, rank_trials
@@ -23,6 +22,7 @@ from pcflow.metrics.series import Objective, group
 from pcflow.metrics.stopping import decide
 from pcflow.metrics.utilisation import read_samples
 from pcflow.prices import NoPrices, price_table
+from pcflow.pricing.cost import CostInputs, estimate
 from pcflow.runspec import RunSpecError, resolve_run_spec
 
 

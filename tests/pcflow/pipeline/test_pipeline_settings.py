@@ -19,9 +19,9 @@ from taskcontext import FakeTI
 
 import pcflow.checks
 import pcflow.pipeline
-from pcflow.metrics import price_list
 from pcflow.paths import profile_names
 from pcflow.pipeline import RUN, resolved, run_fields, settings, sweep_params, training_params, validation
+from pcflow.pricing import price_list
 from pcflow.runspec import resolve_run_spec
 from pcflow.values import Returned
 

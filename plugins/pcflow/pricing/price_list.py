@@ -152,7 +152,10 @@ def on_demand(
 ) -> Listed:
     """The types' on-demand prices in `region` as the Price List API lists them today, cached for the day.
     Types it was not asked about (the API refused or is unreachable) are left out: the table prices them."""
-    from botocore.exceptions import BotoCoreError, ClientError  # here: DAG files import pcflow.metrics
+    from botocore.exceptions import (  # here: DAG files import it (through pcflow.metrics.operators)
+        BotoCoreError,
+        ClientError,
+    )
 
     day = (today or dt.datetime.now(dt.UTC).date()).isoformat()
     cache = cache or default_cache()

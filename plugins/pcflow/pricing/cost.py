@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
-from pcflow.metrics import price_list
 from pcflow.prices import bundled_prices, fsx_per_hour, price_table
+from pcflow.pricing import price_list
 
 CAPACITY_TYPES = ("ondemand", "spot")
 #: Where a price came from: AWS's Price List API, EC2's spot price history, pcflow's bundled table.
