@@ -460,7 +460,11 @@ class Chaos:
 
     def run(self, *faults: Fault) -> Outcome:
         """One run, its faults in turn (each at its moment: those while submitting first): trigger, wait for
-        the moment, kill and restart, then follow the run to its end and measure it."""
+        the moment, kill and restart, then follow the run to its end and measure it. A replica an earlier
+        fault or test killed is started first, as compose's `restart: always` would have: triggerer-late
+        needs the other triggerer to take the wait over."""
+        if gone := self.revive():
+            self.log(f"  started again before the run (compose's restart: always): {', '.join(gone)}")
         run_id, notes = self.trigger(), []
         self.revived.clear()
         for fault in faults:

@@ -11,10 +11,12 @@ import yaml
 from taskcontext import make_context
 
 from pcflow.aws.clients import aws_client as clients
+from pcflow.capacity import CapacitySettings
 from pcflow.cluster.operators import ValidateClusterConfigOperator
 from pcflow.cluster.pcluster import PclusterError
 from pcflow.cluster.providers import make_provider, validate_cluster
 from pcflow.cluster.spec import ClusterSpecError
+from pcflow.pipeline.settings import cluster_capacity
 from pcflow.runspec import load_profile
 
 pytestmark = pytest.mark.stack
@@ -128,10 +130,8 @@ def test_flexible_types_fallback_queues_efa_and_health_checks_pass_the_real_dry_
     EFA and a placement group on both (EC2 says both types have EFA), GPU health checks. ParallelCluster's own
     validators judge it (InstancesAcceleratorsValidator, InstancesEFAValidator, EfaPlacementGroupValidator,
     InstancesAllocationStrategyValidator...); only the rehearsal's moto-suppressed ones are skipped."""
-    from pcflow.pipeline.settings import cluster_capacity
-
-    capacity = load_profile("aws-gpu")["capacity"]
-    spec = site.spec(instance_type="g5.12xlarge", capacity_type="SPOT", **cluster_capacity({"capacity": capacity}))
+    capacity = CapacitySettings.model_validate(load_profile("aws-gpu")["capacity"])
+    spec = site.spec(instance_type="g5.12xlarge", capacity_type="SPOT", **cluster_capacity(capacity))
     result = validate_cluster(provider(pcluster_cli), spec, stack=site.stack)
     assert not [m for m in result["validation_messages"] if m["level"] == "ERROR"], result["validation_messages"]
     spot, ondemand = yaml.safe_load(result["config"])["Scheduling"]["SlurmQueues"]

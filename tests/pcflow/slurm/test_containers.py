@@ -156,18 +156,20 @@ def test_a_job_runs_in_its_image_as_the_job_account_and_the_image_is_imported_on
     assert [m["destination"] for m in bundle["mounts"] if m["type"] == "bind" and m["source"] != "/sys"] == [
         str(run_dir),
         str(data),
+        str(REPO / ".venv-payload"),  # the profile's own mount; the admin's `mounts` add to it
         admin,
         code,
     ]
 
 
 @pytest.mark.stack
-def test_a_container_the_cluster_cannot_run_is_refused_before_submit(local_stack: LocalStack, local_image: str):
+def test_a_container_the_cluster_cannot_run_is_refused_before_submit(local_stack: LocalStack):
     """The local Slurm has no Pyxis: a profile whose clusters run containers with it is refused by the
     preflight (ConfigurationError, which Airflow does not retry), naming the missing option; nothing is
     imported."""
     cluster = {"ssh_conn_id": "slurm_default", "shared_root": str(local_stack.shared_root)}
-    document = run_document(local_image, runtime="pyxis")
+    pinned = "registry.example.com/team/train@sha256:" + "0" * 64  # Pyxis takes a registry's reference
+    document = run_document(pinned, runtime="pyxis")
     with pytest.raises(ConfigurationError, match=r"no --container-image option.*Pyxis is not enabled"):
         prepare_image.function(document, cluster, {"python": "python3"})
 
