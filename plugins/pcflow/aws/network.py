@@ -654,30 +654,50 @@ def release_network(
 ) -> dict[str, Any]:
     """`run` stops using the stack's network; the network is deleted when it was the last user and nothing
     kept (an instance: the nightly's cluster) is in the VPC. Returns what was decided (`network_deleted`: this
-    call deleted it), and the teardown's report when it went on to delete."""
-    s3, ec2 = clients("s3"), clients("ec2")
+    call deleted it), and the teardown's report when it went on to delete. Waits for the network lock in
+    this process (`ReleaseNetworkOperator` defers instead)."""
+    s3 = clients("s3")
+    if (kept := drop_and_look(s3, bucket=bucket, stack=stack, run=run, dry_run=dry_run)) is not None:
+        return kept
+    with network_lock(s3, bucket, stack, holder=run, delay=lock_delay):
+        return delete_if_last(clients, stack=stack, bucket=bucket, run=run, dry_run=dry_run, **loop)
+
+
+def drop_and_look(s3: Any, *, bucket: str, stack: str, run: str, dry_run: bool) -> dict[str, Any] | None:
+    """`run`'s reference given back (not in a dry run); what the release decided when other runs still use
+    the network, else None: the last user goes on to `delete_if_last`, under the network lock."""
     if not dry_run:
         drop_reference(s3, bucket, stack, run)
+    return kept_for_others(s3, bucket=bucket, stack=stack, run=run)
+
+
+def kept_for_others(s3: Any, *, bucket: str, stack: str, run: str) -> dict[str, Any] | None:
+    """The release's decision when runs other than `run` hold a reference; None when there are none."""
     others = [ref.run for ref in references(s3, bucket, stack) if ref.run != run]
-    if others:
-        log.info("network of stack %s kept: used by run(s) %s", stack, ", ".join(others))
-        return {"network_deleted": False, "kept": f"used by {len(others)} other run(s)", "users": others}
-    with network_lock(s3, bucket, stack, holder=run, delay=lock_delay):
-        others = [ref.run for ref in references(s3, bucket, stack) if ref.run != run]  # looked at again, locked
-        if others:
-            return {"network_deleted": False, "kept": f"used by {len(others)} other run(s)", "users": others}
-        vpc = find_one(
-            ec2.describe_vpcs,
-            "Vpcs",
-            what="VPC",
-            id_key="VpcId",
-            Filters=[tag_equals(TAG_STACK, stack), tag_equals("Name", resource_name(stack, Component.NETWORK, "vpc"))],
-        )
-        kept = vpc_in_use(ec2, vpc["VpcId"]) if vpc else []
-        if kept:
-            log.info("network of stack %s kept: instances %s are in its VPC", stack, ", ".join(kept))
-            return {"network_deleted": False, "kept": f"{len(kept)} instance(s) in the VPC", "instances": kept}
-        report = delete_network(clients, stack=stack, dry_run=dry_run, **loop)
+    if not others:
+        return None
+    log.info("network of stack %s kept: used by run(s) %s", stack, ", ".join(others))
+    return {"network_deleted": False, "kept": f"used by {len(others)} other run(s)", "users": others}
+
+
+def delete_if_last(clients: Any, *, stack: str, bucket: str, run: str, dry_run: bool, **loop: Any) -> dict[str, Any]:
+    """Under the stack's network lock: the references looked at again (a run may have taken one since), then
+    the network deleted unless an instance is in its VPC."""
+    ec2 = clients("ec2")
+    if (kept := kept_for_others(clients("s3"), bucket=bucket, stack=stack, run=run)) is not None:
+        return kept
+    vpc = find_one(
+        ec2.describe_vpcs,
+        "Vpcs",
+        what="VPC",
+        id_key="VpcId",
+        Filters=[tag_equals(TAG_STACK, stack), tag_equals("Name", resource_name(stack, Component.NETWORK, "vpc"))],
+    )
+    instances = vpc_in_use(ec2, vpc["VpcId"]) if vpc else []
+    if instances:
+        log.info("network of stack %s kept: instances %s are in its VPC", stack, ", ".join(instances))
+        return {"network_deleted": False, "kept": f"{len(instances)} instance(s) in the VPC", "instances": instances}
+    report = delete_network(clients, stack=stack, dry_run=dry_run, **loop)
     # Whether this release deleted it: False when another's release had (both saw no user, one after the other).
     return {**report.to_xcom(), "network_deleted": bool(report.deleted), "users": []}
 
@@ -773,22 +793,45 @@ class DeleteNetworkOperator(TeardownOperator):
 class ReleaseNetworkOperator(DeleteNetworkOperator):
     """The run's reference to the stack's shared network given back (`release_network`): the network is
     deleted only by its last user, and not while an instance (a kept cluster) is in it. Wire it as a
-    teardown of the network task, after the run's own resources are gone."""
+    teardown of the network task, after the run's own resources are gone.
+
+    :param references_bucket: the bucket keeping the stack's network references and lock.
+    :param deferrable: while another run holds the stack's network lock (creating the network, or deleting
+        it as its last user), the last user waits in the triggerer (`LockReleasedTrigger`), as the network
+        task does, instead of in this worker slot.
+    """
 
     template_fields: Sequence[str] = (*DeleteNetworkOperator.template_fields, "references_bucket")
 
-    def __init__(self, *, references_bucket: str, **kwargs: Any):
+    def __init__(
+        self,
+        *,
+        references_bucket: str,
+        waiter_delay: int = 15,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.references_bucket = references_bucket
+        self.waiter_delay = waiter_delay
+        self.deferrable = deferrable
 
     def execute(self, context: Any) -> dict[str, Any]:
-        stack = self.selector(context).stack
+        stack, run, dry_run = self.selector(context).stack, run_key_from_context(context), self.is_dry_run(context)
+        release = {"stack": stack, "bucket": self.references_bucket, "run": run, "dry_run": dry_run}
         loop = {"pass_delay": self.pass_delay, "max_passes": self.max_passes, "logger": self.log}
-        return release_network(
-            self.client,
-            stack=stack,
-            bucket=self.references_bucket,
-            run=run_key_from_context(context),
-            dry_run=self.is_dry_run(context),
-            **loop,
-        )
+        if not self.deferrable:
+            return release_network(self.client, **release, **loop)
+        if (kept := drop_and_look(self.client("s3"), **release)) is not None:
+            return kept
+        lock = lock_of(self.client("s3"), self.references_bucket, stack, run)
+        if (found := lock.try_acquire()) is not None:
+            self.defer_on_lock(lock, found, method_name="lock_released", waiter_delay=self.waiter_delay)
+        with lock.releasing():
+            return delete_if_last(self.client, **release, **loop)
+
+    def lock_released(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Back from the lock's wait (released, changed hands, or the wait's bound reached): the release again
+        (giving back a reference already given back is a no-op)."""
+        self.log.info("network lock: %s", (event or {}).get("status"))
+        return self.execute(context)

@@ -16,7 +16,13 @@ from taskcontext import drive, first_event, roundtrip
 
 from pcflow.aws.ami import AmiSpec, BakeImageOperator, BakeLocking, bake_image, bake_lock_key
 from pcflow.aws.locks import LockNotHeld, S3Lock
-from pcflow.aws.network import EnsureNetworkOperator, NetworkSpec, ensure_network, release_network
+from pcflow.aws.network import (
+    EnsureNetworkOperator,
+    NetworkSpec,
+    ReleaseNetworkOperator,
+    ensure_network,
+    release_network,
+)
 from pcflow.aws.network_users import lock_key, network_lock, references
 from pcflow.aws.waits import LockReleasedTrigger
 from pcflow.naming import run_key_from_context
@@ -195,3 +201,23 @@ def test_the_network_task_waits_for_the_network_lock_in_the_triggerer(aws, stack
     assert aws.s3.list_objects_v2(Bucket=bucket, Prefix=lock_key(stack)).get("KeyCount") == 0
     gone = release_network(aws, stack=stack, bucket=bucket, run=run_key_from_context(run), pass_delay=0)
     assert gone["network_deleted"] is True and counts()["vpc"] == 0
+
+
+def test_the_last_user_s_release_waits_for_the_network_lock_in_the_triggerer(aws, stack, bucket, counts):
+    """The teardown side of the lock: the last run giving the network back finds another run holding the
+    lock (a new run creating it again, say) and defers instead of holding a worker slot; back from the
+    wait it deletes the network under the lock, and leaves the lock free."""
+    run = context("manual__last")
+    ensure = EnsureNetworkOperator(task_id="network", stack=stack, references_bucket=bucket, deferrable=True)
+    ensure.execute(run)
+    release = ReleaseNetworkOperator(
+        task_id="release_network", stack=stack, references_bucket=bucket, waiter_delay=0, pass_delay=0, deferrable=True
+    )
+    with network_lock(aws.s3, bucket, stack, holder="run-other"):
+        with pytest.raises(TaskDeferred) as deferred:
+            release.execute(run)
+        assert deferred.value.method_name == "lock_released"
+        assert references(aws.s3, bucket, stack) == [] and counts()["vpc"] == 1  # given back; not yet deleted
+    report, waits = drive(release, run, deferred.value)
+    assert waits == ["LockReleased"] and report["network_deleted"] is True and counts()["vpc"] == 0
+    assert aws.s3.list_objects_v2(Bucket=bucket, Prefix=lock_key(stack)).get("KeyCount") == 0
