@@ -1,6 +1,6 @@
 """Where pcflow's non-Python assets live (`include/`), in a checkout and in the Airflow image alike; where
-the deployment's profiles are and which of them it offers; and the one check that keeps a path under its
-root."""
+the deployment's profiles are and which of them it offers; which directory a payload's name means; and
+the one check that keeps a path under its root."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import posixpath
 from pathlib import Path
 
 from pcflow.errors import ConfigurationError, deployment_admin, refused
+from pcflow.patterns import PAYLOAD_NAME, PROFILE_NAME
 
 #: Directories of the deployment admin's own profiles (os.pathsep-separated), looked up before
 #: include/profiles/; read by the DAG processor (the form's choices) and by the workers (the runs).
@@ -81,6 +82,36 @@ def roots_holding(name: str) -> list[Path]:
     return [root for root in payload_roots() if (root / name).is_dir()]
 
 
+class PayloadError(ConfigurationError):
+    """The payload cannot be shipped as it is; the message says what to change."""
+
+
+def payload_source(name: str) -> Path:
+    """`<root>/<name>/` of the one payload root that has it, refused unless it is a plain name of an
+    existing directory there (not a link out of it), and named by one root only."""
+    if not isinstance(name, str) or not PAYLOAD_NAME.fullmatch(name):
+        raise PayloadError(f"payload: {name!r} is not a payload name (lower-case letters, digits, _ and -)")
+    found = roots_holding(name)
+    if len(found) > 1:
+        raise PayloadError(f"payload: {name!r} is a directory of both {found[0]} and {found[1]}: rename one")
+    if not found:
+        available = sorted(
+            {
+                p.name
+                for root in payload_roots()
+                if root.is_dir()
+                for p in root.iterdir()
+                if p.is_dir() and PAYLOAD_NAME.fullmatch(p.name)
+            }
+        )
+        where = " and ".join(str(root) for root in payload_roots())
+        raise PayloadError(f"payload: no directory {name!r} in {where}; available: {', '.join(available)}")
+    try:
+        return within(found[0] / name, found[0])  # a link out of its root is refused
+    except ValueError as exc:
+        raise PayloadError(f"payload: {exc}") from None
+
+
 def profile_dirs() -> list[Path]:
     """Where profiles are looked up, first match wins: the admin's directories, then include/profiles/."""
     configured = [Path(p) for p in os.environ.get(PROFILES_DIR_ENV, "").split(os.pathsep) if p]
@@ -89,8 +120,6 @@ def profile_dirs() -> list[Path]:
 
 def profile_names() -> list[str]:
     """The profiles that exist (a directory listing: cheap enough for DAG parsing)."""
-    from pcflow.patterns import PROFILE_NAME
-
     found = {p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.yaml")}
     return sorted(name for name in found if PROFILE_NAME.fullmatch(name))
 

@@ -19,6 +19,8 @@ ABSURD_USD = 1_000_000.0
 PREFLIGHT_CHECKS = ("key_pair", "instance_types_offered", "vcpu_quota", "builder_instance_profile", "pcluster_cli")
 #: A dataset partition: one path segment under the dataset prefix (a date for scheduled runs).
 PARTITION = re.compile(r"^[A-Za-z0-9=_.-]{1,64}$")
+#: A payload's name (`training.payload`): a directory of a payload root (pcflow.paths.payload_source).
+PAYLOAD_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 #: A profile's name (its file is `<name>.yaml` in a profile directory).
 PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 #: The account a cluster's jobs run as (a profile's `cluster.job_user`): a POSIX user name, as useradd takes it.
@@ -66,6 +68,14 @@ RUN_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 #: model a run of the stack wrote (`runs/<run key>/model/...`); the first task checks it against the record.
 WARM_START = re.compile(r"^(latest|[a-z0-9][a-z0-9-]{0,47}|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s\x00]{1,1024})$")
 LATEST = "latest"
+
+
+#: An absolute path on the cluster as pcflow hands one to Slurm, a shell or a container's mounts: letters,
+#: digits and _.@+-/ only (no space, quote or glob), so it needs no quoting in an `#SBATCH` line.
+ABS_PATH = re.compile(r"^/[A-Za-z0-9_.@+/\-]{0,1023}$")
+#: A simple name Slurm reads in a directive or pcflow puts in a path on the cluster (a partition, a job's
+#: name, a run key and task, a command on the PATH): letters, digits and _.-, at most 128.
+SIMPLE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 
 #: A job's time limit as sbatch's `--time` reads it (the run spec's `training.time_limit`).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import posixpath
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -18,10 +19,12 @@ from pcflow.capacity import CapacitySettings
 from pcflow.datasource import DIGITS
 from pcflow.datasource import FORMS as SOURCE_FORMS
 from pcflow.errors import refusal
+from pcflow.imagerefs import check_fits, parse_image
 from pcflow.merge import deep_merge
 from pcflow.naming import validate_stack_name
-from pcflow.paths import ami_script, include_dir, payload_roots, profile_names, within
+from pcflow.paths import PayloadError, ami_script, include_dir, payload_roots, payload_source, profile_names, within
 from pcflow.patterns import (
+    ABS_PATH,
     ABSURD_USD,
     DEFAULT_CRON,
     DEFAULT_JOB_USER,
@@ -31,7 +34,9 @@ from pcflow.patterns import (
     MAX_JOB_ACCOUNTS,
     NIGHTLY_SCHEDULES,
     PARTITION,
+    PAYLOAD_NAME,
     PREFLIGHT_CHECKS,
+    SIMPLE_NAME,
     WARM_START,
     job_account_names,
     validate_prefix,
@@ -160,10 +165,6 @@ class ContainerRuntimeSettings(_Section):
     @field_validator("layouts", "mounts")
     @classmethod
     def _absolute(cls, value: list[str]) -> list[str]:
-        import posixpath
-
-        from pcflow.slurm.spec import ABS_PATH
-
         normal = [posixpath.normpath(path) if path.startswith("/") else path for path in value]
         bad = [path for path in normal if not ABS_PATH.fullmatch(path)]
         if bad:
@@ -294,17 +295,13 @@ class ContainerSettings(_Section):
     @field_validator("image")
     @classmethod
     def _image(cls, value: str) -> str:
-        from pcflow.slurm.images import parse_image
-
         parse_image(value)
         return value
 
     @field_validator("python")
     @classmethod
     def _python(cls, value: str) -> str:
-        from pcflow.slurm.spec import ABS_PATH, NAME
-
-        if not (ABS_PATH.fullmatch(value) or NAME.fullmatch(value)):
+        if not (ABS_PATH.fullmatch(value) or SIMPLE_NAME.fullmatch(value)):
             raise ValueError(f"must be a command name or an absolute path, got {value!r}")
         return value
 
@@ -416,7 +413,7 @@ class TrainingSettings(_Section):
     launcher: Literal["srun", "torchrun", "vissl", "mpirun"] = "srun"
     payload: str | None = Field(
         None,
-        pattern=r"^[a-z][a-z0-9_-]{0,40}$",
+        pattern=PAYLOAD_NAME.pattern,
         description="a directory of include/payloads/, shipped with each run; program[0] is a script in it",
     )
     code: CodeSettings | None = Field(None, description="the run's own code instead of a payload (pcflow.code)")
@@ -482,8 +479,6 @@ class TrainingSettings(_Section):
     @model_validator(mode="after")
     def _payload(self) -> TrainingSettings:
         if self.payload is not None:
-            from pcflow.slurm.payload import PayloadError, payload_source
-
             try:
                 payload_source(self.payload)
             except PayloadError as exc:
@@ -787,8 +782,6 @@ class RunSpec(_Section):
     def _image_environment(self) -> RunSpec:
         """The image holds the payload's environment (its requirements), never its code."""
         if self.ami.environment is None and self.training.payload:
-            from pcflow.slurm.payload import payload_source
-
             requirements = payload_source(self.training.payload) / "requirements.txt"
             if requirements.is_file():
                 self.ami.environment = str(requirements)
@@ -797,10 +790,8 @@ class RunSpec(_Section):
     @model_validator(mode="after")
     def _container_fits(self) -> RunSpec:
         """A named image the profile's clusters can run: their runtime's kind of reference, a layout where
-        the admin allows one (pcflow.slurm.images.check_fits)."""
+        the admin allows one (pcflow.imagerefs.check_fits)."""
         if self.training.container is not None:
-            from pcflow.slurm.images import check_fits, parse_image
-
             settings = self.cluster.containers
             try:
                 check_fits(parse_image(self.training.container.image), settings.runtime, settings.layouts)

@@ -106,9 +106,8 @@ def test_the_workers_run_the_pcluster_cli_the_image_installs(image, project, tmp
 #: What a worker ships for the default profile's run: its payload's directory and the image's requirements.
 PAYLOAD = """
 import json
-from pcflow.paths import default_profile
+from pcflow.paths import default_profile, payload_source
 from pcflow.runspec import RunSpecError, resolve_run_spec
-from pcflow.slurm.payload import payload_source
 try:
     spec = resolve_run_spec(default_profile())
     found = {"payload": str(payload_source(spec.training.payload)), "environment": spec.ami.environment}

@@ -9,9 +9,9 @@ import pytest
 from pcflow.cluster.spec import validate_cluster_name
 from pcflow.dataset.partition import validate_partition
 from pcflow.naming import validate_stack_name
+from pcflow.paths import PayloadError, payload_source
 from pcflow.patterns import time_limit_seconds, validate_prefix
 from pcflow.profiles import RunSpecError
-from pcflow.slurm.payload import PayloadError, payload_source
 
 pytestmark = pytest.mark.security
 

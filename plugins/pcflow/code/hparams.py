@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pcflow.code.sources import read_bundle_file, read_git_file
 from pcflow.errors import ConfigurationError
-from pcflow.paths import payload_roots, roots_holding, within
+from pcflow.paths import payload_roots, payload_source, roots_holding, within
 
 if TYPE_CHECKING:
     from pcflow.resolved import PlannedRun
@@ -199,8 +199,6 @@ def code_schema(run: PlannedRun, s3: Callable[[], Any]) -> tuple[str, bytes | No
         )
         return f"{path} in {code.s3}", data
     if training.payload:
-        from pcflow.slurm.payload import payload_source
-
         return f"{path} in payload {training.payload!r}", read_local(payload_source(training.payload), path)
     return path, None
 
@@ -244,7 +242,7 @@ def local_summary(training: dict[str, Any]) -> str | None:
     if code.get("dir"):
         directory = Path(code["dir"])
     elif not code and isinstance(training.get("payload"), str):
-        # the first root that has it (slurm.payload.payload_source refuses a name in two when a run starts)
+        # the first root that has it (paths.payload_source refuses a name in two when a run starts)
         found = roots_holding(training["payload"])
         directory = (found[0] if found else payload_roots()[0]) / training["payload"]  # absent: no schema
     else:

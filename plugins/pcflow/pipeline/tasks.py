@@ -12,6 +12,7 @@ from airflow.sdk import task
 
 from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
 from pcflow.datasource import parse_source
+from pcflow.imagerefs import parse_image
 from pcflow.pipeline.settings import settings_for_cluster
 from pcflow.slurm.head_node import HeadNode
 
@@ -242,7 +243,7 @@ def prepare_image(document: dict[str, Any], cluster: dict[str, Any], environment
     from pcflow.slurm.hook import SlurmHook
 
     settings = run.cluster.containers
-    ref = images.parse_image(container.image)
+    ref = parse_image(container.image)
     log = logging.getLogger("airflow.task")
     hook = SlurmHook(HeadNode.from_cluster(cluster))
     try:

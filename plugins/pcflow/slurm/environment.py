@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pcflow.errors import ConfigurationError
-from pcflow.slurm.spec import ABS_PATH
+from pcflow.patterns import ABS_PATH
 from pcflow.slurm.trees import TreeCheck, check_tree
 
 if TYPE_CHECKING:

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from pcflow.errors import ConfigurationError, PcflowError, connection_admin, profile_setting, refused, trigger_user
 from pcflow.paths import remote_within
+from pcflow.patterns import ABS_PATH
 from pcflow.slurm.environment import environment_dir
-from pcflow.slurm.spec import ABS_PATH
 from pcflow.slurm.trees import tree_record_script
 
 if TYPE_CHECKING:

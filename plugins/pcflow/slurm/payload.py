@@ -22,54 +22,20 @@ from __future__ import annotations
 
 import datetime as dt
 import posixpath
-import re
 import uuid
-from pathlib import Path
 
 from pcflow.code.bundle import Bundle, BundleRefused, pack
-from pcflow.errors import ConfigurationError
-from pcflow.paths import payload_roots, remote_within, roots_holding, within
+from pcflow.paths import PayloadError, payload_source, remote_within
+from pcflow.patterns import ABS_PATH
 from pcflow.slurm.hook import SlurmHook
-from pcflow.slurm.spec import ABS_PATH
 from pcflow.slurm.trees import TreeCheck, compare_tree
 
-PAYLOAD_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 #: A payload is code: data goes through the dataset stage. A larger one is refused rather than shipped.
 MAX_PAYLOAD_BYTES = 64 << 20
 #: Staged payloads that did not match their archive are moved to `<payloads>/rejected-<digest>-<time>-<id>`.
 REJECTED_PREFIX = "rejected-"
 #: A payload is packed as a run's own code is (pcflow.code.bundle): one archive format, one filter.
 PayloadArchive = Bundle
-
-
-class PayloadError(ConfigurationError):
-    """The payload cannot be shipped as it is; the message says what to change."""
-
-
-def payload_source(name: str) -> Path:
-    """`<root>/<name>/` of the one payload root that has it, refused unless it is a plain name of an
-    existing directory there (not a link out of it), and named by one root only."""
-    if not isinstance(name, str) or not PAYLOAD_NAME.fullmatch(name):
-        raise PayloadError(f"payload: {name!r} is not a payload name (lower-case letters, digits, _ and -)")
-    found = roots_holding(name)
-    if len(found) > 1:
-        raise PayloadError(f"payload: {name!r} is a directory of both {found[0]} and {found[1]}: rename one")
-    if not found:
-        available = sorted(
-            {
-                p.name
-                for root in payload_roots()
-                if root.is_dir()
-                for p in root.iterdir()
-                if p.is_dir() and PAYLOAD_NAME.fullmatch(p.name)
-            }
-        )
-        where = " and ".join(str(root) for root in payload_roots())
-        raise PayloadError(f"payload: no directory {name!r} in {where}; available: {', '.join(available)}")
-    try:
-        return within(found[0] / name, found[0])  # a link out of its root is refused
-    except ValueError as exc:
-        raise PayloadError(f"payload: {exc}") from None
 
 
 def build_archive(name: str) -> PayloadArchive:

@@ -10,7 +10,8 @@ from functools import cache
 import jinja2
 
 from pcflow.errors import ConfigurationError
-from pcflow.slurm.spec import NAME, SBATCH_VALUE, JobSpec, RunDir
+from pcflow.patterns import ABS_PATH, SIMPLE_NAME
+from pcflow.slurm.spec import SBATCH_VALUE, JobSpec, RunDir
 
 #: The batch templates' directory in the package (`<launcher>.sbatch.j2`, and `_base.sbatch.j2` they extend).
 TEMPLATES = "templates"
@@ -70,7 +71,7 @@ def sbatch_directives(spec: JobSpec, run_dir: RunDir, job_name: str) -> list[str
 def render_batch_script(spec: JobSpec, run_dir: RunDir, *, job_name: str, run_key: str) -> str:
     """The job's batch script from its launcher's template; every shell value quoted by the template's filters,
     every `#SBATCH` line re-checked. A job name that is not a plain name is refused."""
-    if not NAME.fullmatch(job_name):
+    if not SIMPLE_NAME.fullmatch(job_name):
         raise ConfigurationError(f"job name must be letters, digits and _.- (got {job_name!r})")
     try:
         template = _environment().get_template(f"{spec.launcher}.sbatch.j2")
@@ -111,7 +112,6 @@ def container_mounts(spec: JobSpec, run_dir: RunDir) -> list:
     task sets), its warm-start model's and the admin's."""
     from pcflow.runspec import DATA_DIR
     from pcflow.slurm.images import job_mounts
-    from pcflow.slurm.spec import ABS_PATH
 
     data = spec.hyperparameters.get(DATA_DIR)
     extra = [{"path": data}] if isinstance(data, str) and ABS_PATH.fullmatch(data) else []

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pcflow.paths import remote_within
-from pcflow.patterns import ENTRY_POINT, TIME_LIMIT
+from pcflow.patterns import ABS_PATH, ENTRY_POINT, SIMPLE_NAME, TIME_LIMIT
 
 Launcher = Literal["srun", "torchrun", "vissl", "mpirun"]
 
@@ -59,9 +59,7 @@ ALLOWED_SBATCH_OPTIONS = frozenset(
 )
 # A value sbatch reads from a directive: no whitespace, quotes, `#`, `$`, `;` or backslashes.
 SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%/+*\-\[\]]{1,256}$")
-NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-ABS_PATH = re.compile(r"^/[A-Za-z0-9_.@+/\-]{0,1023}$")
 RESERVED_ENV_PREFIXES = ("SLURM_", "PCFLOW_")
 #: How `python` runs a `pkg.module:function` program: the shipped code first on the path, the function
 #: called with sys.argv its arguments, its int return (or None: 0) the exit status. Arguments, not shell.
@@ -83,7 +81,7 @@ class Resources(BaseModel):
     tasks_per_node: int = Field(1, ge=1, le=512, description="processes per node (one per GPU for DDP)")
     gpus_per_node: int = Field(0, ge=0, le=64)
     cpus_per_task: int = Field(1, ge=1, le=1024)
-    partition: Annotated[str, Field(pattern=NAME.pattern)] | None = None
+    partition: Annotated[str, Field(pattern=SIMPLE_NAME.pattern)] | None = None
     time_limit: Annotated[str, Field(pattern=TIME_LIMIT.pattern)] | None = Field(
         None, description="Slurm time format: minutes, HH:MM:SS or D-HH:MM:SS"
     )
@@ -184,7 +182,7 @@ class JobSpec(BaseModel):
     @field_validator("python")
     @classmethod
     def _python(cls, python: str) -> str:
-        if not (ABS_PATH.fullmatch(python) or NAME.fullmatch(python)):
+        if not (ABS_PATH.fullmatch(python) or SIMPLE_NAME.fullmatch(python)):
             raise ValueError(f"python must be a command name or an absolute path, got {python!r}")
         return python
 
@@ -262,7 +260,7 @@ def under_runs(shared_root: str, *names: str) -> str:
             "the SSH connection's `shared_root` extra or the operator's shared_root"
         )
     for part in names:
-        if not NAME.fullmatch(part) or part in (".", ".."):
+        if not SIMPLE_NAME.fullmatch(part) or part in (".", ".."):
             raise ValueError(f"run key and task must be simple names, got {part!r}")
     runs = posixpath.join(shared_root, "pcflow", "runs")
     return remote_within(posixpath.join(runs, *names), runs)

@@ -179,8 +179,8 @@ def test_an_ecr_image_is_pinned_to_its_digest_and_pulled_with_the_connections_to
     """The moto server's ECR: the tag's digest and a pull token through the `aws_default` connection; a tag
     ECR does not know is refused (not retried), and an image outside ECR must be named by digest."""
     from pcflow.aws.clients import aws_client
+    from pcflow.imagerefs import parse_image
     from pcflow.pipeline.tasks import registry_pull
-    from pcflow.slurm.images import parse_image
 
     ecr = aws_client("ecr", region_name="us-east-1")
     repository = "pcflow-container-test"

@@ -14,6 +14,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from pcflow.errors import ConfigurationError
+from pcflow.imagerefs import parse_image
 from pcflow.paths import include_dir
 from pcflow.profiles import RunSpecError
 from pcflow.runspec import resolve_run_spec
@@ -69,7 +70,7 @@ class FakeHook:
     ],
 )
 def test_references_a_run_may_name(text, kind, parts):
-    ref = images.parse_image(text)
+    ref = parse_image(text)
     assert ref.kind == kind and {k: getattr(ref, k) for k in parts} == parts
 
 
@@ -78,7 +79,7 @@ def test_references_a_run_may_name(text, kind, parts):
 )
 def test_what_is_not_an_image_reference_is_refused(text):
     with pytest.raises(ValueError, match="not an image reference"):
-        images.parse_image(text)
+        parse_image(text)
 
 
 def test_the_first_task_refuses_a_container_the_profile_cannot_run(tmp_path):
@@ -176,7 +177,7 @@ def test_the_rehearsal_renders_the_pyxis_path():
 
 def test_the_one_enroot_import_pins_the_digest_and_keeps_the_token_out_of_every_argument():
     hook = FakeHook()
-    ref = images.parse_image(f"{ECR}:v1")
+    ref = parse_image(f"{ECR}:v1")
     credentials = images.enroot_credentials(ref.registry, TOKEN)
     found = images.import_sqsh(hook, ref, DIGEST, "/fsx", credentials=credentials, log=logging.getLogger("t"))
     final = f"/fsx/pcflow/images/{DIGEST[7:]}.sqsh"
@@ -199,7 +200,7 @@ def test_the_one_enroot_import_pins_the_digest_and_keeps_the_token_out_of_every_
 
 def test_a_failed_import_leaves_no_credentials_and_is_retried():
     hook = FakeHook(answers={"enroot": Result(stderr="[ERROR] URL https://... returned error code: 401", exit_code=1)})
-    ref = images.parse_image(f"{ECR}:v1")
+    ref = parse_image(f"{ECR}:v1")
     with pytest.raises(images.ImageError, match="returned error code: 401"):
         images.import_sqsh(hook, ref, DIGEST, "/fsx", credentials="machine x login AWS password y\n", log=None)
     assert hook.argvs[-1][:3] == ["rm", "-rf", "--"]

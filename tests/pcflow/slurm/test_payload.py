@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from pcflow.paths import PayloadError, payload_source
 from pcflow.runspec import AmiSettings, RunSpecError, resolve_run_spec
-from pcflow.slurm.payload import PayloadError, build_archive, payload_root, payload_source
+from pcflow.slurm.payload import build_archive, payload_root
 from pcflow.slurm.render import render_batch_script
 from pcflow.slurm.spec import JobSpec, RunDir
 
