@@ -31,7 +31,7 @@ def test_the_wheel_holds_the_package_its_data_and_the_entry_point(image_wheel):
     names = set(zipfile.ZipFile(image_wheel).namelist())
     files = package_files()
     data = {f for f in files if not f.endswith(".py")}
-    assert {"pcflow/slurm/templates/srun.sbatch.j2", "pcflow/prices.json", "pcflow/metrics/sampler.py"} <= files
+    assert {"pcflow/slurm/templates/srun.sbatch.j2", "pcflow/prices.json", "pcflow/readings/sampler.py"} <= files
     assert data and files <= names
     assert not [n for n in names if "__pycache__" in n or n.startswith(("plugins/", "include/", "tests/"))]
     dist_info = f"pcflow-{pcflow.__version__}.dist-info"
@@ -50,7 +50,7 @@ from pcflow.cluster.config import render_config
 from pcflow.cluster.spec import ClusterSpec
 from pcflow.prices import bundled_prices
 from pcflow.metrics.report import render_report
-from pcflow.metrics.utilisation import sampler_source
+from pcflow.readings.utilisation import sampler_source
 from pcflow.slurm.render import render_batch_script
 from pcflow.slurm.spec import JobSpec, RunDir
 run_dir = RunDir.for_job("/fsx", "k", "t")

@@ -21,8 +21,8 @@ from typing import Any
 
 import re2
 
-from pcflow.metrics.jsonlines import _number
-from pcflow.metrics.series import Point
+from pcflow.readings.jsonlines import _number
+from pcflow.readings.series import Point
 
 NAME = re.compile(r"^[A-Za-z0-9_.:/\-]{1,128}$")
 MAX_DEFINITIONS = 32

@@ -1,6 +1,6 @@
 """Early stopping: cancel a trial whose objective stopped improving or diverged, as a decision, not a failure.
 
-The rule is `pcflow.metrics.stopping.decide` (pure, tested alone); the wait applies it to a trial's
+The rule is `pcflow.readings.stopping.decide` (pure, tested alone); the wait applies it to a trial's
 metrics file and writes `early_stop.json` into the trial's directory before `scancel`
 (`HeadNodeTrigger.stop_trial`) — the job's wait then reports the trial as `stopped_early`, and so
 does the harvest. The pipeline gives the rule to the train task (`SlurmJobOperator(early_stopping=...)`),
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from pcflow.events import SUCCESS, validate_event
-from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, slug
+from pcflow.readings.series import Objective
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import SlurmHook
 from pcflow.slurm.spec import RunDir

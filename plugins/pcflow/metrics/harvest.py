@@ -21,13 +21,12 @@ from pcflow.budget import BUDGET_FILE
 from pcflow.errors import PcflowInputError
 from pcflow.jobstates import SACCT_USAGE_FIELDS, JobState, JobUsage, parse_sacct_usage, parse_scontrol_usage
 from pcflow.metrics.definitions import MetricDefinition, scan_log
-from pcflow.metrics.jsonlines import from_line_start, read_metric_lines
 from pcflow.metrics.resume import resume_record
-from pcflow.metrics.series import Objective, Point, group
-from pcflow.metrics.utilisation import read_samples
+from pcflow.readings.jsonlines import from_line_start, read_metric_lines
+from pcflow.readings.series import Objective, Point, group
+from pcflow.readings.stopping import EARLY_STOP_FILE
+from pcflow.readings.utilisation import read_samples
 
-#: Written into a trial's run directory by the early-stopping check when it cancels the trial.
-EARLY_STOP_FILE = "early_stop.json"
 VISSL_FILES = ("checkpoints/metrics.json", "metrics.json")
 MAX_LOG_BYTES = 32 * 1024 * 1024
 MAX_METRICS_BYTES = 32 * 1024 * 1024

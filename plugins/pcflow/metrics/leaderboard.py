@@ -10,8 +10,8 @@ from html import escape
 from typing import Any
 
 from pcflow.metrics.report import curve, fmt
-from pcflow.metrics.series import Objective
 from pcflow.metrics.svg import line_chart
+from pcflow.readings.series import Objective
 
 MAX_OVERLAID = 9
 

@@ -21,10 +21,10 @@ from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job, j
 from pcflow.metrics.leaderboard import leaderboard_csv, leaderboard_page, rank_trials
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.report import render_report
-from pcflow.metrics.series import Objective
 from pcflow.naming import run_key_from_context, validate_stack_name
 from pcflow.prices import NoPrices
 from pcflow.pricing import cost, price_list
+from pcflow.readings.series import Objective
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.urls import report_path
 from pcflow.values import known_at_run_time

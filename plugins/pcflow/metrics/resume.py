@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pcflow.metrics.series import Point
+from pcflow.readings.series import Point
 
 #: The metric a program writes when an attempt resumes (the payload contract).
 RESUMED_FROM = "resumed_from"

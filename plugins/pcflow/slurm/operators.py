@@ -446,7 +446,7 @@ class SlurmJobOperator(BaseOperator):
 
     def submit(self, context: Context, spec: JobSpec, run_dir: RunDir) -> tuple[str, int]:
         """Upload script and hyperparameters, then sbatch; nothing is submitted if an upload fails."""
-        from pcflow.metrics.utilisation import sampler_source
+        from pcflow.readings.utilisation import sampler_source
         from pcflow.slurm.render import render_batch_script
 
         run_key = run_key_from_context(context)

@@ -303,7 +303,7 @@ class RunDir:
 
     @property
     def utilisation(self) -> str:
-        """Samples of CPU/GPU/memory use, one JSON line per node and interval (pcflow/metrics/sampler.py)."""
+        """Samples of CPU/GPU/memory use, one JSON line per node and interval (pcflow/readings/sampler.py)."""
         return self._path("utilisation.jsonl")
 
     @property

@@ -33,9 +33,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from pcflow import capacity
 from pcflow.budget import CostMeter
 from pcflow.jobstates import JobInfo, JobState
-from pcflow.metrics.harvest import EARLY_STOP_FILE
-from pcflow.metrics.jsonlines import from_line_start
-from pcflow.metrics.stopping import METRICS_TAIL_BYTES, Decision, decide_from_lines, stop_record
+from pcflow.readings.jsonlines import from_line_start
+from pcflow.readings.stopping import EARLY_STOP_FILE, METRICS_TAIL_BYTES, Decision, decide_from_lines, stop_record
 from pcflow.slurm import jobfiles, kills, session
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import (

@@ -25,8 +25,8 @@ from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.operators import HarvestMetricsOperator
 from pcflow.metrics.publish import NAMESPACE, dashboard_name
-from pcflow.metrics.series import Objective
 from pcflow.pricing import cost
+from pcflow.readings.series import Objective
 from pcflow.slurm.operators import SlurmJobOperator
 from pcflow.urls import report_path
 

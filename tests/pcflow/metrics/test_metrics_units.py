@@ -14,15 +14,15 @@ from botocore.stub import Stubber
 from pcflow.budget import checkpoint_costs
 from pcflow.jobstates import JobState, parse_sacct_usage, parse_scontrol_usage, parse_size
 from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
-from pcflow.metrics.jsonlines import read_metric_lines
 from pcflow.metrics.leaderboard import leaderboard_csv, rank_trials
 from pcflow.metrics.publish import dashboard_body, run_cost, run_cost_datum
 from pcflow.metrics.report import fmt, render_report
-from pcflow.metrics.series import Objective, group
-from pcflow.metrics.stopping import decide
-from pcflow.metrics.utilisation import read_samples
 from pcflow.prices import NoPrices, price_table
 from pcflow.pricing.cost import CostInputs, estimate
+from pcflow.readings.jsonlines import read_metric_lines
+from pcflow.readings.series import Objective, group
+from pcflow.readings.stopping import decide
+from pcflow.readings.utilisation import read_samples
 from pcflow.runspec import RunSpecError, resolve_run_spec
 
 
@@ -284,7 +284,7 @@ def test_the_summary_names_the_image_the_train_task_ran_in():
 
 def test_the_work_a_requeue_lost_is_the_step_reached_minus_the_step_resumed_from():
     from pcflow.metrics.resume import resume_record
-    from pcflow.metrics.series import Point
+    from pcflow.readings.series import Point
 
     lines = [Point("loss", 1.0, step=s, epoch=s // 10) for s in range(0, 27, 2)]  # attempt 0 logs up to step 26
     lines += [Point("probe_accuracy", 0.5, step=99, split="eval")]  # an evaluation's step is no training step
@@ -310,7 +310,7 @@ def test_recovery_time_runs_from_slurms_requeue_to_the_first_step_after_the_resu
     import datetime as dt
 
     from pcflow.metrics.resume import resume_record
-    from pcflow.metrics.series import Point
+    from pcflow.readings.series import Point
 
     t0 = dt.datetime(2026, 12, 4, 16, 0, 0, tzinfo=dt.UTC).timestamp()
     history = [

@@ -20,8 +20,8 @@ from taskcontext import first_event, make_context
 from pcflow.jobstates import JobInfo, JobState
 from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
 from pcflow.metrics.harvest import MAX_LOG_BYTES, MAX_METRICS_BYTES, MAX_UTILISATION_BYTES, JobRef, harvest_job
-from pcflow.metrics.jsonlines import MAX_METRIC_NAMES
-from pcflow.metrics.stopping import METRICS_TAIL_BYTES
+from pcflow.readings.jsonlines import MAX_METRIC_NAMES
+from pcflow.readings.stopping import METRICS_TAIL_BYTES
 from pcflow.runspec import RunSpecError, resolve_run_spec
 from pcflow.slurm.hook import SMALL_FILE_BYTES, SlurmHook
 from pcflow.slurm.operators import SlurmArrayJobOperator, SlurmJobOperator

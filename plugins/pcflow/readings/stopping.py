@@ -1,8 +1,9 @@
 """The early-stopping rule, pure: a trial's objective values in, a decision out.
 
 No I/O and no Slurm: the wait that watches a running trial (`pcflow.slurm.trigger`) reads the metrics
-and writes the stop record; this module only decides, so both the trigger and the early-stopping
-operator import it without importing each other.
+and writes the stop record; this module only decides, and names the record and what it holds, so both
+the trigger (the Slurm stage) and the early-stopping operator and the harvest (the metrics stage) import
+it, and the Slurm stage imports no metrics module.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pcflow.metrics.jsonlines import read_metric_lines
-from pcflow.metrics.series import Objective, group
+from pcflow.readings.jsonlines import read_metric_lines
+from pcflow.readings.series import Objective, group
 
+#: Written into a trial's run directory by the early-stopping check when it cancels the trial (`stop_record`
+#: is what it holds); the harvest reads it back to tell a trial stopped early from one that failed.
+EARLY_STOP_FILE = "early_stop.json"
 #: How much of a running trial's metrics the rule reads: the latest evaluations, whatever the job wrote.
 METRICS_TAIL_BYTES = 8 * 1024 * 1024
 

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pcflow.metrics.series import Point
+from pcflow.readings.series import Point
 
 MAX_NAME_CHARS = 128
 MAX_METRIC_NAMES = 256

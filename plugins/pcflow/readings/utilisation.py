@@ -1,4 +1,4 @@
-"""Utilisation samples the sampler (pcflow/metrics/sampler.py) wrote during the job, summarised.
+"""Utilisation samples the sampler (pcflow/readings/sampler.py) wrote during the job, summarised.
 
 GPU use is reported as the seeds state it: the sum over all GPUs of the job, in percent of one GPU
 (eight GPUs each 80% busy: 640% of 800%). CPU use is the node's, averaged over the job's nodes.
@@ -22,7 +22,7 @@ SAMPLER = "sampler.py"
 @cache
 def sampler_source() -> bytes:
     """The sampler script, as SlurmJobOperator uploads it beside the batch script."""
-    return resources.files("pcflow.metrics").joinpath(SAMPLER).read_bytes()
+    return resources.files("pcflow.readings").joinpath(SAMPLER).read_bytes()
 
 
 @dataclass
