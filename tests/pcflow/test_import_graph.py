@@ -91,19 +91,20 @@ def lint_imports(plugins: Path) -> subprocess.CompletedProcess[str]:
 def test_pcflow_keeps_its_layers():
     result = lint_imports(PLUGINS)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout
 
 
 def test_the_layers_contract_catches_an_upward_import_and_an_unplaced_module(tmp_path):
     """What the check is for: the foundation importing the pipeline, at module level or inside a function,
-    the Slurm stage importing the metrics stage (one layer, still, but one way), and a new module in no
-    layer. An import by name it does not see (hence the test below)."""
+    the Slurm stage importing the metrics stage or the budget the Slurm stage (one layer, still, but one
+    way), and a new module in no layer. An import by name it does not see (hence the test below)."""
     shutil.copytree(PLUGINS / "pcflow", tmp_path / "pcflow", ignore=shutil.ignore_patterns("__pycache__"))
     plants = {
         "errors.py": "from pcflow import pipeline",
         "patterns.py": "def _planted():\n    from pcflow.pipeline import assembly",
         "naming.py": "def _planted():\n    __import__('pcflow.pipeline')",
         "slurm/progress.py": "def _planted():\n    from pcflow.metrics import harvest",
+        "budget.py": "def _planted():\n    from pcflow.slurm import queries",
     }
     for module, code in plants.items():
         with (tmp_path / "pcflow" / module).open("a") as planted:
@@ -115,6 +116,7 @@ def test_the_layers_contract_catches_an_upward_import_and_an_unplaced_module(tmp
     assert "pcflow.patterns is not allowed to import pcflow.pipeline" in result.stdout
     assert "pcflow.naming is not allowed" not in result.stdout
     assert "pcflow.slurm.progress -> pcflow.metrics.harvest" in result.stdout
+    assert "pcflow.budget -> pcflow.slurm.queries" in result.stdout
     assert "- pcflow.unplaced" in result.stdout
 
 
