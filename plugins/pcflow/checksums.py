@@ -21,6 +21,10 @@ from typing import IO
 from pcflow.errors import PcflowError
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+#: The S3 object's user metadata holding the file's sha256 (hex), as it was computed before the copy: the
+#: run's outputs (`pcflow.metrics.outputs`) and the code bundles (`pcflow.code.upload`) skip an upload whose
+#: object already holds it.
+SHA256_KEY = "pcflow-sha256"
 #: A line of `sha256sum` output: text mode (two spaces) or binary mode (` *`).
 LINE = re.compile(r"([0-9a-f]{64}) [ *](.+)")
 ODD_NAME = re.compile(r"[\\\n\r]")

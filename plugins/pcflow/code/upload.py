@@ -17,8 +17,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from pcflow.checksums import ChecksumMismatch, s3_checksum, sha256_hex
-from pcflow.metrics.outputs import SHA256_KEY
+from pcflow.checksums import SHA256_KEY, ChecksumMismatch, s3_checksum, sha256_hex
 from pcflow.naming import Component, standard_tags
 
 PREFIX = "pcflow/code/"

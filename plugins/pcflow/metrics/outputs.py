@@ -40,7 +40,7 @@ import tarfile
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from pcflow.checksums import ODD_NAME, HashingReader, parse_checksum_list, s3_checksum
+from pcflow.checksums import ODD_NAME, SHA256_KEY, HashingReader, parse_checksum_list, s3_checksum
 
 if TYPE_CHECKING:
     from pcflow.slurm.hook import SlurmHook
@@ -54,8 +54,6 @@ LISTING_LIMIT = 1 << 20
 PART_BYTES = 8 << 20
 MAX_BUFFERED_PARTS = 4
 CONCURRENT_PARTS = 4
-#: The object's user metadata holding the file's sha256 (hex), as the cluster computed it before the copy.
-SHA256_KEY = "pcflow-sha256"
 #: `sha256sum` of the files in the run directory (names as list_outputs found them), NUL-free and bounded.
 HASH_SCRIPT = 'cd "$1" && shift && exec sha256sum -- "$@"'
 #: `find` of the model and the checkpoints (plain files, not hidden: temporary files start with a dot).
