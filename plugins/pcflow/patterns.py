@@ -97,3 +97,30 @@ def time_limit_seconds(text: str | None) -> int | None:
     else:  # minutes[:seconds]
         hours, minutes, seconds = 0, parts[0], ([*parts, 0])[1]
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+#: A git commit id, as the first task pins a ref to one (pcflow.code.sources.resolve_commit).
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+#: A ref as git spells one (git check-ref-format, roughly): no option, no `..`, no control characters.
+REF = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9._/@+-]{1,200}$")
+#: The URL forms pcflow fetches from: https, ssh (both spellings) and file:// (an absolute path).
+GIT_URL = re.compile(r"^(https://[^/@\s]+/\S+|ssh://[^\s]+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+|file:///\S*)$")
+
+
+def check_git_url(url: object) -> str:
+    """`url` if it is a form pcflow fetches (GIT_URL), without credentials in it; else ValueError (the run
+    spec's `training.code.git.url`; the code stage refuses it as BundleRefused before it asks git)."""
+    if not isinstance(url, str) or not GIT_URL.fullmatch(url) or url.startswith("-"):
+        raise ValueError(
+            f"{url!r} is not a git URL pcflow fetches (https://host/repo, ssh://..., git@host:repo or file:///path)"
+        )
+    if re.match(r"^https://[^/]*@", url):
+        raise ValueError("a git URL carries no credentials: put the token in an Airflow connection (conn_id)")
+    return url
+
+
+def check_ref(ref: object) -> str:
+    """`ref` if git could name a branch, tag or commit by it; else ValueError (as `check_git_url`)."""
+    if not isinstance(ref, str) or not REF.fullmatch(ref):
+        raise ValueError(f"{ref!r} is not a git branch, tag or commit")
+    return ref

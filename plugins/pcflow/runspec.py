@@ -21,6 +21,7 @@ from pcflow.datasource import FORMS as SOURCE_FORMS
 from pcflow.errors import refusal
 from pcflow.imagerefs import check_fits, parse_image
 from pcflow.merge import deep_merge
+from pcflow.metric_definitions import parse_definitions
 from pcflow.naming import validate_stack_name
 from pcflow.paths import PayloadError, ami_script, include_dir, payload_roots, payload_source, profile_names, within
 from pcflow.patterns import (
@@ -38,6 +39,8 @@ from pcflow.patterns import (
     PREFLIGHT_CHECKS,
     SIMPLE_NAME,
     WARM_START,
+    check_git_url,
+    check_ref,
     job_account_names,
     validate_prefix,
 )
@@ -356,15 +359,11 @@ class GitCode(_Section):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        from pcflow.code.sources import check_git_url
-
         return check_git_url(value)
 
     @field_validator("ref")
     @classmethod
     def _ref(cls, value: str) -> str:
-        from pcflow.code.sources import check_ref
-
         return check_ref(value)
 
 
@@ -587,8 +586,6 @@ class MetricsSettings(_Section):
     @field_validator("metric_definitions")
     @classmethod
     def _definitions(cls, value: list[dict[str, Any]]) -> list[dict[str, str]]:
-        from pcflow.metrics.definitions import parse_definitions
-
         return [d.as_dict() for d in parse_definitions(value)]
 
 

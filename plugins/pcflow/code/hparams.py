@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pcflow.code.sources import read_bundle_file, read_git_file
 from pcflow.errors import ConfigurationError
+from pcflow.metric_definitions import compile_re2
 from pcflow.paths import payload_roots, payload_source, roots_holding, within
 
 if TYPE_CHECKING:
@@ -87,10 +88,8 @@ def schema_validator(schema: dict[str, Any], where: str) -> Any:
 
 
 def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[Any]:
-    """JSON Schema's `pattern`, matched by RE2 (pcflow.metrics.definitions: linear in the string)."""
+    """JSON Schema's `pattern`, matched by RE2 (pcflow.metric_definitions: linear in the string)."""
     from jsonschema.exceptions import ValidationError
-
-    from pcflow.metrics.definitions import compile_re2
 
     if not validator.is_type(instance, "string"):
         return

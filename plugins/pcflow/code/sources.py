@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import re
 import subprocess
 import tarfile
 import tempfile
@@ -27,12 +26,8 @@ from typing import Any
 
 from pcflow.code.bundle import BundleRefused
 from pcflow.errors import PcflowError
+from pcflow.patterns import COMMIT, check_git_url, check_ref
 
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-#: A ref as git spells one (git check-ref-format, roughly): no option, no `..`, no control characters.
-REF = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9._/@+-]{1,200}$")
-#: The URL forms pcflow fetches from: https, ssh (both spellings) and file:// (an absolute path).
-GIT_URL = re.compile(r"^(https://[^/@\s]+/\S+|ssh://[^\s]+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+|file:///\S*)$")
 GIT_TIMEOUT_S = 600
 #: Protocols git may use at all (no `ext::`, which runs a command; no plain http or git://).
 ALLOWED_PROTOCOLS = "file:https:ssh"
@@ -51,24 +46,6 @@ class Fetched:
     url: str | None = None
     commit: str | None = None
     dirty: bool | None = None
-
-
-def check_git_url(url: Any) -> str:
-    """`url` if it is a form pcflow fetches (GIT_URL), without credentials in it; else BundleRefused."""
-    if not isinstance(url, str) or not GIT_URL.fullmatch(url) or url.startswith("-"):
-        raise BundleRefused(
-            f"{url!r} is not a git URL pcflow fetches (https://host/repo, ssh://..., git@host:repo or file:///path)"
-        )
-    if re.match(r"^https://[^/]*@", url):
-        raise BundleRefused("a git URL carries no credentials: put the token in an Airflow connection (conn_id)")
-    return url
-
-
-def check_ref(ref: Any) -> str:
-    """`ref` if git could name a branch, tag or commit by it; else BundleRefused."""
-    if not isinstance(ref, str) or not REF.fullmatch(ref):
-        raise BundleRefused(f"{ref!r} is not a git branch, tag or commit")
-    return ref
 
 
 @contextlib.contextmanager
@@ -100,8 +77,11 @@ def resolve_commit(url: str, ref: str, conn_id: str | None = None) -> str:
     """The commit `ref` names in the repository now (a branch, a tag, peeled, or a full commit id as given).
     A ref the repository does not have is refused (BundleRefused); a repository that does not answer
     is SourceFailed (retried)."""
-    check_git_url(url)
-    check_ref(ref)
+    try:
+        check_git_url(url)
+        check_ref(ref)
+    except ValueError as exc:  # the run spec's own checks, refused here as the code's
+        raise BundleRefused(str(exc)) from None
     if COMMIT.fullmatch(ref):
         return ref
     with git_env(url, conn_id) as (where, env):

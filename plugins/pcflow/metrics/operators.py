@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pcflow.aws.base import PcflowAwsOperator
 from pcflow.errors import ConfigurationError, PcflowInputError, refused, task_author
+from pcflow.metric_definitions import parse_definitions
 from pcflow.metrics import publish
-from pcflow.metrics.definitions import parse_definitions
 from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job, job_refs, load_job, xcom_summary
 from pcflow.metrics.leaderboard import leaderboard_csv, leaderboard_page, rank_trials
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink

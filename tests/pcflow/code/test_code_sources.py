@@ -13,7 +13,8 @@ import pytest
 
 from pcflow.code.bundle import BundleRefused, pack
 from pcflow.code.deliver import build, pin_code
-from pcflow.code.sources import check_git_url, checkout_state, resolve_commit
+from pcflow.code.sources import checkout_state, resolve_commit
+from pcflow.patterns import check_git_url
 from pcflow.runspec import CodeSettings, TrainingSettings
 
 pytestmark = pytest.mark.security  # docs/security.md names this module's refusals
@@ -84,7 +85,9 @@ def test_a_tag_resolves_to_its_commit_and_bad_urls_are_refused(repo):
     sh("git", "push", "-q", "origin", "v1", cwd=work)
     assert resolve_commit(url, "v1") == head
     for bad in ("ext::sh -c id", "--upload-pack=id", "http://plain/repo.git", "https://user:tok@host/r.git"):
-        with pytest.raises(BundleRefused):
+        with pytest.raises(BundleRefused):  # refused as the code's before git is asked
+            resolve_commit(bad, "main")
+        with pytest.raises(ValueError, match="git URL"):  # and by the run spec's own check
             check_git_url(bad)
 
 

@@ -20,7 +20,7 @@ from taskcontext import make_context
 
 from pcflow import prices
 from pcflow.aws.clients import aws_client
-from pcflow.metrics.definitions import parse_definitions
+from pcflow.metric_definitions import parse_definitions
 from pcflow.metrics.harvest import JobRef, RequiredMetricMissing, harvest_job
 from pcflow.metrics.links import MetricsDashboardLink, MetricsReportLink
 from pcflow.metrics.operators import HarvestMetricsOperator

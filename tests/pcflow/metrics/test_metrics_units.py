@@ -13,7 +13,8 @@ from botocore.stub import Stubber
 
 from pcflow.budget import checkpoint_costs
 from pcflow.jobstates import JobState, parse_sacct_usage, parse_scontrol_usage, parse_size
-from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
+from pcflow.metric_definitions import MetricDefinition, parse_definitions
+from pcflow.metrics.definitions import scan_log
 from pcflow.metrics.leaderboard import leaderboard_csv, rank_trials
 from pcflow.metrics.publish import dashboard_body, run_cost, run_cost_datum
 from pcflow.metrics.report import fmt, render_report

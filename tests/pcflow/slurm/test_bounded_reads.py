@@ -18,7 +18,8 @@ from stacktools import REPO, LocalStack
 from taskcontext import first_event, make_context
 
 from pcflow.jobstates import JobInfo, JobState
-from pcflow.metrics.definitions import MetricDefinition, parse_definitions, scan_log
+from pcflow.metric_definitions import MetricDefinition, parse_definitions
+from pcflow.metrics.definitions import scan_log
 from pcflow.metrics.harvest import MAX_LOG_BYTES, MAX_METRICS_BYTES, MAX_UTILISATION_BYTES, JobRef, harvest_job
 from pcflow.readings.jsonlines import MAX_METRIC_NAMES
 from pcflow.readings.stopping import METRICS_TAIL_BYTES
