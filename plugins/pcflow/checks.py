@@ -52,7 +52,7 @@ def check_hyperparameters(run: PlannedRun, cases: list[Any], aws_conn_id: str = 
     import functools
 
     from pcflow.aws.clients import aws_client
-    from pcflow.code.bundle import BundleRefused
+    from pcflow.bundles import BundleRefused
     from pcflow.code.hparams import SchemaRefused, code_schema, parse_schema, problems
     from pcflow.runspec import DATA_DIR
 

@@ -13,7 +13,6 @@ How many definitions, how long a pattern and how many matches each may yield are
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,7 +20,8 @@ from typing import Any
 
 import re2
 
-NAME = re.compile(r"^[A-Za-z0-9_.:/\-]{1,128}$")
+from pcflow.patterns import METRIC_NAME
+
 MAX_DEFINITIONS = 32
 MAX_PATTERN_CHARS = 1024
 #: The compiled automaton's memory (RE2's own bound; a pattern that needs more is refused).
@@ -46,7 +46,7 @@ class MetricDefinition:
     regex: str
 
     def __post_init__(self) -> None:
-        if not NAME.fullmatch(self.name or ""):
+        if not METRIC_NAME.fullmatch(self.name or ""):
             raise ValueError(f"metric definition name {self.name!r}: use 1-128 letters, digits and _.:/-")
         if not isinstance(self.regex, str) or not 0 < len(self.regex) <= MAX_PATTERN_CHARS:
             raise ValueError(f"metric definition {self.name!r}: the regex must be 1-{MAX_PATTERN_CHARS} characters")

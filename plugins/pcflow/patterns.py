@@ -17,6 +17,8 @@ ABSURD_USD = 1_000_000.0
 #: The account checks pcflow.preflight runs, in order, by the names a profile's `preflight.skip` may list (the
 #: run spec refuses another name without importing the checks, which use the cluster stage).
 PREFLIGHT_CHECKS = ("key_pair", "instance_types_offered", "vcpu_quota", "builder_instance_profile", "pcluster_cli")
+#: A metric's name, as a metric definition, the objective and early stopping name it (pcflow.metric_definitions).
+METRIC_NAME = re.compile(r"^[A-Za-z0-9_.:/\-]{1,128}$")
 #: A dataset partition: one path segment under the dataset prefix (a date for scheduled runs).
 PARTITION = re.compile(r"^[A-Za-z0-9=_.-]{1,64}$")
 #: A payload's name (`training.payload`): a directory of a payload root (pcflow.paths.payload_source).

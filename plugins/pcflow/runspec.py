@@ -33,6 +33,7 @@ from pcflow.patterns import (
     INSTANCE_TYPE,
     JOB_USER,
     MAX_JOB_ACCOUNTS,
+    METRIC_NAME,
     NIGHTLY_SCHEDULES,
     PARTITION,
     PAYLOAD_NAME,
@@ -398,7 +399,7 @@ class BundleSettings(_Section):
     """What a bundle of the run's code may be (the deployment admin's alone: trust.ADMIN_ALONE)."""
 
     max_mib: float = Field(64, gt=0, le=4096, description="the cap on the code's file content, in MiB")
-    allow_secrets: bool = Field(False, description="ship code that looks like it holds a secret (pcflow.code.scan)")
+    allow_secrets: bool = Field(False, description="ship code that looks like it holds a secret (pcflow.secretscan)")
 
     @property
     def max_bytes(self) -> int:
@@ -558,15 +559,12 @@ class TeardownSettings(_Section):
     export_fsx: bool = Field(False, description="write FSx changes (checkpoints) back to S3 before the cluster goes")
 
 
-METRIC_NAME = r"^[A-Za-z0-9_.:/-]{1,128}$"
-
-
 class EarlyStoppingSettings(_Section):
     """Stop a trial (scancel) whose metric has not improved for `patience` evaluations or is NaN/inf."""
 
     patience: int = Field(ge=1, le=10_000)
     min_delta: float = Field(0.0, ge=0)
-    metric: str | None = Field(None, pattern=METRIC_NAME, description="empty: the run's objective")
+    metric: str | None = Field(None, pattern=METRIC_NAME.pattern, description="empty: the run's objective")
     mode: Literal["max", "min"] | None = Field(None, description="empty: the objective's mode")
 
 
@@ -574,7 +572,7 @@ class MetricsSettings(_Section):
     """What the run is judged by (objective and mode), the early-stopping rule, and the metric definitions,
     compiled and checked here so a bad regex is refused before the job runs."""
 
-    objective: str = Field("fewshot_accuracy", pattern=METRIC_NAME)
+    objective: str = Field("fewshot_accuracy", pattern=METRIC_NAME.pattern)
     mode: Literal["max", "min"] = "max"
     early_stopping: EarlyStoppingSettings | None = None
     publish_cloudwatch: bool = True

@@ -96,8 +96,8 @@ def test_pcflow_keeps_its_layers():
 
 def test_the_layers_contract_catches_an_upward_import_and_an_unplaced_module(tmp_path):
     """What the check is for: the foundation importing the pipeline, at module level or inside a function,
-    the Slurm stage importing the metrics stage or the budget the Slurm stage (layers above each), and a
-    new module in no layer. An import by name it does not see (hence the test below)."""
+    the Slurm stage importing the metrics or the code stage or the budget the Slurm stage (layers above
+    each), and a new module in no layer. An import by name it does not see (hence the test below)."""
     shutil.copytree(PLUGINS / "pcflow", tmp_path / "pcflow", ignore=shutil.ignore_patterns("__pycache__"))
     plants = {
         "errors.py": "from pcflow import pipeline",
@@ -105,6 +105,7 @@ def test_the_layers_contract_catches_an_upward_import_and_an_unplaced_module(tmp
         "naming.py": "def _planted():\n    __import__('pcflow.pipeline')",
         "slurm/progress.py": "def _planted():\n    from pcflow.metrics import harvest",
         "budget.py": "def _planted():\n    from pcflow.slurm import queries",
+        "slurm/payload.py": "from pcflow.code import deliver",
     }
     for module, code in plants.items():
         with (tmp_path / "pcflow" / module).open("a") as planted:
@@ -117,6 +118,7 @@ def test_the_layers_contract_catches_an_upward_import_and_an_unplaced_module(tmp
     assert "pcflow.naming is not allowed" not in result.stdout
     assert "pcflow.slurm.progress -> pcflow.metrics.harvest" in result.stdout
     assert "pcflow.budget -> pcflow.slurm.queries" in result.stdout
+    assert "pcflow.slurm.payload -> pcflow.code.deliver" in result.stdout
     assert "- pcflow.unplaced" in result.stdout
 
 

@@ -3,7 +3,7 @@ once and staged once, with what the run summary records of it.
 
 `pin_code` (the first task) resolves a git ref to its commit and checks that a directory exists, so a bad
 source is refused before anything costs money. `deliver` (the ship_payload task) reads the source into a
-temporary directory (`pcflow.code.sources`), packs it (`pcflow.code.bundle`, the same filter for every
+temporary directory (`pcflow.code.sources`), packs it (`pcflow.bundles`, the same filter for every
 run, retry and backfill), puts it in the stack's bucket unless it is there (`pcflow.code.upload`) and
 stages it on the cluster where the admin's payloads are staged (`pcflow.slurm.payload.ship`: once per
 cluster and id, read-only, by one rename, checked file by file when it is there already). The cluster's
@@ -17,10 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pcflow.code.bundle import Bundle, BundleRefused, pack
+from pcflow.bundles import Bundle, BundleRefused, pack
 from pcflow.code.hparams import schema_record
 from pcflow.code.sources import Fetched, checkout_state, download_bundle, fetch_commit, resolve_commit, subdir_of
+from pcflow.code.upload import bundle_from_bucket, bundle_key, commit_key, record_commit, recorded_commit, upload_once
 from pcflow.errors import refused
+from pcflow.slurm.payload import ship, staged_check
 
 if TYPE_CHECKING:
     from pcflow.resolved import ResolvedRun
@@ -83,9 +85,6 @@ def deliver(run: ResolvedRun, hook: Any, *, shared_root: str, s3: Any, log: Any)
     """The run's code on the cluster, and its provenance: source, url, commit, dirty, the bundle's id,
     size and files, the bytes uploaded (0 on a re-run) and whether the staged copy was reused. A git
     commit packed before is not fetched again (`from_record`)."""
-    from pcflow.code.upload import commit_key, record_commit, upload_once
-    from pcflow.slurm.payload import ship
-
     training, bucket = run.training, run.dataset.bucket
     git = training.code.git
     key = (
@@ -112,9 +111,6 @@ def from_record(run: ResolvedRun, hook: Any, key: str, *, shared_root: str, s3: 
     """A git commit's code as an earlier run packed it (pcflow.code.upload's record): the cluster's copy
     checked against the record, or staged from the bundle in the bucket; None when there is no record
     or no bundle (the caller fetches and packs)."""
-    from pcflow.code.upload import bundle_from_bucket, bundle_key, recorded_commit
-    from pcflow.slurm.payload import ship, staged_check
-
     bucket, git = run.dataset.bucket, run.training.code.git
     record = recorded_commit(s3, bucket, key)
     if record is None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pcflow.code.bundle import BundleRefused
+from pcflow.bundles import BundleRefused
 from pcflow.errors import PcflowError
 from pcflow.patterns import COMMIT, check_git_url, check_ref
 

@@ -65,7 +65,7 @@ def upload_once(s3: Any, bucket: str, bundle: Any, *, stack: str) -> dict[str, A
 def commit_key(url: str, commit: str, subdir: str | None, limits: dict[str, Any]) -> str:
     """Where the record of what this commit packed to lives: one per repository, commit, subdirectory,
     packing (bundle.PACKING) and limits, so a change in any of them packs again."""
-    from pcflow.code.bundle import PACKING
+    from pcflow.bundles import PACKING
 
     # max_mib as the run document always held it (a float: 64 and 64.0 are one packing, one record)
     parts = [url, commit, subdir or "", PACKING, float(limits["max_mib"]), bool(limits["allow_secrets"])]
@@ -121,7 +121,7 @@ def recorded_commit(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
 def bundle_from_bucket(s3: Any, bucket: str, record: dict[str, Any]) -> Any:
     """The recorded bundle read back from the bucket, refused (ChecksumMismatch) unless its bytes are the
     recorded ones; None when it is no longer there."""
-    from pcflow.code.bundle import Bundle
+    from pcflow.bundles import Bundle
 
     try:
         got = s3.get_object(Bucket=bucket, Key=bundle_key(record["digest"]))

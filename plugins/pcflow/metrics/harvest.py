@@ -20,7 +20,8 @@ from typing import Any
 from pcflow.budget import BUDGET_FILE
 from pcflow.errors import PcflowInputError
 from pcflow.jobstates import SACCT_USAGE_FIELDS, JobState, JobUsage, parse_sacct_usage, parse_scontrol_usage
-from pcflow.metrics.definitions import MetricDefinition, scan_log
+from pcflow.metric_definitions import MetricDefinition
+from pcflow.metrics.definitions import scan_log
 from pcflow.metrics.resume import resume_record
 from pcflow.readings.jsonlines import from_line_start, read_metric_lines
 from pcflow.readings.series import Objective, Point, group

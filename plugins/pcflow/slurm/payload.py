@@ -24,7 +24,7 @@ import datetime as dt
 import posixpath
 import uuid
 
-from pcflow.code.bundle import Bundle, BundleRefused, pack
+from pcflow.bundles import Bundle, BundleRefused, pack
 from pcflow.paths import PayloadError, payload_source, remote_within
 from pcflow.patterns import ABS_PATH
 from pcflow.slurm.hook import SlurmHook
@@ -34,13 +34,13 @@ from pcflow.slurm.trees import TreeCheck, compare_tree
 MAX_PAYLOAD_BYTES = 64 << 20
 #: Staged payloads that did not match their archive are moved to `<payloads>/rejected-<digest>-<time>-<id>`.
 REJECTED_PREFIX = "rejected-"
-#: A payload is packed as a run's own code is (pcflow.code.bundle): one archive format, one filter.
+#: A payload is packed as a run's own code is (pcflow.bundles): one archive format, one filter.
 PayloadArchive = Bundle
 
 
 def build_archive(name: str) -> PayloadArchive:
     """The payload's deterministic bundle and its digest: the same files give the same bytes
-    (pcflow.code.bundle: the admin's payloads and a run's own code are packed and filtered alike)."""
+    (pcflow.bundles: the admin's payloads and a run's own code are packed and filtered alike)."""
     source = payload_source(name)
     try:
         return pack(source, name=name, max_bytes=MAX_PAYLOAD_BYTES, allow_secrets=False)

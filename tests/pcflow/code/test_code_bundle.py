@@ -1,4 +1,4 @@
-"""A tree packed into a bundle (pcflow.code.bundle): the same files give the same id, what the filter
+"""A tree packed into a bundle (pcflow.bundles): the same files give the same id, what the filter
 leaves out changes nothing, and every refusal (a secret, an over-size tree, a link) names what to change."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pcflow.code.bundle import BundleRefused, TreeFilter, pack
+from pcflow.bundles import BundleRefused, TreeFilter, pack
 
 pytestmark = pytest.mark.security
 MiB = 1 << 20

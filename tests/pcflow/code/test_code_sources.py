@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pcflow.code.bundle import BundleRefused, pack
+from pcflow.bundles import BundleRefused, pack
 from pcflow.code.deliver import build, pin_code
 from pcflow.code.sources import checkout_state, resolve_commit
 from pcflow.patterns import check_git_url

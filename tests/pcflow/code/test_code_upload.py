@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from pcflow.bundles import pack
 from pcflow.checksums import ChecksumMismatch
-from pcflow.code.bundle import pack
 from pcflow.code.upload import bundle_from_bucket, bundle_key, commit_key, record_commit, recorded_commit, upload_once
 
 

@@ -11,7 +11,7 @@ name) and the tree's own `.gitignore` and `.pcflowignore` at its top (gitwildmat
 `pathspec`; a `!pattern` in `.pcflowignore` brings back what the others excluded). A symbolic link or
 anything but a plain file or directory is refused: it would point out of the tree. A bundle over the
 admin's size cap is refused naming its largest files, and one holding what looks like a secret
-(`pcflow.code.scan`) is refused unless the admin allows it, naming the files and never their content.
+(`pcflow.secretscan`) is refused unless the admin allows it, naming the files and never their content.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 import pathspec
 
 from pcflow.checksums import checksum_list, sha256_hex
-from pcflow.code.scan import secrets_summary
 from pcflow.errors import ConfigurationError
+from pcflow.secretscan import secrets_summary
 
 DIGEST_LEN = 20
 #: What no bundle carries, whatever the tree's ignore files say (gitwildmatch patterns): version control,
