@@ -454,24 +454,12 @@ class ParallelClusterProvider:
     ) -> list[dict[str, Any]]:
         """The exports, waited for here (the operator defers instead); a failed export raises, so the
         cluster (and the data only it holds) stays until someone looks."""
-        from pcflow.aws.clients import wait_logged
-        from pcflow.aws.storage import data_repository_task_result
-        from pcflow.aws.waits import FsxHook
+        from pcflow.aws.storage import wait_for_data_repository_task
+        from pcflow.aws.waits import custom_waiter
 
         fsx = self.clients("fsx")
-        results = []
-        for task_id in self.start_exports(name, described, task_key=task_key):
-            try:
-                wait_logged(
-                    FsxHook().get_waiter("DataRepositoryTaskComplete", client=fsx),
-                    {"TaskIds": [task_id]},
-                    what=f"FSx export {task_id}",
-                    status_args=["DataRepositoryTasks[0].Lifecycle", "DataRepositoryTasks[0].FailureDetails.Message"],
-                    delay=delay,
-                    max_attempts=export_attempts(delay),
-                )
-            except Exception:
-                data_repository_task_result(fsx, task_id)  # raises with FSx's reason when the task failed
-                raise
-            results.append(data_repository_task_result(fsx, task_id))
-        return results
+        waiter = custom_waiter(fsx, "fsx", "DataRepositoryTaskComplete")
+        return [
+            wait_for_data_repository_task(fsx, waiter, task_id, delay=delay, max_attempts=export_attempts(delay))
+            for task_id in self.start_exports(name, described, task_key=task_key)
+        ]
