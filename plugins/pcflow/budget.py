@@ -347,10 +347,6 @@ def checkpoint_costs(
 
 # -- during the run: the train task's wait meters the cost so far and stops the job at the budget --------
 
-#: What the train task's wait writes into the run directory before it cancels the job at its budget: the
-#: batch wrapper reads it on SIGTERM (a decision, not a failure), and so does the harvest.
-BUDGET_FILE = "budget_exhausted.json"
-
 
 @dataclass
 class _Attempt:
@@ -450,7 +446,8 @@ class CostMeter:
         return line
 
     def record(self, job_id: str, wall: float) -> dict[str, Any]:
-        """What BUDGET_FILE says: which job, the budget, the cost so far and when."""
+        """What the stop record (pcflow.readings.stopping.BUDGET_FILE) says: which job, the budget, the cost so
+        far and when."""
         return {
             "job_id": job_id,
             "budget_usd": self.budget,

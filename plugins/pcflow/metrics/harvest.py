@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pcflow.budget import BUDGET_FILE
 from pcflow.errors import PcflowInputError
 from pcflow.jobstates import SACCT_USAGE_FIELDS, JobState, JobUsage, parse_sacct_usage, parse_scontrol_usage
 from pcflow.metric_definitions import MetricDefinition
@@ -25,7 +24,7 @@ from pcflow.metrics.definitions import scan_log
 from pcflow.metrics.resume import resume_record
 from pcflow.readings.jsonlines import from_line_start, read_metric_lines
 from pcflow.readings.series import Objective, Point, group
-from pcflow.readings.stopping import EARLY_STOP_FILE
+from pcflow.readings.stopping import BUDGET_FILE, EARLY_STOP_FILE
 from pcflow.readings.utilisation import read_samples
 
 VISSL_FILES = ("checkpoints/metrics.json", "metrics.json")

@@ -3,7 +3,7 @@
 No I/O and no Slurm: the wait that watches a running trial (`pcflow.slurm.trigger`) reads the metrics
 and writes the stop record; this module only decides, and names the record and what it holds, so both
 the trigger (the Slurm stage) and the early-stopping operator and the harvest (the metrics stage) import
-it, and the Slurm stage imports no metrics module.
+it, and the Slurm stage imports no metrics module. The budget's stop record is named here too.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from pcflow.readings.series import Objective, group
 #: Written into a trial's run directory by the early-stopping check when it cancels the trial (`stop_record`
 #: is what it holds); the harvest reads it back to tell a trial stopped early from one that failed.
 EARLY_STOP_FILE = "early_stop.json"
+#: The other stop record: what the train task's wait writes into the run directory before it cancels the job
+#: at its budget (pcflow.budget's meter decides; `usd`-valued fields). The batch wrapper reads it on SIGTERM
+#: (a decision, not a failure), and so does the harvest, which needs no budget module to know its name.
+BUDGET_FILE = "budget_exhausted.json"
 #: How much of a running trial's metrics the rule reads: the latest evaluations, whatever the job wrote.
 METRICS_TAIL_BYTES = 8 * 1024 * 1024
 

@@ -34,6 +34,7 @@ from pcflow.errors import (
 from pcflow.events import validate_event
 from pcflow.jobstates import JobInfo, JobState
 from pcflow.naming import run_key_from_context, slug
+from pcflow.readings.stopping import BUDGET_FILE
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.kills import kill_verdict
 from pcflow.slurm.outcomes import (
@@ -350,8 +351,6 @@ class SlurmJobOperator(BaseOperator):
         signal = (self._marker(info.job_id, run_dir) or {}).get("signal")
         if signal in ENDED_ON_PURPOSE:
             return ENDED_ON_PURPOSE[signal]
-        from pcflow.budget import BUDGET_FILE
-
         spent = self.hook.read_json(f"{budget_dir or run_dir.root}/{BUDGET_FILE}") or {}
         return ENDED_ON_PURPOSE[BUDGET_SIGNAL] if str(spent.get("job_id")) == info.job_id.split("_")[0] else None
 

@@ -34,7 +34,14 @@ from pcflow import capacity
 from pcflow.budget import CostMeter
 from pcflow.jobstates import JobInfo, JobState
 from pcflow.readings.jsonlines import from_line_start
-from pcflow.readings.stopping import EARLY_STOP_FILE, METRICS_TAIL_BYTES, Decision, decide_from_lines, stop_record
+from pcflow.readings.stopping import (
+    BUDGET_FILE,
+    EARLY_STOP_FILE,
+    METRICS_TAIL_BYTES,
+    Decision,
+    decide_from_lines,
+    stop_record,
+)
 from pcflow.slurm import jobfiles, kills, session
 from pcflow.slurm.head_node import HeadNode, head_node_argument
 from pcflow.slurm.hook import (
@@ -294,7 +301,7 @@ class HeadNodeTrigger(BaseTrigger):
     async def stop_at_budget(self, seat: Seat, record: dict[str, Any]) -> None:
         """Write budget_exhausted.json into the run directory, then scancel the job (an array: all of it):
         the batch wrapper reads the record on SIGTERM and marks the attempt ended at its budget."""
-        from pcflow.budget import BUDGET_FILE, usd
+        from pcflow.budget import usd
 
         # json.dumps' default spacing: the batch wrapper greps for `"job_id": "<its id>"` on SIGTERM.
         await self.write_decision(seat.sftp, posixpath.join(self.run_dir, BUDGET_FILE), json.dumps(record).encode())
