@@ -12,7 +12,7 @@ import pcflow.cluster.teardown  # noqa: F401 - registers "pcluster", one of JANI
 from pcflow.alerts import with_failure_alerts
 from pcflow.aws.janitor import JANITOR_HANDLER_SETS, JanitorOperator
 from pcflow.cluster.idle import StopIdleFleetsOperator
-from pcflow.pipeline import STAGE_TIMEOUTS
+from pcflow.timeouts import STAGE_TIMEOUTS
 
 with DAG(
     dag_id="janitor",

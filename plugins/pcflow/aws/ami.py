@@ -39,6 +39,7 @@ from pcflow.naming import (
     standard_tags,
     validate_stack_name,
 )
+from pcflow.timeouts import STAGE_TIMEOUTS
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ TAG_ROLE = "pcflow:role"
 BUILDER_TTL = dt.timedelta(hours=6)
 PCLUSTER_OSES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9")
 #: A bake lock older than this was left by a task that died holding it: the image stage's execution
-#: timeout (`pipeline.assembly.STAGE_TIMEOUTS["image"]`), past which no holder is still baking.
-BAKE_LOCK_STALE = dt.timedelta(hours=3)
+#: timeout, past which no holder is still baking.
+BAKE_LOCK_STALE = STAGE_TIMEOUTS["image"]
 
 
 class BootstrapFailed(ServiceFailed):

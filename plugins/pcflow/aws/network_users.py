@@ -22,7 +22,6 @@ lock and then creates the network again): it never ends up with a deleted networ
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import time
@@ -33,15 +32,16 @@ from typing import Any
 
 from pcflow.aws.locks import LockTimeout, S3Lock, read_marker
 from pcflow.naming import validate_stack_name
+from pcflow.timeouts import STAGE_TIMEOUTS
 
 log = logging.getLogger(__name__)
 
 #: The VPC tag naming the bucket that holds the network's references.
 TAG_REFERENCES = "pcflow:references"
 PREFIX = "pcflow/networks/"
-#: A lock older than this is left by a task that died holding it (every holder finishes within its
-#: stage's timeout, `pipeline.assembly.STAGE_TIMEOUTS["teardown"]` at most): it may be broken.
-STALE_LOCK = dt.timedelta(hours=2)
+#: A lock older than this is left by a task that died holding it (every holder, the network task or the
+#: teardown's release, finishes within its stage's timeout): it may be broken.
+STALE_LOCK = max(STAGE_TIMEOUTS["network"], STAGE_TIMEOUTS["teardown"])
 
 
 class NetworkLockTimeout(LockTimeout):

@@ -35,6 +35,7 @@ from pcflow.pipeline.tasks import (
     warm_start,
 )
 from pcflow.pipeline.validation import validate_run
+from pcflow.timeouts import DEFAULT_STAGE_TIMEOUT, STAGE_TIMEOUTS
 
 #: Every stage is idempotent, so a retry is always safe: it adopts what the failed attempt made. Training
 #: is the exception (a retry costs GPU hours): Slurm requeues lost nodes itself, a user retries the rest.
@@ -52,25 +53,6 @@ TRAINING_DAG_ARGS: dict[str, Any] = {
     "render_template_as_native_obj": False,
     "default_args": {**DEFAULT_ARGS, "on_failure_callback": FailureAlert()},
 }
-#: Each stage's execution_timeout, by task id (others: DEFAULT_STAGE_TIMEOUT). Generous, several times a slow run
-#: on aws-gpu, so only a hung stage meets it: it then fails and its retry or the teardown takes over, instead of
-#: holding a slot (or a deferred wait) for ever. Training has none: its Slurm time limit bounds the job.
-STAGE_TIMEOUTS = {
-    "network": dt.timedelta(minutes=45),
-    "dataset": dt.timedelta(hours=6),  # a first upload of a large dataset
-    "validate_cluster": dt.timedelta(minutes=45),
-    "image": dt.timedelta(hours=3),  # builder, bootstrap, AMI snapshot
-    "cluster": dt.timedelta(hours=2),  # ParallelCluster takes 15-40 minutes
-    "stage_in": dt.timedelta(hours=6),
-    "prepare_environment": dt.timedelta(hours=2),  # a first build downloads and installs the requirements
-    "check_environment": dt.timedelta(minutes=45),  # a first full check hashes a CUDA environment's GiBs
-    "prepare_image": dt.timedelta(hours=2),  # a first import of a CUDA image: GiBs pulled and squashed
-    "metrics": dt.timedelta(hours=1),
-    "delete_cluster": dt.timedelta(hours=6),  # includes the FSx export of the checkpoints
-    "teardown": dt.timedelta(hours=2),
-    "janitor": dt.timedelta(hours=1),
-}
-DEFAULT_STAGE_TIMEOUT = dt.timedelta(minutes=30)
 #: Every successful training run emits an event of its stack's own model Asset through this alias, with
 #: the model's S3 URI and the metrics summary as extra: `pretrained_encoder(stack)` is what a consumer
 #: DAG schedules on, so a demo stack's runs never update a production stack's model.
