@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 #: The VPC tag naming the bucket that holds the network's references.
 TAG_REFERENCES = "pcflow:references"
 PREFIX = "pcflow/networks/"
-#: A lock older than this is left by a task that died holding it (every holder, the network task or the
-#: teardown's release, finishes within its stage's timeout): it may be broken.
+#: A lock older than this is left by a task that died holding it: the network task holds it within its own
+#: timeout, and a run's release of the network (which deletes it as the teardown does) is given the teardown
+#: stage's, the longer of the two, as before the timeouts had a module of their own. It may be broken then.
 STALE_LOCK = max(STAGE_TIMEOUTS["network"], STAGE_TIMEOUTS["teardown"])
 
 
