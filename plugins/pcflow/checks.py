@@ -130,16 +130,15 @@ def _training_field(loc: tuple) -> str:
 
 
 def check_network(run: PlannedRun) -> None:
-    """The network settings as the network task builds them (`NetworkSpec`: CIDRs, SSH ingress, ids),
-    and, for a ParallelCluster head node, the SSH sources its config needs (aws/ssh_ingress.py)."""
-    from pcflow.aws.network import NetworkSpec
+    """For a ParallelCluster head node, the SSH sources its config needs (aws/ssh_ingress.py). The section's
+    own rules (CIDRs, SSH ingress, ids) were applied when the run spec was read (`NetworkSettings`)."""
     from pcflow.aws.ssh_ingress import head_node_allowed_ips
 
+    if run.cluster.provider != "parallelcluster":
+        return
     try:
-        spec = NetworkSpec.from_mapping(run.stack, run.region, run.network)
-        if run.cluster.provider == "parallelcluster":
-            head_node_allowed_ips(spec.ssh_ingress_cidrs)
-    except (TypeError, ValueError) as exc:
+        head_node_allowed_ips(run.network.ssh_ingress_cidrs)
+    except ValueError as exc:
         raise owned_here(run, exc, "network") from None
 
 

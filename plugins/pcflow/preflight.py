@@ -85,10 +85,10 @@ class Account:
         from pcflow.aws.network import choose_availability_zone
 
         network = self.run.network
-        if network.get("public_subnet_id"):  # an adopted VPC: the head node's subnet decides
-            subnet = self.client("ec2").describe_subnets(SubnetIds=[network["public_subnet_id"]])["Subnets"][0]
+        if network.public_subnet_id:  # an adopted VPC: the head node's subnet decides
+            subnet = self.client("ec2").describe_subnets(SubnetIds=[network.public_subnet_id])["Subnets"][0]
             return subnet["AvailabilityZone"]
-        return choose_availability_zone(self.client("ec2"), self.region, network.get("availability_zone"))
+        return choose_availability_zone(self.client("ec2"), self.region, network.availability_zone)
 
     def launched_types(self) -> dict[str, str]:
         """What pcflow launches, by role (a static cluster's instance type only prices the run)."""

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from pcflow.aws.network_spec import NetworkSettings
 from pcflow.capacity import CapacitySettings
 from pcflow.datasource import DIGITS
 from pcflow.datasource import FORMS as SOURCE_FORMS
@@ -741,7 +742,7 @@ class RunSpec(_Section):
     #: More instance types, the allocation strategy, a capacity reservation and the fallback options (pcflow.capacity).
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
     ttl_hours: float = Field(24, gt=0, le=24 * 30)
-    network: dict[str, Any] = Field(default_factory=dict, description="NetworkSpec fields (aws/network.py)")
+    network: NetworkSettings = Field(default_factory=NetworkSettings, description="the VPC (aws/network_spec.py)")
     dataset: DatasetSettings
     ami: AmiSettings = Field(default_factory=AmiSettings)
     cluster: ClusterSettings

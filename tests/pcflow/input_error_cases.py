@@ -95,9 +95,7 @@ def first_task_code_hyperparameters() -> None:
 
 
 def first_task_network() -> None:
-    from pcflow.checks import check_network
-
-    check_network(run_document(network={"vpc_cidr": "10.0.0.0/33"}))
+    run_document(network={"vpc_cidr": "10.0.0.0/33"})  # the run spec's `network` section is typed
 
 
 def first_task_static_cluster() -> None:
@@ -109,7 +107,7 @@ def first_task_static_cluster() -> None:
 def network_stage_spec() -> None:
     from pcflow.aws.network import NetworkSpec
 
-    NetworkSpec.from_mapping("errors", "us-east-1", {"vpc_cidr": "10.0.0.0/8"})
+    NetworkSpec.of("errors", "us-east-1", {"vpc_cidr": "10.0.0.0/8"})
 
 
 def image_stage_script() -> None:
@@ -180,9 +178,9 @@ CASES = [
     Case(
         "first_task_code_hyperparameters", "validate", "training.hyperparameters.depth", first_task_code_hyperparameters
     ),
-    Case("first_task_network", "validate", "network", first_task_network),
+    Case("first_task_network", "validate", "network.vpc_cidr", first_task_network),
     Case("first_task_static_cluster", "validate", "cluster.config", first_task_static_cluster),
-    Case("network_stage_spec", "network", "network", network_stage_spec),
+    Case("network_stage_spec", "network", "network.vpc_cidr", network_stage_spec),
     Case("image_stage_script", "image", "ami.bootstrap_script", image_stage_script),
     Case("dataset_stage_partition", "dataset", "dataset.partition", dataset_stage_partition),
     Case("train_stage_job", "train", "resources.nodes", train_stage_job),

@@ -18,13 +18,14 @@ import datetime as dt
 import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from airflow.sdk import conf
 
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
-from pcflow.aws.clients import error_code, validate_region, wait_logged
+from pcflow.aws.clients import error_code, wait_logged
+from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.network_users import (
     TAG_REFERENCES,
     drop_reference,
@@ -34,10 +35,9 @@ from pcflow.aws.network_users import (
     take_reference,
     vpc_in_use,
 )
-from pcflow.aws.ssh_ingress import refuse_anywhere
 from pcflow.aws.tags import find_one, refresh_expiry, tag_dict, tag_equals, tag_specifications
 from pcflow.aws.teardown import DEFAULT_HANDLER_SETS, Selector, TeardownOperator, teardown
-from pcflow.errors import ConfigurationError, PcflowInputError, ResourceConflict, profile_setting, refused
+from pcflow.errors import PcflowInputError, ResourceConflict, profile_setting, refused
 from pcflow.naming import (
     STAMPED_TAGS,
     TAG_EXPIRES,
@@ -50,9 +50,7 @@ from pcflow.naming import (
     resource_name,
     run_key_from_context,
     standard_tags,
-    validate_stack_name,
 )
-from pcflow.patterns import AVAILABILITY_ZONE
 
 log = logging.getLogger(__name__)
 
@@ -61,110 +59,10 @@ class NetworkMismatch(ResourceConflict):
     """A resource with this stack's identity exists but differs from the spec: pcflow will not change it."""
 
 
-@dataclass(frozen=True)
-class NetworkSpec:
-    """What the network stage ensures. Validated on construction, before any AWS call."""
-
-    stack: str
-    region: str
-    vpc_cidr: str = "10.42.0.0/16"
-    public_subnet_cidr: str = "10.42.0.0/20"
-    private_subnet_cidrs: tuple[str, ...] = ("10.42.128.0/18",)
-    availability_zone: str | None = None
-    #: One compute subnet per other zone (zone -> CIDR), for the capacity fallbacks that name the zone.
-    zone_subnet_cidrs: Mapping[str, str] = field(default_factory=dict)
-    nat_gateway: bool = False
-    s3_endpoint: bool = True
-    ssh_ingress_cidrs: tuple[str, ...] = ()
-    allow_ssh_from_anywhere: bool = False
-    # Adoption: an existing VPC and subnets, by id. pcflow never deletes them.
-    vpc_id: str | None = None
-    public_subnet_id: str | None = None
-    private_subnet_ids: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        validate_stack_name(self.stack)
-        validate_region(self.region)
-        for name in ("private_subnet_cidrs", "ssh_ingress_cidrs", "private_subnet_ids"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                raise ConfigurationError(f"{name} must be a list, not the string {value!r}")
-            object.__setattr__(self, name, tuple(value))
-        if not isinstance(self.zone_subnet_cidrs, Mapping):
-            raise ConfigurationError(f"zone_subnet_cidrs must map zones to CIDRs, not {self.zone_subnet_cidrs!r}")
-        object.__setattr__(self, "zone_subnet_cidrs", dict(sorted(self.zone_subnet_cidrs.items())))
-        for cidr in self.ssh_ingress_cidrs:
-            _cidr(cidr, "ssh_ingress_cidrs")
-        refuse_anywhere(self.ssh_ingress_cidrs, self.allow_ssh_from_anywhere, "ssh_ingress_cidrs")
-        if self.adopted:
-            if self.zone_subnet_cidrs:
-                raise ConfigurationError(
-                    "zone_subnet_cidrs: an adopted VPC's subnets are its owner's; pcflow adds none"
-                )
-            if not self.public_subnet_id:
-                raise ConfigurationError("adopting vpc_id needs public_subnet_id (the head node's subnet) as well")
-            return
-        if self.public_subnet_id or self.private_subnet_ids:
-            raise ConfigurationError("subnet ids can only be given together with vpc_id (adopting an existing VPC)")
-        self._validate_layout()
-
-    def _validate_layout(self) -> None:
-        """Subnets are valid CIDRs inside the VPC's range and do not overlap each other."""
-        vpc = _cidr(self.vpc_cidr, "vpc_cidr")
-        if not 16 <= vpc.prefixlen <= 28:
-            raise ConfigurationError(f"vpc_cidr {self.vpc_cidr} must have a prefix between /16 and /28 (AWS limit)")
-        subnets = {"public_subnet_cidr": _cidr(self.public_subnet_cidr, "public_subnet_cidr")}
-        if self.nat_gateway:
-            if not self.private_subnet_cidrs:
-                raise ConfigurationError("nat_gateway=True needs at least one private_subnet_cidrs entry for compute")
-            for i, c in enumerate(self.private_subnet_cidrs):
-                subnets[f"private_subnet_cidrs[{i}]"] = _cidr(c, "private_subnet_cidrs")
-        for zone, c in self.zone_subnet_cidrs.items():
-            if not isinstance(zone, str) or not AVAILABILITY_ZONE.fullmatch(zone):
-                raise ConfigurationError(
-                    f"zone_subnet_cidrs: {zone!r} is not an availability zone (such as us-east-1b)"
-                )
-            subnets[f"zone_subnet_cidrs[{zone}]"] = _cidr(c, "zone_subnet_cidrs")
-        for name, net in subnets.items():
-            if net.version != vpc.version or not net.subnet_of(vpc):
-                raise ConfigurationError(f"{name} {net} is not inside vpc_cidr {vpc}; choose a range within it")
-        names = list(subnets)
-        for i, a in enumerate(names):
-            for b in names[i + 1 :]:
-                if subnets[a].overlaps(subnets[b]):
-                    raise ConfigurationError(f"CIDR overlap: {a} {subnets[a]} overlaps {b} {subnets[b]}")
-
-    @property
-    def adopted(self) -> bool:
-        return self.vpc_id is not None
-
-    @classmethod
-    def from_mapping(cls, stack: str, region: str, values: Mapping[str, Any] | None) -> NetworkSpec:
-        """From the `network` section of a training spec / DAG params; unknown keys are refused."""
-        values = dict(values or {})
-        allowed = {f.name for f in fields(cls)} - {"stack", "region"}
-        unknown = sorted(set(values) - allowed)
-        if unknown:
-            raise refused(
-                "network", f"unknown network setting(s) {unknown}; allowed: {sorted(allowed)}", profile_setting()
-            )
-        try:
-            return cls(stack=stack, region=region, **values)
-        except ConfigurationError as exc:  # the spec names the field within the section
-            raise refused("network", str(exc), profile_setting()) from None
-
-
 def _refused(name: str, problem: str) -> PcflowInputError:
     """A refused `network.<name>` setting, in errors.refusal's words (a stage's check: the profile's
     `overridable` is not at hand)."""
     return refused(f"network.{name}", problem, profile_setting())
-
-
-def _cidr(value: str, what: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    try:
-        return ipaddress.ip_network(value, strict=True)
-    except (ValueError, TypeError) as error:
-        raise ConfigurationError(f"invalid CIDR {value!r} in {what}: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -745,7 +643,7 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         self.deferrable = deferrable
 
     def execute(self, context: Any) -> dict[str, Any]:
-        spec = NetworkSpec.from_mapping(self.stack, self.hook.region_name, self.network)
+        spec = NetworkSpec.of(self.stack, self.hook.region_name, self.network)
         ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
         timing = {"ttl": ttl, "dag_run": dag_run_of(context), "waiter_delay": self.waiter_delay}
         if self.references_bucket and self.deferrable:

@@ -238,7 +238,7 @@ def run_capacity_order(spec: RunSpec) -> list[dict[str, Any]]:
             capacity_type=spec.capacity_type,
             provider=spec.cluster.provider,
             first_partition=first,
-            zones=spec.network.get("zone_subnet_cidrs") or {},
+            zones=spec.network.zone_subnet_cidrs,
         )
     except ValueError as exc:
         raise refused("capacity", str(exc), deployment_admin()) from None
@@ -347,13 +347,13 @@ def settings_for_cluster(
     from pcflow.cluster.spec import ClusterSpecError
 
     try:
-        allowed_ips = head_node_allowed_ips(run.network.get("ssh_ingress_cidrs") or ())
+        allowed_ips = head_node_allowed_ips(run.network.ssh_ingress_cidrs)
     except ValueError as exc:
         raise ClusterSpecError(str(exc)) from None
     training = run.training
     return {
         "ssh_allowed_ips": allowed_ips,
-        "allow_ssh_from_anywhere": bool(run.network.get("allow_ssh_from_anywhere")),
+        "allow_ssh_from_anywhere": run.network.allow_ssh_from_anywhere,
         "head_security_group_ids": [network["head_security_group_id"]],
         "name": cluster_name(run.stack, run.run_key if own else None),
         "region": run.region,

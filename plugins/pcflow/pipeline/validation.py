@@ -55,7 +55,7 @@ def planned_cluster(run: PlannedRun) -> Any:
     planned = {
         "head_subnet_id": PLANNED_SUBNET,
         "compute_subnet_ids": [PLANNED_SUBNET],
-        "zone_subnet_ids": {zone: PLANNED_SUBNET for zone in run.network.get("zone_subnet_cidrs") or {}},
+        "zone_subnet_ids": {zone: PLANNED_SUBNET for zone in run.network.zone_subnet_cidrs},
         "head_security_group_id": PLANNED_SECURITY_GROUP,
     }
     return ClusterSpec.parse(settings_for_cluster(run, planned, run.ami.base_image_id))

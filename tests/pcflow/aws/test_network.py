@@ -112,7 +112,7 @@ def test_bad_input_is_refused_before_anything_is_created(aws, stack, counts, ove
 
 def test_unknown_spec_keys_and_availability_zone_are_refused(aws, stack, counts):
     with pytest.raises(ValueError, match="unknown network setting"):
-        NetworkSpec.from_mapping(stack, "us-east-1", {"vpc_cidrr": "10.0.0.0/16"})
+        NetworkSpec.of(stack, "us-east-1", {"vpc_cidrr": "10.0.0.0/16"})
     with pytest.raises(ValueError, match="not available in us-east-1"):
         ensure_network(aws.ec2, spec(stack, availability_zone="us-east-1zz"), waiter_delay=0)
     assert set(counts().values()) == {0}

@@ -207,8 +207,11 @@ def test_an_admins_mistake_in_the_overridable_section_is_named(offline, admin_pr
         ({"training": {"launcher": "torchrun", "gpus_per_node": 4}}, "training: Value error, torchrun: tasks_per_node"),
         ({"training": {"partition": "gpu;x"}}, "training.partition: String should match pattern"),
         ({"cluster": {"config": {"partition": "compute", "mystery": 1}}}, "cluster.config: unknown static cluster"),
-        ({"network": {"ssh_ingress_cidrs": ["0.0.0.0/0"]}}, "network: ssh_ingress_cidrs contains 0.0.0.0/0"),
-        ({"network": {"vpc_cidr": "10.0.0.0/33"}}, "network: invalid CIDR"),
+        (
+            {"network": {"ssh_ingress_cidrs": ["0.0.0.0/0"]}},
+            "network.ssh_ingress_cidrs: Value error, the list contains 0.0.0.0/0",
+        ),
+        ({"network": {"vpc_cidr": "10.0.0.0/33"}}, "network.vpc_cidr: Value error, invalid CIDR"),
         # bootstrap scripts come from include/ami only
         ({"ami": {"bootstrap_script": "/etc/hostname"}}, "ami.bootstrap_script: Value error, must be a path relative"),
         ({"ami": {"bootstrap_script": "ami/../../../../etc/hostname"}}, "ami.bootstrap_script: Value error, must be"),

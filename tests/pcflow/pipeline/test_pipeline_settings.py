@@ -83,7 +83,7 @@ def document(request, monkeypatch, admin_profiles) -> dict:
     monkeypatch.setattr(price_list, "pricing_client", lambda *args, **kwargs: None)  # the table prices
     monkeypatch.setattr(pcflow.checks, "check_dataset_source", lambda run: None)  # S3, for an s3:// source
     profile = request.param
-    if not resolve_run_spec(profile).network.get("ssh_ingress_cidrs"):  # aws-gpu: the admin's to set (deploy.md)
+    if not resolve_run_spec(profile).network.ssh_ingress_cidrs:  # aws-gpu: the admin's to set (deploy.md)
         profile = admin_profiles.make(profile, {"network": {"ssh_ingress_cidrs": ["203.0.113.0/24"]}})
     return validated_document(profile)
 
@@ -151,8 +151,10 @@ def test_a_misspelt_field_is_refused_when_the_dag_is_built_naming_the_fields():
         RUN.dataset.bukcet  # noqa: B018
     with pytest.raises(AttributeError, match=r"the run document has no field 'stak'; its fields: profile, stack"):
         RUN.stak  # noqa: B018
-    with pytest.raises(AttributeError, match="'Returned' object has no attribute 'subnets'"):
-        RUN.network.subnets  # noqa: B018  a dict-typed field ends the path: it is read whole
+    with pytest.raises(AttributeError, match=r"network has no field 'subnets'; its fields: vpc_cidr, public_subnet"):
+        RUN.network.subnets  # noqa: B018
+    with pytest.raises(AttributeError, match="'Returned' object has no attribute 'total'"):
+        RUN.cluster.config.total  # noqa: B018  a dict-typed field ends the path: it is read whole
     assert not hasattr(RUN, "__deepcopy__") and not hasattr(RUN.dataset, "_fields")
 
 

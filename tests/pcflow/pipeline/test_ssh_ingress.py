@@ -79,7 +79,7 @@ def test_cidrs_parallelcluster_cannot_take_are_refused_by_the_first_task(offline
 def test_the_internet_passes_only_with_the_admins_explicit_flag(offline, admin_profiles):
     anywhere = admin_profiles.make("aws-gpu", {"network": {"ssh_ingress_cidrs": ["0.0.0.0/0"]}})
     message = refusal(offline, {"profile": anywhere, "partition": "p1"})
-    assert "network: ssh_ingress_cidrs contains 0.0.0.0/0 (SSH open to the internet)" in message
+    assert "network.ssh_ingress_cidrs: Value error, the list contains 0.0.0.0/0 (SSH open to the internet)" in message
     run = admins_run(admin_profiles, ssh_ingress_cidrs=["0.0.0.0/0"], allow_ssh_from_anywhere=True)
     assert head_node(run)["Ssh"]["AllowedIps"] == "0.0.0.0/0"
 
