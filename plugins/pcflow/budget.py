@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pcflow.capacity import PlannedOption
 from pcflow.errors import ConfigurationError
 from pcflow.jobstates import JobInfo, JobState
 from pcflow.patterns import ABSURD_USD, time_limit_seconds  # noqa: F401 - ABSURD_USD: where callers found it
@@ -64,31 +65,49 @@ def usd(amount: float | None) -> str:
     return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.2g}"
 
 
-def capacity_options(run: PlannedRun) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Estimate:
+    """What pricing a run gives the first task: the run's `cost` section, and its capacity options each with
+    its price per node-hour (the `capacity_order` the resolved run carries; the planned run is not changed)."""
+
+    cost: dict[str, Any]
+    capacity_order: list[PlannedOption]
+
+
+def capacity_options(run: PlannedRun) -> list[PlannedOption]:
     """The run's capacity options in order (pcflow.capacity; the first task's `capacity_order`), or its
     one instance type and capacity type where the run has none."""
-    options = run.capacity_order
-    return list(options) if options else [{"instance_types": [run.instance_type], "capacity_type": run.capacity_type}]
+    return list(run.capacity_order) or [
+        PlannedOption(instance_types=[run.instance_type], capacity_type=run.capacity_type)
+    ]
 
 
-def compute_price(run: PlannedRun, table: Mapping[str, Any], ec2: Any, now: dt.datetime) -> Price | None:
-    """One compute node's price per hour, never under-estimated: the dearest instance type of the dearest
-    capacity option the run may fall back to (pcflow.capacity), each priced by `type_price`; None when one
-    has no price (the run then cannot be priced). Each option's own price goes into it (`usd_per_node_hour`)."""
-    dearest: Price | None = None
-    for option in capacity_options(run):
-        prices = [type_price(t, option["capacity_type"], table, ec2, now) for t in option["instance_types"]]
+def price_options(
+    options: Iterable[PlannedOption], table: Mapping[str, Any], ec2: Any, now: dt.datetime
+) -> list[tuple[PlannedOption, Price]] | None:
+    """Each option with the price of its dearest instance type (`type_price`), never under-estimated: the
+    option carries it as `usd_per_node_hour`. None when a type has no price (the run then cannot be priced)."""
+    priced = []
+    for option in options:
+        prices = [type_price(t, option.capacity_type, table, ec2, now) for t in option.instance_types]
         if any(p is None for p in prices):
             return None
         top = max(prices, key=lambda p: p.usd_per_hour)  # type: ignore[union-attr]
-        option["usd_per_node_hour"] = top.usd_per_hour  # type: ignore[union-attr]
-        if dearest is None or top.usd_per_hour > dearest.usd_per_hour:  # type: ignore[union-attr]
-            dearest = top
-    options = capacity_options(run)
-    if dearest is not None and len(options) + len(options[0]["instance_types"]) > 2:
-        basis = f"the dearest of the run's capacity options; {dearest.basis}"
-        dearest = Price(dearest.usd_per_hour, dearest.source, dearest.item, basis)
-    return dearest
+        priced.append((option.model_copy(update={"usd_per_node_hour": top.usd_per_hour}), top))  # type: ignore[union-attr]
+    return priced
+
+
+def dearest(priced: list[tuple[PlannedOption, Price]] | None) -> tuple[PlannedOption, Price] | None:
+    """The option whose price bounds one compute node's (a fallback's on-demand may be above the run's spot),
+    with that price; the first of equals. None when the options could not be priced."""
+    if not priced:
+        return None
+    option, price = max(priced, key=lambda pair: pair[1].usd_per_hour)
+    if len(priced) + len(priced[0][0].instance_types) > 2:
+        price = Price(
+            price.usd_per_hour, price.source, price.item, f"the dearest of the run's capacity options; {price.basis}"
+        )
+    return option, price
 
 
 def type_price(
@@ -131,24 +150,26 @@ def infrastructure_prices(run: PlannedRun, table: Mapping[str, Any]) -> tuple[li
     return prices, unknown
 
 
-def plan_cost(
-    run: PlannedRun, *, ec2: Any = None, pricing: Any = None, now: dt.datetime | None = None
-) -> dict[str, Any]:
-    """The run's `cost` section: price per hour, maximum, budget, approval, and one line that says it all.
-    `pricing`: a Price List API client (`price_list.pricing_client`); without one, the table prices."""
+def plan_cost(run: PlannedRun, *, ec2: Any = None, pricing: Any = None, now: dt.datetime | None = None) -> Estimate:
+    """The run's `cost` section (price per hour, maximum, budget, approval, and one line that says it all) and
+    its capacity options priced. `pricing`: a Price List API client (`price_list.pricing_client`); without
+    one, the table prices."""
     budget, training, now = run.budget, run.training, now or dt.datetime.now(dt.UTC)
     head = cluster_infrastructure(run.cluster.provider, run.cluster.config).head_instance_type
+    options, priced_options = capacity_options(run), None
     try:
-        types = [t for option in capacity_options(run) for t in option["instance_types"]]
+        types = [t for option in options for t in option.instance_types]
         table = run_prices(run.region, [*dict.fromkeys(types), head], pricing=pricing, today=now.date())
     except NoPrices as exc:
-        table, unknown, compute, infra = {}, [str(exc)], None, []
+        table, unknown, infra = {}, [str(exc)], []
     else:
-        compute = compute_price(run, table, ec2, now)
+        priced_options = price_options(options, table, ec2, now)
         infra, unknown = infrastructure_prices(run, table)
-        if compute is None:
+        if priced_options is None:
             nor = "the AWS Price List API nor " if pricing is not None else ""
             unknown.insert(0, f"{run.instance_type} (not in {nor}the {run.region} price table)")
+    top = dearest(priced_options)
+    compute = top[1] if top else None
     limit_s = time_limit_seconds(training.allocation.get("time_limit"))
     priced = ([compute] if compute else []) + infra
     cost = {
@@ -157,7 +178,7 @@ def plan_cost(
         "price_table_as_of": table.get("as_of"),
         "price_list_as_of": (table.get("price_list") or {}).get("as_of"),
         "capacity_type": run.capacity_type,
-        "priced_capacity_type": priced_capacity_type(run, compute),
+        "priced_capacity_type": top[0].capacity_type if top else run.capacity_type,
         "nodes": training.nodes,
         "compute_per_node_hour": compute.usd_per_hour if compute else None,
         "infrastructure_per_hour": round(sum(p.usd_per_hour for p in infra), 6),
@@ -184,17 +205,8 @@ def plan_cost(
         "approvers": [approver.model_dump(mode="json") for approver in budget.approvers],
     }
     cost["summary"] = summary(cost)
-    return cost
-
-
-def priced_capacity_type(run: PlannedRun, compute: Price | None) -> str:
-    """The capacity type of the option the compute price is (a fallback's on-demand may be above the run's spot)."""
-    found = (
-        o["capacity_type"]
-        for o in capacity_options(run)
-        if compute and compute.item in o["instance_types"] and o.get("usd_per_node_hour") == compute.usd_per_hour
-    )
-    return next(found, run.capacity_type)
+    order = [option for option, _ in priced_options] if priced_options and run.capacity_order else run.capacity_order
+    return Estimate(cost, list(order))
 
 
 def per_hour(cost: Mapping[str, Any]) -> float | None:

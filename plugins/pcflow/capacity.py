@@ -121,6 +121,16 @@ def strategy_for(capacity_type: str, strategy: str | None) -> str | None:
     return strategy
 
 
+class PlannedOption(CapacityOption):
+    """One option of a run's order (the first task's `capacity_order`): its Slurm partition decided and, once
+    the first task priced the run (pcflow.budget.plan_cost), its dearest instance type's price per node-hour,
+    which a move to it logs and the bill after a move uses."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    usd_per_node_hour: float | None = None
+
+
 class CapacitySettings(BaseModel):
     """The run's own compute resource's extra types and strategy, and the fallback options in order."""
 
@@ -144,7 +154,7 @@ def capacity_order(
     provider: str,
     first_partition: str | None,
     zones: Iterable[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[PlannedOption]:
     """Every option of the run, its own first: partition, instance types, capacity type, strategy and
     reservation. `capacity`, `instance_type`, `capacity_type`: the run's settings of those names; `provider`:
     its cluster's; `zones`: those its network makes compute subnets in (`network.zone_subnet_cidrs`).
@@ -169,7 +179,7 @@ def capacity_order(
             partition = f"{first_partition}-{index + 1}"
         if partition is None and index:
             raise ValueError(f"capacity.fallback[{index - 1}].partition: a static cluster's option names its partition")
-        order.append({**option.model_dump(), "partition": partition})
+        order.append(PlannedOption(**{**option.model_dump(), "partition": partition}))
     return order
 
 

@@ -15,6 +15,7 @@ from pcflow.datasource import SourceRefused, parse_source
 from pcflow.errors import ConfigurationError, PcflowInputError, refusal, refused, trigger_user
 
 if TYPE_CHECKING:
+    from pcflow.budget import Estimate
     from pcflow.resolved import PlannedRun
 
 
@@ -181,9 +182,10 @@ def check_dataset_source(run: PlannedRun, aws_conn_id: str = DEFAULT_AWS_CONN_ID
         raise refused_setting(run, "dataset.source", f"{text!r} holds no files to load")
 
 
-def check_cost(run: PlannedRun, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> dict[str, Any]:
+def check_cost(run: PlannedRun, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> Estimate:
     """The run's price per hour and maximum (`pcflow.budget`), logged in one line; refused when its
-    budget cannot cap it. Returns the `cost` section the later stages read (approval, the train task's cap)."""
+    budget cannot cap it. Returns the `cost` section the later stages read (approval, the train task's cap)
+    and the capacity options priced (what a capacity move logs)."""
     import logging
 
     from pcflow.budget import plan_cost, refuse_over_budget
@@ -194,10 +196,10 @@ def check_cost(run: PlannedRun, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> dict[
         from pcflow.aws.clients import aws_client
 
         ec2 = aws_client("ec2", aws_conn_id=aws_conn_id, region_name=run.region)
-    cost = plan_cost(run, ec2=ec2, pricing=price_list.pricing_client(aws_conn_id))
-    logging.getLogger("airflow.task").info("%s", cost["summary"])
-    refuse_over_budget(cost, run)
-    return cost
+    estimate = plan_cost(run, ec2=ec2, pricing=price_list.pricing_client(aws_conn_id))
+    logging.getLogger("airflow.task").info("%s", estimate.cost["summary"])
+    refuse_over_budget(estimate.cost, run)
+    return estimate
 
 
 def check_warm_start(run: PlannedRun, inlet_events: Any, aws_conn_id: str = DEFAULT_AWS_CONN_ID) -> dict[str, Any]:

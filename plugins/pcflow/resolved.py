@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pcflow.capacity import PlannedOption
 from pcflow.runspec import DatasetSettings, RunSpec, SweepSettings, TrainingSettings
 
 
@@ -105,8 +106,8 @@ class PlannedRun(RunSpec):
     trials: list[dict[str, Any]] | None = Field(None, description="a sweep's trials, grid expanded; absent otherwise")
     keep_resources: bool = Field(description="teardown.policy is `never`: the teardowns only report")
     expiry: Expiry
-    capacity_order: list[dict[str, Any]] = Field(
-        description="the capacity options in order, each with its partition and price (pcflow.capacity)"
+    capacity_order: list[PlannedOption] = Field(
+        description="the capacity options in order, each with its partition and, once the run is priced, its price"
     )
 
     @property

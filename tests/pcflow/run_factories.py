@@ -39,7 +39,8 @@ def make_resolved_run(
     from pcflow.warmstart import NOTHING
 
     planned = make_planned_run(profile, **kwargs)
-    document = resolved.dump(planned)
+    estimate = plan_cost(planned)  # as the first task: the cost, and the capacity options priced
+    document = resolved.dump(planned.model_copy(update={"capacity_order": estimate.capacity_order}))
     document["warm_start"] = warm_start or dict(NOTHING)
-    document["cost"] = cost if cost is not None else plan_cost(planned)
+    document["cost"] = cost if cost is not None else estimate.cost
     return resolved.load(document)

@@ -59,7 +59,7 @@ def aws_gpu_cost(ec2=None, trials: list[dict] | None = None, **settings) -> dict
     """The aws-gpu profile's run priced as the first task prices it (the checks that ask AWS aside); with
     `trials`, as a sweep (the document's expanded trials), one trial at a time."""
     sweep = {"sweep": {"max_parallel": 1}} if trials else {}
-    return plan_cost(make_planned_run("aws-gpu", trials=trials, **sweep, **settings), ec2=ec2)
+    return plan_cost(make_planned_run("aws-gpu", trials=trials, **sweep, **settings), ec2=ec2).cost
 
 
 def test_parallelcluster_adds_head_node_and_fsx_over_the_time_limit_and_the_cluster_life():

@@ -72,7 +72,7 @@ def test_the_first_task_prices_each_region_from_the_price_list_api():
     there is unknown, never another region's price."""
     from pcflow.checks import check_cost
 
-    costs = {region: check_cost(local_run(region=region)) for region in C5_XLARGE}
+    costs = {region: check_cost(local_run(region=region)).cost for region in C5_XLARGE}
     for region, cost in costs.items():
         assert cost["compute_per_node_hour"] == C5_XLARGE[region] and cost["price_sources"] == ["price-list"]
         assert cost["maximum_usd"] == pytest.approx(2 * C5_XLARGE[region] * 0.5 * 4)  # 2 nodes, 30 min, 4 attempts
@@ -97,7 +97,7 @@ def test_a_refused_price_list_falls_back_to_the_table_and_says_so(cache, region)
     pricing = offline_pricing()
     with Stubber(pricing) as stub:
         stub.add_client_error("get_products", "AccessDeniedException", "not authorized: pricing:GetProducts", 400)
-        cost = plan_cost(local_run(region=region), pricing=pricing, now=NOW)
+        cost = plan_cost(local_run(region=region), pricing=pricing, now=NOW).cost
         stub.assert_no_pending_responses()
     assert not list(cache.directory.glob("*.json")) and cache.day(DAY.isoformat()) == {}
     if region == "us-east-1":
@@ -117,7 +117,7 @@ def test_an_unreachable_price_list_endpoint_falls_back_to_the_table(cache, monke
     pricing = price_list.pricing_client("pricing_nowhere")
     calls = count_calls(pricing)
     over = local_run(instance_type="g5.12xlarge", training={"nodes": 3})
-    cost = plan_cost(over, pricing=pricing, now=NOW)
+    cost = plan_cost(over, pricing=pricing, now=NOW).cost
     assert len(calls) == 1 and cost["price_sources"] == ["table"] and cost["compute_per_node_hour"] == 5.672
     assert pricing.meta.config.retries == {"mode": "standard", "total_max_attempts": 3}
     with pytest.raises(BudgetRefused) as refused:  # the refusal message says where its prices came from
@@ -140,8 +140,8 @@ def test_the_days_answers_are_cached_in_process_and_on_disk(cache):
                 "FormatVersion": "aws_v1",
             }
             stub.add_response("get_products", answer, expected)
-        first = plan_cost(run, pricing=pricing, now=NOW)
-        again = plan_cost(run, pricing=pricing, now=NOW)
+        first = plan_cost(run, pricing=pricing, now=NOW).cost
+        again = plan_cost(run, pricing=pricing, now=NOW).cost
         assert len(calls) == 1 and first["compute_per_node_hour"] == again["compute_per_node_hour"] == 0.192
         other_process = price_list.PriceCache(cache.directory)
         listed = price_list.on_demand(pricing, "eu-west-1", ["c5.xlarge"], today=DAY, cache=other_process)

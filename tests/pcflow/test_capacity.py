@@ -55,18 +55,18 @@ def test_options_take_partitions_from_the_provider():
     )
     run = {"instance_type": "g6.12xlarge", "capacity_type": "spot", "provider": "parallelcluster"}
     order = capacity_order(capacity, **run, first_partition="gpu")
-    assert [(o["partition"], o["instance_types"], o["capacity_type"]) for o in order] == [
+    assert [(o.partition, o.instance_types, o.capacity_type) for o in order] == [
         ("gpu", ["g6.12xlarge", "g5.12xlarge"], "spot"),
         ("gpu-2", ["g5.12xlarge"], "ondemand"),
     ]
     with pytest.raises(ValueError, match=r"capacity.fallback\[0\].partition: a static cluster's option names"):
         capacity_order(capacity, **{**run, "provider": "static"}, first_partition="compute")
     static = capacity_order(CapacitySettings(), **{**run, "provider": "static"}, first_partition=None)
-    assert static[0]["partition"] is None
+    assert static[0].partition is None
     # A trigger user's on-demand over the profile's spot: the spot strategy gives way to ParallelCluster's default.
     spot_strategy = capacity.model_copy(update={"allocation_strategy": "price-capacity-optimized"})
     ondemand = capacity_order(spot_strategy, **{**run, "capacity_type": "ondemand"}, first_partition="gpu")[0]
-    assert ondemand["allocation_strategy"] is None
+    assert ondemand.allocation_strategy is None
 
 
 def test_a_zone_option_keeps_its_zone_says_it_when_taken_and_is_parallelclusters_alone():
@@ -74,8 +74,9 @@ def test_a_zone_option_keeps_its_zone_says_it_when_taken_and_is_parallelclusters
     run = {"instance_type": "g6.12xlarge", "capacity_type": "spot", "provider": "parallelcluster"}
     zones = ["us-east-1b"]  # the network's zone_subnet_cidrs
     order = capacity_order(CapacitySettings(fallback=[zoned]), **run, first_partition="gpu", zones=zones)
-    assert [(o["partition"], o["availability_zone"]) for o in order] == [("gpu", None), ("gpu-2", "us-east-1b")]
-    move = decide([*order[:1], {**order[1], "usd_per_node_hour": 5.672}], "gpu", parse_nodes(SHORT))
+    assert [(o.partition, o.availability_zone) for o in order] == [("gpu", None), ("gpu-2", "us-east-1b")]
+    priced = [order[0], order[1].model_copy(update={"usd_per_node_hour": 5.672})]
+    move = decide([o.model_dump(mode="json") for o in priced], "gpu", parse_nodes(SHORT))  # as XCom carries it
     assert "gpu-2: g5.12xlarge on-demand in us-east-1b (that zone's subnet) at $5.67 per node-hour" in move.message("1")
     static = {**run, "provider": "static"}
     with pytest.raises(ValueError, match="a static cluster's partition decides where its nodes are"):
@@ -107,9 +108,11 @@ def test_the_estimate_prices_the_dearest_option_never_the_cheaper_first():
     fallback = [{"instance_types": ["g5.12xlarge"], "capacity_type": "ondemand"}]
     capacity = {"instance_types": [], "fallback": fallback}
     run = make_planned_run("aws-gpu", instance_type="g6.12xlarge", capacity=capacity)
-    cost = plan_cost(run)
+    estimate = plan_cost(run)
+    cost = estimate.cost
     assert cost["compute_per_node_hour"] == G5_12XLARGE and cost["priced_capacity_type"] == "ondemand"
-    assert [o["usd_per_node_hour"] for o in run.capacity_order] == [G6_12XLARGE, G5_12XLARGE]
+    assert [o.usd_per_node_hour for o in estimate.capacity_order] == [G6_12XLARGE, G5_12XLARGE]
+    assert [o.usd_per_node_hour for o in run.capacity_order] == [None, None]  # the planned run is not changed
     assert "2 x g5.12xlarge on-demand at $5.67/h" in cost["summary"]
     assert "the dearest of the run's capacity options" in cost["summary"]
 

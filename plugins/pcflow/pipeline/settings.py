@@ -18,7 +18,7 @@ from pcflow.pipeline.form import FORM_FIELDS, MAX_TRIALS, OTHER_FIELDS
 from pcflow.values import Returned
 
 if TYPE_CHECKING:  # pydantic models: DAG files import this module when they are parsed
-    from pcflow.capacity import CapacitySettings
+    from pcflow.capacity import CapacitySettings, PlannedOption
     from pcflow.resolved import PlannedRun
     from pcflow.runspec import RunSpec
 
@@ -220,7 +220,7 @@ def plan_run(spec: RunSpec, *, run_key: str, partition: str, trials: list[dict[s
     )
 
 
-def run_capacity_order(spec: RunSpec) -> list[dict[str, Any]]:
+def run_capacity_order(spec: RunSpec) -> list[PlannedOption]:
     """The run's capacity options in order (pcflow.capacity), each with its Slurm partition: ParallelCluster's
     queue (cluster.config.queue_name, its fallbacks `<queue>-2`...), a static cluster's job partition."""
     from pcflow.capacity import capacity_order

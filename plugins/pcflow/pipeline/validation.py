@@ -128,8 +128,9 @@ def validate_run(
     check_against_aws(run)
     account_preflight(run)
     warm = check_warm_start(run, context.get("inlet_events"))  # a model's bytes are read last, once all else holds
-    cost = check_cost(run)  # the price and maximum; refused above the budget
-    return resolved_document(run, warm_start=warm, cost=cost)
+    estimate = check_cost(run)  # the price and maximum; refused above the budget
+    priced = run.model_copy(update={"capacity_order": estimate.capacity_order})
+    return resolved_document(priced, warm_start=warm, cost=estimate.cost)
 
 
 def resolved_document(run: PlannedRun, *, warm_start: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:

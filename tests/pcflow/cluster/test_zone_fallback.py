@@ -107,7 +107,7 @@ def test_ice_in_the_networks_zone_moves_the_job_to_the_other_zones_queue_and_say
     monkeypatch.setenv("PCFLOW_STANDIN_ICE", f"{TYPE}@{own_zone}")  # short in the network's zone only, as EC2 says
     provider = make_provider("parallelcluster", pcluster_path=str(standin_cli))
     capacity = CapacitySettings(fallback=[dict(option) for option in spec["fallback"]])
-    order = capacity_order(capacity, **spot_run(zone))
+    order = [option.model_dump(mode="json") for option in capacity_order(capacity, **spot_run(zone))]  # as XCom
     order[-1]["usd_per_node_hour"] = 1.006
     try:
         ensure_cluster(provider, spec, stack=site.stack, waiter_delay=1, waiter_max_attempts=10)

@@ -77,8 +77,8 @@ def test_an_admins_max_count_bounds_the_trials_at_once(admin_profiles):
 def test_the_maximum_counts_every_trials_nodes_and_the_head_node_per_wave():
     """6 trials, 2 at once: 6 x 2 nodes over the time limit and its attempts, the head node and FSx over 3
     trial-lengths (not 6). One at a time gives back the serial count, never less."""
-    parallel = plan_cost(sweep_run("aws-gpu", SIX, capacity_type="ondemand"))
-    serial = plan_cost(sweep_run("aws-gpu", SIX, capacity_type="ondemand", sweep={"max_parallel": 1}))
+    parallel = plan_cost(sweep_run("aws-gpu", SIX, capacity_type="ondemand")).cost
+    serial = plan_cost(sweep_run("aws-gpu", SIX, capacity_type="ondemand", sweep={"max_parallel": 1})).cost
     longest = 12 * 6  # time limit x attempts
     compute = parallel["compute_per_node_hour"] * 2 * longest * 6
     infra = parallel["infrastructure_per_hour"]
@@ -91,7 +91,7 @@ def test_the_maximum_counts_every_trials_nodes_and_the_head_node_per_wave():
     )
     assert "at once" not in serial["summary"]
     # 5 trials, 2 at once: 3 waves (the last trial alone).
-    five = plan_cost(sweep_run("aws-gpu", SIX[:5], capacity_type="ondemand"))
+    five = plan_cost(sweep_run("aws-gpu", SIX[:5], capacity_type="ondemand")).cost
     assert five["maximum_usd"] == pytest.approx(compute * 5 / 6 + infra * (longest * 3 + 1), abs=1e-3)
 
 

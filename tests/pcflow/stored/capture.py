@@ -32,7 +32,7 @@ def budget() -> dict:
     from pcflow.runspec import resolve_run_spec
 
     run = plan_run(resolve_run_spec("aws-gpu"), run_key="pretrain__capture", partition="default")
-    return {**plan_cost(run), "run_started": 1767225600.0}
+    return {**plan_cost(run).cost, "run_started": 1767225600.0}
 
 
 def triggers() -> list:
