@@ -426,9 +426,10 @@ def _ddp_step_worker(rank: int, job: tuple) -> None:
     from model import SimCLR
     from torch.nn.parallel import DistributedDataParallel
 
-    port, v1, v2, out = job
+    rendezvous, v1, v2, out = job
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # a file, not a free port picked in advance: another test's server could take the port before rank 0 binds it
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     torch.manual_seed(0)
     model = SimCLR(width=8, embedding_dim=16)
     ddp = DistributedDataParallel(model)
@@ -441,13 +442,12 @@ def _ddp_step_worker(rank: int, job: tuple) -> None:
         loss.backward()
         optimizer.step()
     torch.save(model.state_dict(), f"{out}.{rank}")
+    dist.barrier()  # neither rank tears its gloo threads down while the other still talks to it (SIGABRT)
     dist.destroy_process_group()
 
 
 def check_ddp_training_steps_equal_single_process_steps():
     """Two DDP ranks, each with half of a batch, end where one process with the whole batch ends."""
-    import socket
-
     import torch.multiprocessing as mp
     from augment import two_views
     from loss import nt_xent
@@ -464,11 +464,8 @@ def check_ddp_training_steps_equal_single_process_steps():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_ddp_step_worker, args=((port, v1, v2, f"{tmp}/r"),), nprocs=2, join=True)
+        mp.spawn(_ddp_step_worker, args=((f"{tmp}/rendezvous", v1, v2, f"{tmp}/r"),), nprocs=2, join=True)
         ranks = [torch.load(f"{tmp}/r.{r}") for r in range(2)]
     for name, value in model.state_dict().items():
         for state in ranks:
