@@ -29,7 +29,7 @@ GOAL_MS = 200
 HEAVY = (
     *("boto3", "botocore", "s3transfer", "aiobotocore", "paramiko", "asyncssh"),
     *("airflow.providers.amazon.aws.hooks", "airflow.providers.amazon.aws.triggers", "airflow.providers.ssh.hooks"),
-    *("pcflow.runspec", "pcflow.slurm.spec", "pcflow.cluster.spec"),
+    *("pcflow.runspec", "pcflow.slurm.spec", "pcflow.cluster.spec", "pcflow.aws.network_spec", "pcflow.capacity"),
 )
 PEER = """
 from airflow.sdk import DAG

@@ -69,7 +69,8 @@ def main_overview() -> Any:
 
 
 def make_state(clients: Any) -> tuple[str, str]:
-    from pcflow.aws.network import NetworkSpec, ensure_network
+    from pcflow.aws.network import ensure_network
+    from pcflow.aws.network_spec import NetworkSpec
     from pcflow.aws.tags import tag_specifications
     from pcflow.naming import aws_tags, standard_tags
 

@@ -54,7 +54,8 @@ def check_hyperparameters(run: PlannedRun, cases: list[Any], aws_conn_id: str = 
 
     from pcflow.aws.clients import aws_client
     from pcflow.bundles import BundleRefused
-    from pcflow.code.hparams import SchemaRefused, code_schema, parse_schema, problems
+    from pcflow.code.hparams import code_schema, parse_schema, problems
+    from pcflow.code.schema_file import SchemaRefused
     from pcflow.runspec import DATA_DIR
 
     source = "training.code" if run.training.code else "training.payload"

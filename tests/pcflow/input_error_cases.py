@@ -105,7 +105,7 @@ def first_task_static_cluster() -> None:
 
 
 def network_stage_spec() -> None:
-    from pcflow.aws.network import NetworkSpec
+    from pcflow.aws.network_spec import NetworkSpec
 
     NetworkSpec.of("errors", "us-east-1", {"vpc_cidr": "10.0.0.0/8"})
 

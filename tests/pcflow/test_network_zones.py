@@ -13,7 +13,8 @@ import pytest
 from dagrun import delete_bucket
 
 from pcflow.aws.clients import aws_client
-from pcflow.aws.network import NetworkSpec, ensure_network, release_network, use_network
+from pcflow.aws.network import ensure_network, release_network, use_network
+from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.teardown import Selector, teardown
 from pcflow.errors import ConfigurationError, PcflowInputError
 

@@ -19,13 +19,12 @@ import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import conf
 
 from pcflow.aws.base import PcflowAwsOperator, aws_template_fields
 from pcflow.aws.clients import error_code, wait_logged
-from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.network_users import (
     TAG_REFERENCES,
     drop_reference,
@@ -51,6 +50,9 @@ from pcflow.naming import (
     run_key_from_context,
     standard_tags,
 )
+
+if TYPE_CHECKING:  # a pydantic model: built when a network task runs, not when a DAG file is parsed
+    from pcflow.aws.network_spec import NetworkSpec
 
 log = logging.getLogger(__name__)
 
@@ -643,6 +645,8 @@ class EnsureNetworkOperator(PcflowAwsOperator):
         self.deferrable = deferrable
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from pcflow.aws.network_spec import NetworkSpec
+
         spec = NetworkSpec.of(self.stack, self.hook.region_name, self.network)
         ttl = dt.timedelta(hours=self.ttl_hours) if self.ttl_hours is not None else None
         timing = {"ttl": ttl, "dag_run": dag_run_of(context), "waiter_delay": self.waiter_delay}

@@ -24,24 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pcflow.code.schema_file import MAX_SCHEMA_BYTES, SchemaRefused, read_local, schema_path
 from pcflow.code.sources import read_bundle_file, read_git_file
-from pcflow.errors import ConfigurationError
 from pcflow.metric_definitions import compile_re2
-from pcflow.paths import payload_roots, payload_source, roots_holding, within
+from pcflow.paths import payload_source
 
 if TYPE_CHECKING:
     from pcflow.resolved import PlannedRun
 
-SCHEMA_FILE = "hparams.schema.json"
-MAX_SCHEMA_BYTES = 256 << 10
 #: What the check gives DATA_DIR, which the train task sets to the run's staged partition.
 DATA_DIR_STAND_IN = "/pcflow/the-runs-staged-partition"
-#: Names the trigger form lists at most.
-SHOWN = 40
-
-
-class SchemaRefused(ConfigurationError):
-    """The code's hyperparameter schema cannot be used as it is: the project's author fixes the file."""
 
 
 @dataclass(frozen=True)
@@ -151,26 +143,6 @@ def _named(error: Any) -> list[tuple[str | None, str]]:
     return [(None, error.message)]
 
 
-def read_local(directory: Path, path: str) -> bytes | None:
-    """`directory/path`, bounded, or None when there is no such file; one that leaves the directory (a link
-    out of it) or is over the cap is refused (SchemaRefused)."""
-    try:
-        target = within(directory / path, directory)
-    except ValueError as exc:
-        raise SchemaRefused(f"{path}: {exc}") from None
-    if not target.is_file():
-        return None
-    if target.stat().st_size > MAX_SCHEMA_BYTES:
-        raise SchemaRefused(f"{path} is {target.stat().st_size} bytes, over the cap of {MAX_SCHEMA_BYTES}")
-    with target.open("rb") as handle:
-        return handle.read(MAX_SCHEMA_BYTES + 1)
-
-
-def schema_path(hparams_schema: str | None) -> str:
-    """Where the schema is in the code: `training.hparams_schema` (given here), else SCHEMA_FILE."""
-    return hparams_schema or SCHEMA_FILE
-
-
 def code_schema(run: PlannedRun, s3: Callable[[], Any]) -> tuple[str, bytes | None]:
     """(what the file is called in a message, its bytes or None when the code has none), read from the code
     the run trains: a git commit's record in the bucket (no fetch) or the one file of the commit, the
@@ -231,49 +203,3 @@ def schema_record(tree: Path, hparams_schema: str | None) -> dict[str, Any] | No
         return {"path": path, "text": None if data is None else data.decode()}
     except (SchemaRefused, UnicodeDecodeError):
         return None
-
-
-def local_summary(training: dict[str, Any]) -> str | None:
-    """The schema of a profile's code as the trigger form lists it (`summary`), where the code is on this
-    machine (a directory, the admin's payload), read when the DAG file is parsed: no network, no S3. None
-    for a git or S3 code (read when a run starts) or a code without one; a note for one it cannot read."""
-    code, path = training.get("code") or {}, schema_path(training.get("hparams_schema"))
-    if code.get("dir"):
-        directory = Path(code["dir"])
-    elif not code and isinstance(training.get("payload"), str):
-        # the first root that has it (paths.payload_source refuses a name in two when a run starts)
-        found = roots_holding(training["payload"])
-        directory = (found[0] if found else payload_roots()[0]) / training["payload"]  # absent: no schema
-    else:
-        return None
-    try:
-        data = read_local(directory, path) if directory.is_dir() else None
-        schema = json.loads(data) if data is not None else None
-    except (SchemaRefused, ValueError, OSError) as exc:
-        return f"its {path} cannot be read ({exc}); the first task refuses the run until it is fixed"
-    return summary(schema) if isinstance(schema, dict) else None
-
-
-def summary(schema: dict[str, Any]) -> str:
-    """The schema's hyperparameters in one line for the trigger form: name (type, bounds or choices)."""
-    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    shown = [f"{name} ({_rule(rule)})" for name, rule in list(properties.items())[:SHOWN] if isinstance(rule, dict)]
-    more = f"; and {len(properties) - SHOWN} more" if len(properties) > SHOWN else ""
-    closed = "; no other names" if schema.get("additionalProperties") is False else ""
-    return "; ".join(shown) + more + closed
-
-
-def _rule(rule: dict[str, Any]) -> str:
-    """One property's type and bounds, as the form lists it."""
-    parts = [str(rule.get("type", "any"))]
-    if "enum" in rule:
-        parts.append("one of " + ", ".join(json.dumps(value) for value in rule["enum"]))
-    low = rule.get("minimum", rule.get("exclusiveMinimum"))
-    high = rule.get("maximum", rule.get("exclusiveMaximum"))
-    if low is not None or high is not None:
-        left = "(" if "exclusiveMinimum" in rule else "["
-        right = ")" if "exclusiveMaximum" in rule else "]"
-        parts.append(f"{left}{'' if low is None else low}, {'' if high is None else high}{right}")
-    if "default" in rule:
-        parts.append(f"default {json.dumps(rule['default'])}")
-    return ", ".join(parts)

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from airflow.sdk import Param
 
-from pcflow.code.hparams import SCHEMA_FILE, local_summary
+from pcflow.code.schema_file import SCHEMA_FILE, local_summary
 from pcflow.datasource import DIGITS
 from pcflow.errors import ConfigurationError
 from pcflow.paths import default_profile, offered_profiles

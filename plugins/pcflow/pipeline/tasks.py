@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import task
 
 from pcflow.aws.clients import DEFAULT_AWS_CONN_ID
-from pcflow.datasource import parse_source
-from pcflow.imagerefs import parse_image
 from pcflow.pipeline.settings import settings_for_cluster
 from pcflow.slurm.head_node import HeadNode
 
@@ -49,6 +47,8 @@ def ensure_dataset_bucket(document: dict[str, Any]) -> dict[str, Any]:
 def dataset_source(document: dict[str, Any]) -> str:
     """Where the loader reads from: a built-in dataset (pcflow.datasource) becomes its files on this
     worker (the digits as PNG class folders, cached), anything else is read where it is."""
+    from pcflow.datasource import parse_source
+
     source = parse_source(typed(document).dataset.source)
     if source.kind != "builtin":
         return source.text
@@ -239,6 +239,7 @@ def prepare_image(document: dict[str, Any], cluster: dict[str, Any], environment
     import logging
     import time
 
+    from pcflow.imagerefs import parse_image
     from pcflow.slurm import images
     from pcflow.slurm.hook import SlurmHook
 

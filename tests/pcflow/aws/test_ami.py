@@ -19,7 +19,8 @@ from pcflow.aws.ami import (
     prepare_bake,
     recipe_hash,
 )
-from pcflow.aws.network import NetworkSpec, ensure_network
+from pcflow.aws.network import ensure_network
+from pcflow.aws.network_spec import NetworkSpec
 
 pytestmark = pytest.mark.stack
 

@@ -16,13 +16,8 @@ from taskcontext import drive, first_event, roundtrip
 
 from pcflow.aws.ami import AmiSpec, BakeImageOperator, BakeLocking, bake_image, bake_lock_key
 from pcflow.aws.locks import LockNotHeld, S3Lock
-from pcflow.aws.network import (
-    EnsureNetworkOperator,
-    NetworkSpec,
-    ReleaseNetworkOperator,
-    ensure_network,
-    release_network,
-)
+from pcflow.aws.network import EnsureNetworkOperator, ReleaseNetworkOperator, ensure_network, release_network
+from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.network_users import lock_key, network_lock, references
 from pcflow.aws.waits import LockReleasedTrigger
 from pcflow.naming import run_key_from_context

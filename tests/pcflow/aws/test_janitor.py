@@ -8,7 +8,8 @@ import datetime as dt
 import pytest
 
 from pcflow.aws.janitor import JanitorOperator, run_janitor
-from pcflow.aws.network import NetworkSpec, ensure_network
+from pcflow.aws.network import ensure_network
+from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.tags import tag_specifications
 from pcflow.naming import standard_tags
 

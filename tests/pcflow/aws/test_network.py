@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pcflow.aws.network import NetworkMismatch, NetworkSpec, ensure_network
+from pcflow.aws.network import NetworkMismatch, ensure_network
+from pcflow.aws.network_spec import NetworkSpec
 
 pytestmark = pytest.mark.stack
 

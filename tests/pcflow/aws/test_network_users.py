@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from pcflow.aws.janitor import run_janitor
-from pcflow.aws.network import NetworkSpec, release_network, use_network
+from pcflow.aws.network import release_network, use_network
+from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.network_users import (
     TAG_REFERENCES,
     NetworkLockTimeout,

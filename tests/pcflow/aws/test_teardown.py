@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pcflow.aws.network import NetworkSpec, delete_network, ensure_network
+from pcflow.aws.network import delete_network, ensure_network
+from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.tags import tag_specifications
 from pcflow.aws.teardown import (
     Handler,

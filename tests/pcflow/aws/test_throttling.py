@@ -10,7 +10,8 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from pcflow.aws.clients import aws_client
-from pcflow.aws.network import NetworkSpec, ensure_network
+from pcflow.aws.network import ensure_network
+from pcflow.aws.network_spec import NetworkSpec
 
 pytestmark = pytest.mark.stack
 

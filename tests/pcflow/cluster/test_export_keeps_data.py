@@ -13,7 +13,8 @@ from stacktools import tell_standin
 from taskcontext import make_context
 
 from pcflow.aws.clients import aws_client
-from pcflow.aws.network import NetworkSpec, ensure_network
+from pcflow.aws.network import ensure_network
+from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.storage import DataRepositoryTaskFailed
 from pcflow.aws.teardown import Selector, TeardownIncomplete, TeardownOperator, teardown
 from pcflow.cluster.operators import DeleteClusterOperator

@@ -16,17 +16,8 @@ import pytest
 from run_factories import make_planned_run
 from test_code_sources import commit, sh
 
-from pcflow.code.hparams import (
-    MAX_SCHEMA_BYTES,
-    MISSING,
-    Case,
-    SchemaRefused,
-    code_schema,
-    local_summary,
-    parse_schema,
-    problems,
-    recorded_schema,
-)
+from pcflow.code.hparams import MISSING, Case, code_schema, parse_schema, problems, recorded_schema
+from pcflow.code.schema_file import MAX_SCHEMA_BYTES, SchemaRefused, local_summary
 from pcflow.code.upload import commit_key, record_commit
 from pcflow.errors import PcflowInputError
 

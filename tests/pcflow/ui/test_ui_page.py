@@ -14,7 +14,8 @@ from collections import Counter
 import pytest
 
 from pcflow.aws.clients import aws_client
-from pcflow.aws.network import NetworkSpec, ensure_network
+from pcflow.aws.network import ensure_network
+from pcflow.aws.network_spec import NetworkSpec
 from pcflow.aws.tags import tag_specifications
 from pcflow.aws.teardown import Selector, teardown
 from pcflow.naming import run_key, standard_tags
