@@ -124,7 +124,7 @@ def strategy_for(capacity_type: str, strategy: str | None) -> str | None:
 class PlannedOption(CapacityOption):
     """One option of a run's order (the first task's `capacity_order`): its Slurm partition decided and, once
     the first task priced the run (pcflow.budget.plan_cost), its dearest instance type's price per node-hour,
-    which a move to it logs and the bill after a move uses."""
+    which the train task's log line for a move to it quotes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
