@@ -46,7 +46,10 @@ done
 mkdir -p -m 755 -- "$envs" && mkdir -p -m 700 -- "$state" "$state/used" "$state/size" && chmod 700 -- "$state" || exit 1
 exec 9>>"$state/lock" || exit 1
 flock -w "$wait_s" 9 || { echo "busy" && exit $BUSY; }
-touch -- "$state/used/$id" || exit 1 # the last-used stamp: this run uses it from now
+# The last-used stamp: this run uses it from now. Its content orders eviction to the nanosecond (FSx for
+# Lustre keeps whole seconds of mtime, and two prepares within a second tied, broken by name); its mtime
+# is what the in-use window is measured against.
+date +%s.%N >"$state/used/$id" || exit 1
 
 uv_run() { # uv as pcflow runs it: no user or project config, the state's cache; within the build's time limit
   local left=$((deadline - $(date +%s)))
@@ -100,6 +103,12 @@ build() { # into $work/env: the venv, its packages, every module compiled, what 
   chmod -R go-w -- "$env" && bash -c "$record_script" tree-record.sh write "$env" >/dev/null || return 1
 }
 
+used_at() { # the stamp's time (a stamp written before it held one: its mtime; no stamp: 0)
+  local stamp
+  stamp=$(head -c 32 -- "$state/used/$1" 2>/dev/null)
+  [[ $stamp =~ ^[0-9]+\.[0-9]+$ ]] && echo "$stamp" || stat -c %Y -- "$state/used/$1" 2>/dev/null || echo 0
+}
+
 evict() { # least recently used first, while above the quota; never $id nor one used within $in_use seconds
   local total=0 now name size
   now=$(date +%s)
@@ -110,8 +119,8 @@ evict() { # least recently used first, while above the quota; never $id nor one 
   done
   [ "$total" -gt "$quota" ] || return 0
   for name in $(cd "$envs" && for d in */; do
-    printf '%s %s\n' "$(stat -c %Y -- "$state/used/${d%/}" 2>/dev/null || echo 0)" "${d%/}"
-  done | sort -n | cut -d' ' -f2); do
+    printf '%s %s\n' "$(used_at "${d%/}")" "${d%/}"
+  done | LC_ALL=C sort -g | cut -d' ' -f2); do
     [ "$total" -gt "$quota" ] || break
     [ "$name" != "$id" ] && [ $((now - $(stat -c %Y -- "$state/used/$name" 2>/dev/null || echo 0))) -ge "$in_use" ] ||
       continue

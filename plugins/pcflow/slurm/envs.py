@@ -15,9 +15,9 @@ into place in one step. Jobs run as their own account: they read and run the env
 (0755/0644, the SSH user's).
 
 Eviction, least recently used first, while all environments together are above `quota_gib`: each prepare
-touches its environment's last-used stamp under the lock, and no environment used within `in_use_hours`
-is evicted (a run that prepared it may still run: the admin sets it above the longest run), nor the one
-being prepared.
+writes its environment's last-used stamp (the time to the nanosecond) under the lock, and no environment
+used within `in_use_hours` is evicted (a run that prepared it may still run: the admin sets it above the
+longest run), nor the one being prepared.
 
 A requirements file that does not install refuses the run (not retried: the same file fails again), naming
 the end of uv's output; nothing half-built is left or reused. A lost connection, a busy lock or a full
